@@ -1,0 +1,233 @@
+"""Policy files: pydantic models, loading with YAML line numbers in every error, and the policy hash.
+
+A policy says which paths a model owns, which outside touchpoints it may edit (with line budgets), how
+agent assistance is detected, which mode that selects, and the settings of the four checks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from enum import Enum
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gatekeeper.errors import InputError
+from gatekeeper.verdict import CHECK_IDS, CheckId
+
+POLICY_VERSION = 1
+
+# Identities seen in Co-authored-by trailers and bot logins of coding agents. Policies extend this list.
+DEFAULT_AGENT_IDENTITIES = (
+    "Claude", "anthropic", "Copilot", "Cursor", "Codex", "OpenAI", "Aider", "Devin", "Gemini", "Kimi",
+    "Moonshot", "Jules", "Amp", "Windsurf", "Codeium", "Cline", "Roo", "OpenHands", "SWE-agent", "Sweep",
+    "Tabnine", "Qodo", "Augment", "Factory", "Goose", "Junie",
+)
+
+
+class _Strict(BaseModel):
+    # Unknown keys are typos until proven otherwise: reject them instead of ignoring them.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Mode(str, Enum):
+    strict = "strict"    # bounded review: every check enabled in the policy is required
+    default = "default"  # ordinary review: only the checks listed in `default_mode_checks` are required
+
+
+class AgentDetection(_Strict):
+    trailers: tuple[str, ...] = ("Assisted-by", "Generated-by", "Made-with", "AI-assisted")
+    coauthor_trailers: tuple[str, ...] = ("Co-authored-by",)
+    agent_identities: tuple[str, ...] = DEFAULT_AGENT_IDENTITIES
+    extra_agent_identities: tuple[str, ...] = ()
+    labels: tuple[str, ...] = ("agent-assisted", "ai-assisted", "ai-generated")
+    disclosure_heading: str = "Agent assistance"
+    bot_authors: tuple[str, ...] = ("*[bot]", "copilot-swe-agent", "devin-ai-integration", "Copilot")
+    # What a signal selects, and what the absence of any signal selects (absence is not proof of absence).
+    on_signal: Mode = Mode.strict
+    on_no_signal: Mode = Mode.default
+
+    @property
+    def identities(self) -> tuple[str, ...]:
+        return self.agent_identities + self.extra_agent_identities
+
+
+class Touchpoint(_Strict):
+    """A file outside the owned paths that the contribution may edit, within a budget of lines."""
+
+    path: str
+    max_added: int = Field(ge=0)
+    max_removed: int = Field(ge=0)
+    reason: str = ""
+
+
+class ConfinementSettings(_Strict):
+    enabled: bool = True
+    allow_binary: bool = False
+    allow_submodules: bool = False
+    # A symlink is allowed only if it lives in an owned path and points inside the owned paths.
+    allow_symlinks: bool = True
+    allow_mode_changes: bool = True
+
+
+class GuardProbe(_Strict):
+    """A deployment handed to the guard: `expect: reject` must raise naming `must_name`; `accept` must not."""
+
+    name: str
+    deployment: dict[str, Any]
+    expect: Literal["reject", "accept"]
+    must_name: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _names_only_for_rejects(self) -> GuardProbe:
+        if self.must_name and self.expect == "accept":
+            raise ValueError("must_name only makes sense for probes that expect: reject")
+        return self
+
+
+class StartupGuardSettings(_Strict):
+    enabled: bool = True
+    guard: str | None = None            # "package.module:function"
+    raises: str | None = None           # "package.module:ExceptionType" (or a builtin such as "ValueError")
+    called_from: tuple[str, ...] = ()   # entry points that must call the guard first: "module:function"
+    support_matrix: str | None = None   # "module:NAME": a machine-readable object, not prose
+    deployment_factory: str | None = None  # "module:Class" building a probe's deployment from its dict
+    probes: tuple[GuardProbe, ...] = ()
+    timeout_s: float = Field(default=60.0, gt=0)
+
+    @field_validator("guard", "raises", "support_matrix", "deployment_factory")
+    @classmethod
+    def _dotted_ref(cls, value: str | None) -> str | None:
+        if value is not None and not _REF.fullmatch(value):
+            raise ValueError(f"{value!r} is not a 'package.module:name' reference")
+        return value
+
+    @field_validator("called_from")
+    @classmethod
+    def _dotted_refs(cls, values: tuple[str, ...]) -> tuple[str, ...]:
+        for value in values:
+            if not _REF.fullmatch(value):
+                raise ValueError(f"{value!r} is not a 'package.module:name' reference")
+        return values
+
+
+class ChangedPathTestsSettings(_Strict):
+    enabled: bool = True
+    command: tuple[str, ...] = ("pytest",)
+    # Per file, never averaged: an untested file cannot hide behind a tested one.
+    min_file_coverage: float = Field(default=1.0, ge=0.0, le=1.0)
+    max_uncovered_lines_per_file: int | None = Field(default=None, ge=0)
+    timeout_s: float = Field(default=1800.0, gt=0)
+    # JUnit + coverage reports from a GPU run, committed in the PR: they count, labelled self-reported.
+    gpu_report_globs: tuple[str, ...] = ()
+
+
+class PerfMatrixSettings(_Strict):
+    enabled: bool = True
+    evidence_globs: tuple[str, ...] = ()     # files in the PR holding perf evidence
+    body_fence: str = "gatekeeper-perf"      # ```gatekeeper-perf fenced JSON in the PR body
+    extra_axes: dict[str, tuple[Any, ...]] = Field(default_factory=dict)  # e.g. layer: [kda_moe, mla_moe]
+    metric: str = "latency"
+    min_runs: int = Field(default=10, ge=1)
+    max_spread_pct: float = Field(default=10.0, gt=0)
+    max_regression_pct: float = Field(default=2.0, ge=0)
+    commit_window: int = Field(default=0, ge=0)  # how many commits behind the PR head the evidence may be
+
+
+class Checks(_Strict):
+    confinement: ConfinementSettings = ConfinementSettings()
+    startup_guard: StartupGuardSettings = StartupGuardSettings(enabled=False)
+    changed_path_tests: ChangedPathTestsSettings = ChangedPathTestsSettings(enabled=False)
+    perf_matrix: PerfMatrixSettings = PerfMatrixSettings(enabled=False)
+
+    def enabled(self) -> tuple[CheckId, ...]:
+        return tuple(c for c in CHECK_IDS if getattr(self, c).enabled)
+
+
+class Policy(_Strict):
+    version: Literal[1]
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._ -]*$")
+    description: str = ""
+    owned_paths: tuple[str, ...] = Field(min_length=1)
+    touchpoints: tuple[Touchpoint, ...] = ()
+    agent_detection: AgentDetection = AgentDetection()
+    default_mode_checks: tuple[CheckId, ...] = ("changed_path_tests",)
+    # Rules whose evidence must come from the collector on the base branch's workflow, not the PR itself.
+    require_trusted: tuple[CheckId, ...] = ()
+    max_files: int = Field(default=3000, ge=1, le=3000)
+    checks: Checks = Checks()
+
+    def required_checks(self, mode: Mode) -> tuple[CheckId, ...]:
+        enabled = self.checks.enabled()
+        if mode is Mode.strict:
+            return enabled
+        return tuple(c for c in enabled if c in self.default_mode_checks)
+
+
+_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$|^[A-Za-z_]\w*$")
+
+
+class LoadedPolicy(BaseModel):
+    """A validated policy with where it came from and the hash the verdict and the App's idempotency use."""
+
+    model_config = ConfigDict(frozen=True)
+
+    policy: Policy
+    source: str
+    sha256: str
+
+
+def load_policy_text(text: str, source: str) -> LoadedPolicy:
+    """Parse and validate policy YAML. Every error is an InputError naming the source, YAML line and field."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        raise InputError(source, f"invalid YAML: {getattr(exc, 'problem', None) or exc}", line) from None
+    if not isinstance(data, dict):
+        raise InputError(source, "a policy must be a YAML mapping", 1)
+    try:
+        policy = Policy.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = tuple(first["loc"])
+        field = ".".join(str(p) for p in loc) or "(top level)"
+        extra = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise InputError(source, f"{field}: {first['msg']}{extra}", _line_of(root, loc)) from None
+    return LoadedPolicy(policy=policy, source=source, sha256=hashlib.sha256(text.encode()).hexdigest())
+
+
+def load_policy(path: str | Path) -> LoadedPolicy:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(str(path), f"cannot read policy: {exc}") from None
+    return load_policy_text(text, str(path))
+
+
+def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
+    """Walk the composed YAML tree along a pydantic error location; return the deepest line found (1-based)."""
+    line = node.start_mark.line + 1 if node is not None else None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            match = next((v for k, v in node.value if k.value == str(part)), None)
+            if match is None:
+                key = next((k for k, _ in node.value if k.value == str(part)), None)
+                return key.start_mark.line + 1 if key is not None else line
+            node = match
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+        else:
+            break
+        line = node.start_mark.line + 1
+    return line
+
+
+def policy_json_schema() -> dict[str, Any]:
+    return Policy.model_json_schema()
