@@ -1,9 +1,20 @@
-"""Agent-assistance detection: the model of what was found. Detection itself: `detect(...)` (issue 2)."""
+"""Agent-assistance detection: which signals say a change was agent-assisted, and where each was seen.
+
+Signals come from commit trailers (parsed like `git interpret-trailers`: the trailer block is the last
+paragraph of the message, never the title), pull-request labels, the disclosure section of the PR body
+(the section `.github/pull_request_template.md` ships) and bot authors. Absence of signals is not proof of
+absence: the policy decides which mode no signal selects, and `evaluate` applies it.
+"""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
+
 from pydantic import BaseModel, ConfigDict
 
+from gatekeeper.changes import Commit
+from gatekeeper.policy import AgentDetection
 from gatekeeper.verdict import Signal
 
 
@@ -31,3 +42,182 @@ class Provenance(BaseModel):
     @property
     def agent_assisted(self) -> bool:
         return self.declared if self.declared is not None else bool(self.signals)
+
+
+def detect(
+    policy: AgentDetection,
+    commits: Iterable[Commit] = (),
+    pull_request: PullRequestInfo | None = None,
+) -> Provenance:
+    """Every agent-assistance signal in the commits and the pull request, in a stable order."""
+    signals: list[Signal] = []
+    for commit in commits:
+        signals.extend(_commit_signals(policy, commit))
+    if pull_request is not None:
+        signals.extend(_pull_request_signals(policy, pull_request))
+    return Provenance(signals=tuple(signals))
+
+
+# ---------------------------------------------------------------------------------------------- trailers
+
+# git's token grammar: letters, digits and '-', optional blanks before the ':' separator.
+_TRAILER_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9-]*)[ \t]*:[ \t]*(.*)$")
+# Lines git itself writes; one of them lets a block with some non-trailer lines still count (git's 25% rule).
+_GIT_GENERATED_PREFIXES = ("signed-off-by:", "(cherry picked from commit ")
+
+
+def parse_trailers(message: str, known_tokens: Iterable[str] = ()) -> tuple[tuple[str, str], ...]:
+    """The (token, value) trailers of a commit message, following `git interpret-trailers`:
+
+    the block is the last paragraph, and never the first one (the title); it counts when every line is a
+    trailer (or a continuation line, which starts with a blank), or when at least 25% are trailers and one
+    of them is git-generated or a configured token (`known_tokens`, compared case-insensitively).
+    """
+    lines = [line for line in message.replace("\r\n", "\n").split("\n") if not line.startswith("#")]
+    while lines and not lines[-1].strip():
+        lines.pop()
+    start = len(lines)
+    while start > 0 and lines[start - 1].strip():
+        start -= 1
+    if start == 0 or not any(line.strip() for line in lines[:start]):
+        return ()  # the only paragraph is the title
+    block = lines[start:]
+
+    known = {t.casefold() for t in known_tokens}
+    trailers: list[list[str]] = []
+    trailer_lines = other_lines = 0
+    recognized = False
+    for line in block:
+        if line[0] in " \t" and trailers:
+            trailers[-1][1] += " " + line.strip()  # a continuation of the previous trailer's value
+            continue
+        match = _TRAILER_LINE.match(line)
+        if match is None:
+            other_lines += 1
+            trailers.append(["", ""])  # a non-trailer line ends any continuation
+            continue
+        trailer_lines += 1
+        token = match.group(1)
+        if token.casefold() in known:
+            recognized = True
+        trailers.append([token, match.group(2).strip()])
+    if any(line.casefold().startswith(_GIT_GENERATED_PREFIXES) for line in block):
+        recognized = True
+    if other_lines and not (recognized and trailer_lines * 4 >= trailer_lines + other_lines):
+        return ()
+    return tuple((token, value) for token, value in trailers if token)
+
+
+def _commit_signals(policy: AgentDetection, commit: Commit) -> list[Signal]:
+    where = f"commit {commit.sha[:12]}"
+    assisted_tokens = {t.casefold() for t in policy.trailers}
+    coauthor_tokens = {t.casefold() for t in policy.coauthor_trailers}
+    signals = []
+    for token, value in parse_trailers(commit.message, policy.trailers + policy.coauthor_trailers):
+        folded = token.casefold()
+        if folded in assisted_tokens and value:
+            signals.append(Signal(kind="trailer", source=where, detail=f"{token}: {value}"))
+        elif folded in coauthor_tokens and (identity := agent_identity(value, policy.identities)):
+            signals.append(Signal(kind="trailer", source=where, detail=f"{token}: {value} (agent: {identity})"))
+    if commit.author_login and (pattern := _bot_pattern(commit.author_login, policy.bot_authors)):
+        signals.append(
+            Signal(kind="bot_author", source=where, detail=f"author {commit.author_login} matches {pattern!r}")
+        )
+    return signals
+
+
+def agent_identity(value: str, identities: Iterable[str]) -> str | None:
+    """The known agent a `Name <email>` value names, as a whole word (so "Amp" never matches "Ampere")."""
+    for identity in identities:
+        if re.search(rf"(?<![A-Za-z0-9]){re.escape(identity)}(?![A-Za-z0-9])", value, re.IGNORECASE):
+            return identity
+    return None
+
+
+def _bot_pattern(login: str, patterns: Iterable[str]) -> str | None:
+    """The first login glob that matches. Only `*` and `?` are wildcards: GitHub App logins end in a
+    literal "[bot]", which fnmatch would read as a character class. Logins are case-insensitive."""
+    for pattern in patterns:
+        regex = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
+        if re.fullmatch(regex, login, re.IGNORECASE | re.DOTALL):
+            return pattern
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- pull request
+
+
+def _pull_request_signals(policy: AgentDetection, pr: PullRequestInfo) -> list[Signal]:
+    where = f"pull request #{pr.number}" if pr.number is not None else "pull request"
+    signals = []
+    wanted = {label.casefold() for label in policy.labels}
+    for label in pr.labels:
+        if label.casefold() in wanted:
+            signals.append(Signal(kind="label", source=f"{where} labels", detail=label))
+    disclosure = disclosure_answer(pr.body, policy.disclosure_heading)
+    if disclosure is not None:
+        signals.append(Signal(kind="disclosure", source=f"{where} body", detail=disclosure))
+    if pr.author_login and (pattern := _bot_pattern(pr.author_login, policy.bot_authors)):
+        signals.append(
+            Signal(kind="bot_author", source=f"{where} author", detail=f"{pr.author_login} matches {pattern!r}")
+        )
+    elif pr.author_type == "Bot":
+        signals.append(
+            Signal(kind="bot_author", source=f"{where} author", detail=f"{pr.author_login} is a GitHub Bot account")
+        )
+    return signals
+
+
+_HTML_COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.DOTALL)
+_HEADING = re.compile(r"^ {0,3}(#{1,6})[ \t]+(.*?)[ \t]*#*[ \t]*$")
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+_CHECKED_BOX = re.compile(r"^\s*[-*+][ \t]+\[[xX]\][ \t]+(.+)$")
+_TOOL_ANSWER = re.compile(r"^\s*(?:[-*+][ \t]+)?\**(?:tools?|agents?)(?:\s*\(s\))?[^:\n]{0,40}:\**[ \t]*(.*)$", re.I)
+# What people write in a "tool" answer to say that no agent was used.
+_NO_ANSWERS = {"", "-", "--", "n/a", "na", "none", "no", "nothing", "nope", "not used", "no agent", "no tool", "_"}
+
+
+def disclosure_answer(body: str, heading: str) -> str | None:
+    """What the disclosure section of a PR body declares, or None when it declares no agent assistance.
+
+    The section runs from a Markdown heading whose text is `heading` (case-insensitive) to the next heading
+    of the same or a higher level. A checked box, or a non-empty "Tool:" / "Agent:" answer, means assisted;
+    the untouched template (unchecked boxes, empty answers, HTML comments only) means not disclosed.
+    """
+    section = _section(_HTML_COMMENT.sub("", body.replace("\r\n", "\n")), heading)
+    if section is None:
+        return None
+    answers = []
+    for line in section:
+        if box := _CHECKED_BOX.match(line):
+            answers.append(f"checked: {box.group(1).strip()}")
+        elif tool := _TOOL_ANSWER.match(line):
+            value = tool.group(1).strip().strip("*_` ").strip()
+            if value.casefold().rstrip(".") not in _NO_ANSWERS:
+                answers.append(f"tool: {value}")
+    return "; ".join(answers) if answers else None
+
+
+def _section(body: str, heading: str) -> list[str] | None:
+    wanted = heading.strip().casefold()
+    level: int | None = None
+    lines: list[str] = []
+    fence: str | None = None
+    for line in body.split("\n"):
+        if fence is not None:
+            if line.strip().startswith(fence):
+                fence = None
+            continue  # code blocks can show an example section; they never answer it
+        if (opening := _FENCE.match(line)) is not None:
+            fence = opening.group(1)
+            continue
+        match = _HEADING.match(line)
+        if match is not None:
+            if level is not None and len(match.group(1)) <= level:
+                break
+            if level is None and match.group(2).strip().casefold().rstrip(":") == wanted:
+                level = len(match.group(1))
+                continue
+        if level is not None:
+            lines.append(line)
+    return lines if level is not None else None

@@ -1,0 +1,205 @@
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from gatekeeper.changes import Commit
+from gatekeeper.policy import AgentDetection
+from gatekeeper.provenance import PullRequestInfo, detect, disclosure_answer, parse_trailers
+
+POLICY = AgentDetection()
+
+# Commit messages as the tools really write them.
+CLAUDE_CODE = """Fix the MLA decode guard for TP16
+
+The guard accepted TP16 with DCP 4, which the kernels do not support.
+
+🤖 Generated with [Claude Code](https://claude.com/claude-code)
+
+Co-Authored-By: Claude <noreply@anthropic.com>
+"""
+COPILOT_AGENT = """Add benchmark for kimi_k3 latent MoE
+
+Co-authored-by: copilot-swe-agent[bot] <198982749+Copilot@users.noreply.github.com>
+Co-authored-by: octocat <octocat@github.com>
+"""
+CURSOR = "Refactor executor\n\nSigned-off-by: Jane Dev <jane@example.com>\nCo-authored-by: Cursor Agent <cursoragent@cursor.com>\n"
+HUMAN_PAIR = "Tune split-K\n\nCo-authored-by: Jane Doe <jane@example.com>\nSigned-off-by: Bob <bob@example.com>\n"
+MENTION_IN_BODY = """Claude: explain why the cache is stale
+
+Assisted-by: is how other projects mark agent help; we do not use it here.
+This paragraph has several lines, so it is prose and not a trailer block.
+
+Signed-off-by: Bob <bob@example.com>
+"""
+TITLE_ONLY = "Assisted-by: Claude"
+TRAILER_NOT_LAST = "Fix\n\nAssisted-by: Codex\n\nMore words after the trailers.\n"
+FOLDED_TRAILER = "Fix\n\nAssisted-by: Kimi K2\n  via the kimi-cli agent\nSigned-off-by: A <a@b.c>\n"
+GENERATED_BY = "Port kernel\n\ngenerated-by: Aider v0.80 (deepseek)\n"
+
+
+def _commit(message: str, sha: str = "a1b2c3d4e5f6a7b8", login: str | None = None) -> Commit:
+    return Commit(sha=sha, message=message, author_login=login)
+
+
+@pytest.mark.parametrize(
+    "message, expected",
+    [
+        (CLAUDE_CODE, ["Co-Authored-By: Claude <noreply@anthropic.com> (agent: Claude)"]),
+        (
+            COPILOT_AGENT,
+            ["Co-authored-by: copilot-swe-agent[bot] <198982749+Copilot@users.noreply.github.com> (agent: Copilot)"],
+        ),
+        (CURSOR, ["Co-authored-by: Cursor Agent <cursoragent@cursor.com> (agent: Cursor)"]),
+        (FOLDED_TRAILER, ["Assisted-by: Kimi K2 via the kimi-cli agent"]),
+        (GENERATED_BY, ["generated-by: Aider v0.80 (deepseek)"]),
+        (HUMAN_PAIR, []),
+        (MENTION_IN_BODY, []),
+        (TITLE_ONLY, []),
+        (TRAILER_NOT_LAST, []),
+    ],
+)
+def test_trailer_signals_on_real_messages(message, expected):
+    provenance = detect(POLICY, [_commit(message)])
+    assert [s.detail for s in provenance.signals] == expected
+    assert all(s.kind == "trailer" and s.source == "commit a1b2c3d4e5f6" for s in provenance.signals)
+    assert provenance.agent_assisted is bool(expected)
+
+
+def test_extra_identities_from_the_policy_are_recognized():
+    message = "Fix\n\nCo-authored-by: Zed Agent <agent@zed.dev>\n"
+    assert detect(POLICY, [_commit(message)]).signals == ()
+    extended = AgentDetection(extra_agent_identities=("Zed Agent",))
+    assert [s.detail for s in detect(extended, [_commit(message)]).signals] == [
+        "Co-authored-by: Zed Agent <agent@zed.dev> (agent: Zed Agent)"
+    ]
+
+
+def test_identity_matches_whole_words_only():
+    message = "Fix\n\nCo-authored-by: Ampere Rooney <ampere@factoryville.org>\n"
+    assert detect(POLICY, [_commit(message)]).signals == ()
+
+
+def test_empty_assisted_by_value_is_not_a_signal():
+    assert detect(POLICY, [_commit("Fix\n\nAssisted-by:\nSigned-off-by: A <a@b.c>\n")]).signals == ()
+
+
+MESSAGES_FOR_GIT = [
+    CLAUDE_CODE, COPILOT_AGENT, CURSOR, HUMAN_PAIR, MENTION_IN_BODY, TITLE_ONLY, TRAILER_NOT_LAST,
+    FOLDED_TRAILER, GENERATED_BY,
+    "Subject\n\nSome prose line\nSigned-off-by: A <a@b.c>\n",
+    "Subject\n\nprose one\nprose two\nprose three\nprose four\nSigned-off-by: A <a@b.c>\n",
+    "Subject\n\nKey: value\nnot a trailer\n",
+    "Subject\n\nbody\n\n(cherry picked from commit 0123456789abcdef0123456789abcdef01234567)\nFoo: bar\n",
+    "Subject\n\nToken : spaced separator\n",
+    "Subject\r\n\r\nAssisted-by: Claude\r\n",
+]
+
+
+@pytest.mark.parametrize("message", MESSAGES_FOR_GIT)
+def test_trailer_parsing_agrees_with_git_interpret_trailers(message):
+    # With no trailer configuration, git recognizes only the trailers it generates itself.
+    git = subprocess.run(
+        ["git", "interpret-trailers", "--parse", "--no-divider"],
+        input=message.replace("\r\n", "\n"), capture_output=True, text=True, check=True,
+    )
+    expected = [tuple(part.strip() for part in line.split(":", 1)) for line in git.stdout.splitlines()]
+    assert [(t, v) for t, v in parse_trailers(message)] == expected
+
+
+def test_bot_author_of_a_commit_and_of_the_pull_request():
+    pr = PullRequestInfo(number=7, author_login="Copilot", author_type="Bot")
+    provenance = detect(POLICY, [_commit("Fix", login="dependabot[bot]")], pr)
+    assert [(s.kind, s.source) for s in provenance.signals] == [
+        ("bot_author", "commit a1b2c3d4e5f6"),
+        ("bot_author", "pull request #7 author"),
+    ]
+
+
+def test_bot_account_type_alone_is_a_signal():
+    pr = PullRequestInfo(number=3, author_login="acme-helper", author_type="Bot")
+    assert [s.detail for s in detect(POLICY, [], pr).signals] == ["acme-helper is a GitHub Bot account"]
+
+
+def test_labels_are_case_insensitive():
+    pr = PullRequestInfo(number=1, labels=("perf", "AI-Assisted"))
+    provenance = detect(POLICY, [], pr)
+    assert [(s.kind, s.detail, s.source) for s in provenance.signals] == [
+        ("label", "AI-Assisted", "pull request #1 labels")
+    ]
+
+
+TEMPLATE = """## Summary
+
+Speeds up decode.
+
+## Agent assistance
+
+<!-- Tick the box if a coding agent wrote or edited any part of this PR, e.g.
+- [x] like this
+Tool: like this -->
+
+- [ ] An AI coding agent or assistant wrote or edited code in this pull request
+- Tool and how it was used:
+
+## Checklist
+
+- [x] Tests pass
+"""
+
+
+def test_untouched_template_is_not_a_disclosure():
+    assert disclosure_answer(TEMPLATE, "Agent assistance") is None
+    assert detect(POLICY, [], PullRequestInfo(body=TEMPLATE)).signals == ()
+
+
+def test_checked_box_is_a_disclosure_and_other_sections_do_not_count():
+    body = TEMPLATE.replace("- [ ] An AI", "- [X] An AI")
+    assert disclosure_answer(body, "agent assistance") == (
+        "checked: An AI coding agent or assistant wrote or edited code in this pull request"
+    )
+
+
+@pytest.mark.parametrize(
+    "answer, expected",
+    [
+        ("Claude Code wrote the kernel; I reviewed it", "tool: Claude Code wrote the kernel; I reviewed it"),
+        ("**Codex**", "tool: Codex"),
+        ("none", None),
+        ("N/A.", None),
+        ("", None),
+    ],
+)
+def test_tool_answer(answer, expected):
+    body = TEMPLATE.replace("- Tool and how it was used:", f"- Tool and how it was used: {answer}")
+    assert disclosure_answer(body.replace("\n", "\r\n"), "Agent assistance") == expected
+
+
+def test_disclosure_in_a_code_block_or_without_the_heading_does_not_count():
+    body = "Notes\n\n```\n## Agent assistance\n- [x] yes\n```\n"
+    assert disclosure_answer(body, "Agent assistance") is None
+    assert disclosure_answer("- [x] An AI coding agent wrote this", "Agent assistance") is None
+
+
+def test_section_ends_at_a_heading_of_the_same_level_but_not_a_deeper_one():
+    body = "### Agent assistance\n#### Details\n- [x] yes\n### Other\n- [x] unrelated\n"
+    assert disclosure_answer(body, "Agent assistance") == "checked: yes"
+
+
+def test_signals_keep_commit_then_pull_request_order_and_declared_overrides():
+    pr = PullRequestInfo(number=9, labels=("agent-assisted",))
+    provenance = detect(POLICY, [_commit(CLAUDE_CODE, sha="1" * 40), _commit(GENERATED_BY, sha="2" * 40)], pr)
+    assert [s.source for s in provenance.signals] == [
+        "commit 111111111111", "commit 222222222222", "pull request #9 labels",
+    ]
+    assert provenance.model_copy(update={"declared": False}).agent_assisted is False
+
+
+@pytest.mark.parametrize(
+    "login, matched",
+    [("dependabot[bot]", "*[bot]"), ("Copilot", "Copilot"), ("copilot", "Copilot"), ("robot", None), ("octocat", None)],
+)
+def test_bot_login_globs_treat_brackets_literally(login, matched):
+    signals = detect(POLICY, [], PullRequestInfo(author_login=login, author_type="User")).signals
+    assert [s.detail for s in signals] == ([f"{login} matches {matched!r}"] if matched else [])
