@@ -1,0 +1,186 @@
+"""What the latency-specialized Kimi K3 decode path supports: one object, declared in code.
+
+`SUPPORT_MATRIX` is the single source of truth. The startup guard (`kimi_k3_path.guard`) admits exactly what it
+declares, the tests enumerate it, and the perf-matrix evidence must cover `SUPPORT_MATRIX.perf_axes()`. Widen it only
+in the same change that lands the kernels and the H200 evidence for the new values.
+
+This module imports neither torch nor vllm: the gatekeeper loads it in its static checks.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+_ARCH = re.compile(r"^sm_[0-9]{2,3}[a-z]?$")
+
+
+def spec_label(method: str | None, tokens: int) -> str:
+    """The perf-matrix `spec` axis value: 'none', or 'method:tokens' (e.g. 'dspark:3')."""
+    return "none" if method is None else f"{method}:{tokens}"
+
+
+class Deployment(BaseModel):
+    """One way of serving Kimi K3: the settings that decide whether the specialized decode path may run.
+
+    `max_batch` is the largest decode batch the engine will form (vLLM: `max_num_seqs`); `kv_dtype` is the MLA
+    latent KV-cache dtype; `kda_state_dtypes` are the KDA (conv, recurrent) state dtypes.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    arch: str = Field(description="GPU architecture, e.g. sm_90 (H100/H200), sm_100 (B200/GB200)")
+    tp: int = Field(ge=1, description="tensor-parallel size")
+    dcp: int = Field(default=1, ge=1, description="decode-context-parallel size")
+    max_batch: int = Field(ge=1, description="largest decode batch (sequences per step)")
+    spec_method: str | None = Field(default=None, description="speculative decoding method; None: off")
+    spec_tokens: int = Field(default=0, ge=0, description="draft tokens per step")
+    kv_dtype: str = "bfloat16"
+    act_dtype: str = "bfloat16"
+    expert_quant: str = "mxfp4"
+    # Not in the issue's interface; added (with defaults) because each changes the per-rank shapes or state the
+    # kernels assume, and vLLM can set each of them independently of the fields above.
+    pp: int = Field(default=1, ge=1, description="pipeline-parallel size")
+    expert_parallel: bool = False
+    kda_state_dtypes: tuple[str, str] = ("bfloat16", "float32")
+
+    @field_validator("arch")
+    @classmethod
+    def _arch_spelling(cls, value: str) -> str:
+        if not _ARCH.fullmatch(value):
+            raise ValueError(f"{value!r} is not a GPU architecture name such as 'sm_90'")
+        return value
+
+    @field_validator("spec_method")
+    @classmethod
+    def _spec_method_spelling(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("use None (not an empty string) for no speculative decoding")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Deployment:
+        if self.spec_method is None and self.spec_tokens != 0:
+            raise ValueError(f"spec_tokens={self.spec_tokens} needs a spec_method")
+        if self.spec_method is not None and self.spec_tokens == 0:
+            raise ValueError(f"spec_method={self.spec_method!r} needs spec_tokens >= 1")
+        if self.tp % self.dcp:
+            raise ValueError(f"dcp={self.dcp} must divide tp={self.tp}")
+        return self
+
+    @property
+    def spec(self) -> str:
+        """The perf-matrix label of the speculative setting."""
+        return spec_label(self.spec_method, self.spec_tokens)
+
+
+class SupportMatrix(BaseModel):
+    """The deployments the specialized path admits. Each field lists the admitted values of the Deployment
+    field of the same name (`max_batch` is an upper bound); `unvalidated_arch` names architectures we know about
+    but have no evidence for, with the reason the guard gives."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    arch: tuple[str, ...]
+    tp: tuple[int, ...]
+    dcp: tuple[int, ...]
+    max_batch: int = Field(ge=1)
+    spec_method: tuple[str | None, ...]
+    spec_tokens: tuple[int, ...]
+    kv_dtype: tuple[str, ...]
+    act_dtype: tuple[str, ...]
+    expert_quant: tuple[str, ...]
+    pp: tuple[int, ...]
+    expert_parallel: tuple[bool, ...]
+    kda_state_dtypes: tuple[tuple[str, str], ...]
+    # The decode batch sizes the perf evidence must measure; their maximum is `max_batch`.
+    perf_batches: tuple[int, ...]
+    unvalidated_arch: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _perf_batches_span_the_bound(self) -> SupportMatrix:
+        if not self.perf_batches or max(self.perf_batches) != self.max_batch or min(self.perf_batches) < 1:
+            raise ValueError(f"perf_batches {self.perf_batches} must lie in 1..max_batch and reach {self.max_batch}")
+        if set(self.unvalidated_arch) & set(self.arch):
+            raise ValueError("an architecture cannot be both admitted and unvalidated")
+        return self
+
+    def discrete_fields(self) -> tuple[str, ...]:
+        """The Deployment fields checked by membership (every one but the `max_batch` bound)."""
+        return tuple(name for name in Deployment.model_fields if name != "max_batch")
+
+    def admitted(self, field: str) -> tuple[Any, ...]:
+        """The admitted values of one discrete Deployment field."""
+        if field not in self.discrete_fields():
+            raise KeyError(f"{field!r} is not a discrete Deployment field")
+        return getattr(self, field)
+
+    def perf_axes(self) -> dict[str, tuple]:
+        """The axes the perf-matrix evidence must cover, every combination of them one row (per layer)."""
+        return {
+            "arch": self.arch,
+            "tp": self.tp,
+            "dcp": self.dcp,
+            "batch": self.perf_batches,
+            "spec": tuple(spec_label(method, tokens) for method, tokens in self.spec_settings()),
+        }
+
+    def spec_settings(self) -> tuple[tuple[str | None, int], ...]:
+        """The admitted (spec_method, spec_tokens) pairs: no draft tokens without a method and vice versa."""
+        return tuple(
+            (method, tokens)
+            for method in self.spec_method
+            for tokens in self.spec_tokens
+            if (method is None) == (tokens == 0)
+        )
+
+    def example_deployments(self) -> tuple[Deployment, ...]:
+        """One admitted Deployment per (arch, tp, dcp, spec) combination at the largest batch: what tests and
+        docs enumerate."""
+        return tuple(
+            Deployment(
+                arch=arch,
+                tp=tp,
+                dcp=dcp,
+                max_batch=self.max_batch,
+                spec_method=method,
+                spec_tokens=tokens,
+                kv_dtype=self.kv_dtype[0],
+                act_dtype=self.act_dtype[0],
+                expert_quant=self.expert_quant[0],
+                pp=self.pp[0],
+                expert_parallel=self.expert_parallel[0],
+                kda_state_dtypes=self.kda_state_dtypes[0],
+            )
+            for arch in self.arch
+            for tp in self.tp
+            for dcp in self.dcp
+            for method, tokens in self.spec_settings()
+            if tp % dcp == 0
+        )
+
+
+_NO_EVIDENCE = "no evidence from that hardware exists yet"
+
+SUPPORT_MATRIX = SupportMatrix(
+    # Only the H200 (sm_90) has kernels and measurements. Blackwell has its own vLLM path (tcgen05/TMEM).
+    arch=("sm_90",),
+    unvalidated_arch={"sm_100": _NO_EVIDENCE, "sm_103": _NO_EVIDENCE},
+    # Per-rank shapes the kernels are written for: 12 heads / expert intermediate 384, and 6 / 192.
+    tp=(8, 16),
+    dcp=(1,),
+    # Decode at <= 64 sequences is the latency-bound regime this path targets; larger batches run stock.
+    max_batch=64,
+    perf_batches=(1, 2, 4, 8, 16, 32, 64),
+    # No speculative-decode (multi-token verify) kernels yet.
+    spec_method=(None,),
+    spec_tokens=(0,),
+    kv_dtype=("bfloat16",),
+    act_dtype=("bfloat16",),
+    expert_quant=("mxfp4",),
+    pp=(1,),
+    expert_parallel=(False,),
+    kda_state_dtypes=(("bfloat16", "float32"),),
+)

@@ -1,0 +1,86 @@
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from pydantic import ValidationError
+
+from kimi_k3_path.support import SUPPORT_MATRIX, Deployment, SupportMatrix, spec_label
+
+
+def test_the_common_case_needs_three_fields():
+    d = Deployment(arch="sm_90", tp=8, max_batch=64)
+    assert (d.dcp, d.spec_method, d.spec_tokens) == (1, None, 0)
+    assert (d.kv_dtype, d.act_dtype, d.expert_quant) == ("bfloat16", "bfloat16", "mxfp4")
+    assert d.spec == "none"
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"arch": "hopper"}, "not a GPU architecture name"),
+        ({"tp": 0}, "greater than or equal to 1"),
+        ({"max_batch": 0}, "greater than or equal to 1"),
+        ({"spec_tokens": 3}, "needs a spec_method"),
+        ({"spec_method": "dspark"}, "needs spec_tokens >= 1"),
+        ({"spec_method": " ", "spec_tokens": 1}, "use None"),
+        ({"dcp": 3}, "dcp=3 must divide tp=8"),
+        ({"max_batchs": 8}, "Extra inputs are not permitted"),
+    ],
+)
+def test_malformed_deployments_are_refused_with_the_reason(fields, message):
+    base = {"arch": "sm_90", "tp": 8, "max_batch": 64}
+    with pytest.raises(ValidationError, match=message):
+        Deployment(**{**base, **fields})
+
+
+def test_perf_axes_are_what_the_evidence_must_cover():
+    assert SUPPORT_MATRIX.perf_axes() == {
+        "arch": ("sm_90",),
+        "tp": (8, 16),
+        "dcp": (1,),
+        "batch": (1, 2, 4, 8, 16, 32, 64),
+        "spec": ("none",),
+    }
+
+
+def test_blackwell_is_known_but_not_admitted():
+    assert "sm_100" not in SUPPORT_MATRIX.arch and "sm_103" not in SUPPORT_MATRIX.arch
+    for arch in ("sm_100", "sm_103"):
+        assert "no evidence from that hardware exists yet" in SUPPORT_MATRIX.unvalidated_arch[arch]
+
+
+def test_every_discrete_deployment_field_has_admitted_values():
+    assert set(SUPPORT_MATRIX.discrete_fields()) == set(Deployment.model_fields) - {"max_batch"}
+    for field in SUPPORT_MATRIX.discrete_fields():
+        default = Deployment.model_fields[field].default
+        admitted = SUPPORT_MATRIX.admitted(field)
+        assert admitted, field
+        # A field with a default must admit it, or the common case would be rejected.
+        if not Deployment.model_fields[field].is_required():
+            assert default in admitted, field
+    with pytest.raises(KeyError):
+        SUPPORT_MATRIX.admitted("max_batch")
+
+
+def test_example_deployments_enumerate_the_matrix():
+    examples = SUPPORT_MATRIX.example_deployments()
+    assert {(d.arch, d.tp, d.dcp, d.spec) for d in examples} == set(
+        itertools.product(*(SUPPORT_MATRIX.perf_axes()[axis] for axis in ("arch", "tp", "dcp", "spec")))
+    )
+    assert all(d.max_batch == SUPPORT_MATRIX.max_batch for d in examples)
+
+
+def test_spec_settings_pair_methods_with_draft_lengths():
+    widened = SUPPORT_MATRIX.model_copy(update={"spec_method": (None, "dspark"), "spec_tokens": (0, 3, 7)})
+    assert widened.spec_settings() == ((None, 0), ("dspark", 3), ("dspark", 7))
+    assert widened.perf_axes()["spec"] == ("none", "dspark:3", "dspark:7")
+    assert spec_label("dspark", 3) == "dspark:3"
+
+
+def test_a_matrix_whose_perf_batches_miss_the_bound_is_refused():
+    fields = SUPPORT_MATRIX.model_dump()
+    with pytest.raises(ValidationError, match="must lie in 1..max_batch and reach 64"):
+        SupportMatrix(**{**fields, "perf_batches": (1, 2, 4, 8, 16, 32)})
+    with pytest.raises(ValidationError, match="both admitted and unvalidated"):
+        SupportMatrix(**{**fields, "unvalidated_arch": {"sm_90": "x"}})
