@@ -1,21 +1,42 @@
 """What CI and contributors hand the checks. Every evidence file is parsed into these models at the edge.
 
 `PerfEvidence` is shared with `kimi_k3_path.bench`, which writes it: one model, one format.
+
+Every part of an `Evidence` says where it came from (`Origin`): *trusted* when the collector produced it in
+a workflow defined on the base branch, *self-reported* when it was committed in the pull request or pasted
+in its body. Trust is assigned by whoever loads a part, never read from the part itself: a file in the PR
+cannot call itself trusted.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from datetime import datetime
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gatekeeper.errors import InputError
 
 AxisValue = str | int | float | bool | None
+Trust = Literal["trusted", "self_reported"]
+
+# Hostile or runaway inputs are refused before parsing: an evidence file is data, not a denial of service.
+MAX_EVIDENCE_BYTES = 64 * 1024 * 1024
+MAX_PERF_BYTES = 2 * 1024 * 1024
+MAX_MESSAGE_CHARS = 4000
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NaN and infinity are never a measurement; unknown keys are typos until proven otherwise.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class Origin(_Strict):
+    trust: Trust
+    source: str = Field(min_length=1)  # e.g. "gatekeeper collect (GitHub Actions)", "PR file perf/h200.json"
 
 
 class Hardware(_Strict):
@@ -82,9 +103,190 @@ class PerfEvidence(_Strict):
         return self
 
 
+class PerfSubmission(_Strict):
+    """A `PerfEvidence` together with where it came from."""
+
+    origin: Origin
+    evidence: PerfEvidence
+
+
+class HeadInfo(_Strict):
+    """The commit the collector ran on, and its nearest ancestors (newest first), for the perf commit window."""
+
+    sha: str = Field(pattern=r"^[0-9a-f]{40}$")
+    ancestors: tuple[str, ...] = ()
+
+
+class TestCase(_Strict):
+    __test__ = False  # a model, not a pytest test class
+
+    id: str = Field(min_length=1)  # the pytest node id where known, else "classname::name" from JUnit
+    outcome: Literal["passed", "failed", "error", "skipped"]
+    message: str = Field(default="", max_length=MAX_MESSAGE_CHARS)
+
+
+class FileCoverage(_Strict):
+    """Per-test line coverage of one file. `covered` maps a line to indexes into the run's `contexts`."""
+
+    path: str = Field(min_length=1)
+    statements: tuple[int, ...]             # executable lines (a statement is counted at its first line)
+    spans: tuple[tuple[int, int], ...] = ()  # (first, last) line of every statement spanning several lines
+    excluded: tuple[int, ...] = ()          # lines excluded from measurement (e.g. `# pragma: no cover`)
+    covered: dict[int, tuple[int, ...]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _lines_are_positive(self) -> FileCoverage:
+        for line in (*self.statements, *self.excluded, *self.covered, *(n for span in self.spans for n in span)):
+            if line < 1:
+                raise ValueError(f"line numbers start at 1, got {line}")
+        for first, last in self.spans:
+            if last < first:
+                raise ValueError(f"span ({first}, {last}) ends before it starts")
+        return self
+
+
+class TestRun(_Strict):
+    """One run of the test command (or one attached GPU report): outcomes, and coverage with contexts."""
+
+    __test__ = False
+
+    origin: Origin
+    label: str = Field(min_length=1)     # "tests" for the collector's run, the report path for a GPU report
+    command: str = ""
+    exit_code: int | None = None
+    error: str | None = Field(default=None, max_length=MAX_MESSAGE_CHARS)  # crashed, hung, unreadable reports
+    tests: tuple[TestCase, ...] = ()
+    contexts: tuple[str, ...] = ()       # test ids that executed code; "(collection)" is import time
+    files: tuple[FileCoverage, ...] = ()
+
+    @model_validator(mode="after")
+    def _contexts_in_range(self) -> TestRun:
+        for file in self.files:
+            for line, indexes in file.covered.items():
+                bad = [i for i in indexes if not 0 <= i < len(self.contexts)]
+                if bad:
+                    raise ValueError(f"{file.path}:{line} refers to unknown contexts {bad}")
+        return self
+
+    def context_names(self, indexes: tuple[int, ...]) -> tuple[str, ...]:
+        return tuple(self.contexts[i] for i in indexes)
+
+
+class ProbeResult(_Strict):
+    """What happened when one policy probe's deployment was handed to the guard."""
+
+    name: str = Field(min_length=1)
+    outcome: Literal["accepted", "raised", "error"]  # error: the deployment could not even be built
+    exception_types: tuple[str, ...] = ()  # qualified names of the raised type and its bases, most derived first
+    message: str = Field(default="", max_length=MAX_MESSAGE_CHARS)
+
+
+class GuardProbeRun(_Strict):
+    origin: Origin
+    guard: str
+    error: str | None = Field(default=None, max_length=MAX_MESSAGE_CHARS)  # import failed, timed out, crashed
+    results: tuple[ProbeResult, ...] = ()
+
+
+class SupportAxes(_Strict):
+    """The axes the declared support matrix admits, as recorded by importing it (the perf matrix covers them)."""
+
+    origin: Origin
+    source: str
+    axes: dict[str, tuple[AxisValue, ...]] | None = None
+    error: str | None = Field(default=None, max_length=MAX_MESSAGE_CHARS)
+
+    @model_validator(mode="after")
+    def _axes_or_error(self) -> SupportAxes:
+        if (self.axes is None) == (self.error is None):
+            raise ValueError("exactly one of axes and error must be given")
+        for name, values in (self.axes or {}).items():
+            if not values:
+                raise ValueError(f"axis {name!r} has no values")
+        return self
+
+
 class Evidence(_Strict):
-    """Everything handed to the checks besides the change itself. Extended by the evidence issue (#3) with
-    test/coverage results and guard probe results; each part says whether it is trusted or self-reported."""
+    """Everything handed to the checks besides the change itself."""
 
     schema_version: Literal[1] = 1
-    perf: tuple[PerfEvidence, ...] = ()
+    head: HeadInfo | None = None
+    tests: tuple[TestRun, ...] = ()
+    guard_probes: GuardProbeRun | None = None
+    support_axes: SupportAxes | None = None
+    perf: tuple[PerfSubmission, ...] = ()
+
+    @field_validator("perf", mode="before")
+    @classmethod
+    def _attribute_bare_perf(cls, value: Any) -> Any:
+        # A bare PerfEvidence (the scaffold's format, and what the bench writes) carries no origin:
+        # label it self-reported, the safe default.
+        if not isinstance(value, (list, tuple)):
+            return value
+        return [
+            {"origin": _UNATTRIBUTED, "evidence": item}
+            if isinstance(item, PerfEvidence) or (isinstance(item, dict) and "evidence" not in item)
+            else item
+            for item in value
+        ]
+
+
+_UNATTRIBUTED = Origin(trust="self_reported", source="perf evidence without a stated origin")
+
+
+def parse_evidence(text: str | bytes, source: str) -> Evidence:
+    """Parse an evidence JSON document (what `gatekeeper collect` writes). Errors name the source and field."""
+    return _parse(Evidence, text, source, MAX_EVIDENCE_BYTES)
+
+
+def load_evidence(path: str | Path) -> Evidence:
+    """Read and parse an evidence file; `gatekeeper check --evidence` uses this."""
+    return parse_evidence(_read_capped(Path(path), MAX_EVIDENCE_BYTES), str(path))
+
+
+def parse_perf_evidence(text: str | bytes, source: str) -> PerfEvidence:
+    """Parse one PerfEvidence JSON document (a bench output, a PR file, a fenced block of the PR body)."""
+    return _parse(PerfEvidence, text, source, MAX_PERF_BYTES)
+
+
+def load_perf_evidence(path: str | Path) -> PerfEvidence:
+    return parse_perf_evidence(_read_capped(Path(path), MAX_PERF_BYTES), str(path))
+
+
+def _read_capped(path: Path, limit: int) -> bytes:
+    try:
+        size = path.stat().st_size
+        if size > limit:
+            raise InputError(str(path), f"file is {size} bytes, more than the {limit}-byte limit for evidence")
+        return path.read_bytes()
+    except OSError as exc:
+        raise InputError(str(path), f"cannot read evidence: {exc.strerror or exc}") from None
+
+
+def _parse(model: type[_Strict], text: str | bytes, source: str, limit: int):
+    raw = text.encode() if isinstance(text, str) else text
+    if len(raw) > limit:
+        raise InputError(source, f"evidence is {len(raw)} bytes, more than the {limit}-byte limit")
+    try:
+        data = json.loads(raw, parse_constant=_reject_constant)
+    except UnicodeDecodeError:
+        raise InputError(source, "evidence is not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(source, f"invalid JSON: {exc.msg} (column {exc.colno})", exc.lineno) from None
+    except ValueError as exc:  # NaN / Infinity, refused by _reject_constant
+        raise InputError(source, str(exc)) from None
+    except RecursionError:
+        raise InputError(source, "JSON nested too deeply") from None
+    if not isinstance(data, dict):
+        raise InputError(source, f"evidence must be a JSON object, not {type(data).__name__}", 1)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        extra = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise InputError(source, f"{field}: {first['msg']}{extra}") from None
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number evidence may contain")
