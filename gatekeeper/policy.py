@@ -97,6 +97,11 @@ class StartupGuardSettings(_Strict):
     deployment_factory: str | None = None  # "module:Class" building a probe's deployment from its dict
     probes: tuple[GuardProbe, ...] = ()
     timeout_s: float = Field(default=60.0, gt=0)
+    # Calls that build a kernel or allocate device memory; the guard must run before any of them. A pattern
+    # with a dot matches the whole dotted call name (`torch.*`), one without matches its last part (`empty`).
+    kernel_calls: tuple[str, ...] = (
+        "compile", "empty", "empty_like", "zeros", "zeros_like", "ones", "full", "torch.*", "cute.*",
+    )
 
     @field_validator("guard", "raises", "support_matrix", "deployment_factory")
     @classmethod
@@ -123,6 +128,8 @@ class ChangedPathTestsSettings(_Strict):
     timeout_s: float = Field(default=1800.0, gt=0)
     # JUnit + coverage reports from a GPU run, committed in the PR: they count, labelled self-reported.
     gpu_report_globs: tuple[str, ...] = ()
+    # Changed files the rule does not ask to be covered: the tests themselves (globs, see gatekeeper.paths).
+    exclude_paths: tuple[str, ...] = ("tests/**", "**/tests/**", "**/test_*.py", "**/conftest.py")
 
 
 class PerfMatrixSettings(_Strict):
