@@ -1,0 +1,282 @@
+"""perf_matrix: performance evidence covers every deployment the support matrix admits, and shows no regression.
+
+Required rows are the product of the support matrix axes (recorded by the collector) and the policy's
+`extra_axes`. Evidence comes from the collector's artifact (trusted), files in the PR matching
+`evidence_globs` and fenced blocks in the PR body (self-reported). For every required row the check demands a
+baseline from the same run, enough runs, a bounded spread and no regression beyond the policy's threshold; the
+evidence must be measured at the PR head or an ancestor within `commit_window`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from gatekeeper.checks import CheckContext
+from gatekeeper.errors import InputError
+from gatekeeper.evidence import AxisValue, Origin, PerfRow, PerfSubmission, parse_perf_evidence
+from gatekeeper.paths import matches_any
+from gatekeeper.policy import PerfMatrixSettings
+from gatekeeper.verdict import CheckResult, Finding, Severity, Status
+
+CHECK_ID = "perf_matrix"
+MAX_EVIDENCE_FILES = 50  # more matching files than this is a mistake in the globs, not evidence
+
+
+@dataclass(frozen=True)
+class RowVerdict:
+    axes: dict[str, AxisValue]
+    row: PerfRow | None          # None: no evidence measured this row
+    source: PerfSubmission | None
+    problems: tuple[str, ...]
+
+
+def run(ctx: CheckContext) -> CheckResult:
+    settings = ctx.policy.policy.checks.perf_matrix
+    findings: list[Finding] = []
+    submissions = gather_submissions(ctx, settings, findings)
+    if CHECK_ID in ctx.policy.policy.require_trusted:
+        for sub in submissions:
+            if sub.origin.trust != "trusted":
+                findings.append(Finding(severity=Severity.warning, message=(
+                    f"ignored self-reported perf evidence ({sub.origin.source}): the policy requires trusted evidence"
+                )))
+        submissions = [s for s in submissions if s.origin.trust == "trusted"]
+    axes, axes_problem = required_axes(ctx, settings)
+    if axes_problem is not None:
+        findings.append(Finding(message=axes_problem))
+    parse_errors = [f for f in findings if f.severity is Severity.error]
+    if axes is None or not submissions:
+        why = "the support matrix axes are unknown (no collector evidence and no extra_axes)" if axes is None else (
+            "no performance evidence (collector artifact, PR file or PR body block)")
+        status = Status.failed if parse_errors else Status.neutral
+        return _result(status, ("Failed" if parse_errors else "Not decided") + f": {why}.", findings)
+
+    head = _head_sha(ctx)
+    allowed = _allowed_commits(ctx, head, settings.commit_window)
+    used: set[int] = set()
+    verdicts = []
+    for combo in required_rows(axes):
+        verdict = row_verdict(combo, submissions, settings)
+        if verdict.source is not None:
+            used.add(id(verdict.source))
+        verdicts.append(verdict)
+    undecided = []
+    for sub in submissions:
+        if id(sub) not in used:
+            continue
+        if head is None:
+            undecided.append("the PR head is unknown, so the evidence commit cannot be verified")
+        elif not any(sha.startswith(sub.evidence.commit) for sha in allowed):
+            window = f" or one of its {settings.commit_window} nearest ancestors" if settings.commit_window else ""
+            findings.append(Finding(message=(
+                f"perf evidence from {sub.origin.source} was measured at {sub.evidence.commit}, "
+                f"not at the PR head {head[:12]}{window}"
+            )))
+    for verdict in verdicts:
+        for problem in verdict.problems:
+            findings.append(Finding(message=f"{_axes_label(verdict.axes)}: {problem}"))
+    details = {
+        "axes": {name: list(values) for name, values in axes.items()},
+        "rows": [_row_detail(v) for v in verdicts],
+        "markdown": _table(list(axes), verdicts),
+    }
+    errors = [f for f in findings if f.severity is Severity.error]
+    if errors:
+        missing = sum(1 for v in verdicts if v.row is None)
+        summary = f"{len(errors)} problem(s) in the perf matrix ({missing} of {len(verdicts)} required row(s) missing)."
+        return _result(Status.failed, summary, findings, details)
+    if undecided:
+        return _result(Status.neutral, "Not decided: " + "; ".join(sorted(set(undecided))) + ".", findings, details)
+    trust = sorted({s.origin.trust.replace("_", "-") for s in submissions if id(s) in used})
+    return _result(Status.passed, f"All {len(verdicts)} required row(s) measured, no regression ({'/'.join(trust)} evidence).", findings, details)
+
+
+def _result(status: Status, summary: str, findings: list[Finding], details: dict | None = None) -> CheckResult:
+    return CheckResult(id=CHECK_ID, status=status, summary=summary, findings=tuple(findings), details=details or {})
+
+
+# --- evidence sources ---------------------------------------------------------------------------------
+
+
+def gather_submissions(ctx: CheckContext, settings: PerfMatrixSettings, findings: list[Finding]) -> list[PerfSubmission]:
+    """The collector's perf evidence, PR files matching `evidence_globs`, and fenced blocks of the PR body.
+    An unreadable file or block becomes an error finding naming it."""
+    submissions = list(ctx.evidence.perf) if ctx.evidence is not None else []
+    if settings.evidence_globs and ctx.snapshot is not None:
+        paths = [p for p in ctx.snapshot.paths() if matches_any(p, settings.evidence_globs)]
+        if len(paths) > MAX_EVIDENCE_FILES:
+            findings.append(Finding(message=f"{len(paths)} files match evidence_globs; at most {MAX_EVIDENCE_FILES} are read"))
+            paths = paths[:MAX_EVIDENCE_FILES]
+        for path in paths:
+            text = ctx.snapshot.read(path)
+            if text is None:
+                findings.append(Finding(path=path, message="perf evidence file is not text"))
+                continue
+            _add(submissions, findings, text, Origin(trust="self_reported", source=f"PR file {path}"), path)
+    body = ctx.pull_request.body if ctx.pull_request is not None else ""
+    for index, (line, block) in enumerate(fenced_blocks(body, settings.body_fence), start=1):
+        origin = Origin(trust="self_reported", source=f"PR body block {index}")
+        _add(submissions, findings, block, origin, "pull request body", line_offset=line)
+    return submissions
+
+
+def _add(submissions: list[PerfSubmission], findings: list[Finding], text: str, origin: Origin, path: str,
+         line_offset: int = 0) -> None:
+    try:
+        evidence = parse_perf_evidence(text, path)
+    except InputError as exc:
+        line = exc.line + line_offset if exc.line is not None else (line_offset or None)
+        findings.append(Finding(path=path, line=line, message=f"unusable perf evidence: {exc.reason}"))
+        return
+    submissions.append(PerfSubmission(origin=origin, evidence=evidence))
+
+
+def fenced_blocks(body: str, fence: str) -> list[tuple[int, str]]:
+    """The contents of ```<fence> blocks in Markdown text, with the 1-based line of their opening fence."""
+    blocks: list[tuple[int, str]] = []
+    opening = re.compile(rf"^\s*(`{{3,}}|~{{3,}})\s*{re.escape(fence)}\s*$")
+    lines = body.splitlines()
+    i = 0
+    while i < len(lines):
+        match = opening.match(lines[i])
+        if match is None:
+            i += 1
+            continue
+        marker, start = match.group(1), i
+        i += 1
+        content = []
+        while i < len(lines) and lines[i].strip() != marker:
+            content.append(lines[i])
+            i += 1
+        blocks.append((start + 1, "\n".join(content)))
+        i += 1
+    return blocks
+
+
+# --- required rows ------------------------------------------------------------------------------------
+
+
+def required_axes(ctx: CheckContext, settings: PerfMatrixSettings) -> tuple[dict[str, tuple[Any, ...]] | None, str | None]:
+    """The axes every combination of which needs a row, and a problem to report (or None)."""
+    recorded = ctx.evidence.support_axes if ctx.evidence is not None else None
+    extra = {name: tuple(values) for name, values in settings.extra_axes.items()}
+    if recorded is not None and recorded.error is not None:
+        return None, f"the support matrix axes could not be read from {recorded.source}: {recorded.error}"
+    if recorded is not None and recorded.axes is not None:
+        clash = set(recorded.axes) & set(extra)
+        if clash:
+            return None, f"extra_axes {sorted(clash)} repeat axes of the support matrix"
+        return {**recorded.axes, **extra}, None
+    return (extra or None), None
+
+
+def required_rows(axes: dict[str, tuple[Any, ...]]) -> list[dict[str, Any]]:
+    names = list(axes)
+    return [dict(zip(names, values)) for values in itertools.product(*(axes[n] for n in names))]
+
+
+def row_verdict(combo: dict[str, Any], submissions: list[PerfSubmission], settings: PerfMatrixSettings) -> RowVerdict:
+    candidates = [
+        (sub, row)
+        for sub in submissions
+        for row in sub.evidence.rows
+        if row.metric == settings.metric and _matches(row.axes, combo)
+    ]
+    if not candidates:
+        return RowVerdict(combo, None, None, ("missing: no evidence measured this row",))
+    # Trusted evidence first, then the newest run.
+    sub, row = max(candidates, key=lambda c: (c[0].origin.trust == "trusted", c[0].evidence.created))
+    return RowVerdict(combo, row, sub, tuple(row_problems(row, sub, settings)))
+
+
+def row_problems(row: PerfRow, sub: PerfSubmission, settings: PerfMatrixSettings) -> list[str]:
+    if row.baseline is None:
+        return ["no baseline measured in the same run"]
+    problems = []
+    runs = min(row.candidate.runs, row.baseline.runs)
+    if runs < settings.min_runs:
+        problems.append(f"only {runs} run(s); the policy requires {settings.min_runs}")
+    spread = max(row.candidate.spread_pct, row.baseline.spread_pct)
+    if spread > settings.max_spread_pct:
+        problems.append(f"spread {spread:.1f}% is above the policy's {settings.max_spread_pct:g}%")
+    slowdown = (1 / row.speedup - 1) * 100
+    if slowdown > settings.max_regression_pct:
+        problems.append(f"regression: the candidate is {slowdown:.1f}% slower than the baseline (allowed {settings.max_regression_pct:g}%)")
+    measured_arch = sub.evidence.hardware.arch
+    if "arch" in row.axes and measured_arch is not None and str(row.axes["arch"]) != measured_arch:
+        problems.append(f"the row claims arch {row.axes['arch']} but was measured on {measured_arch}")
+    return problems
+
+
+def _matches(row_axes: dict[str, AxisValue], combo: dict[str, Any]) -> bool:
+    # Compared as text, so `8` in YAML and `"8"` in a hand-written block name the same row.
+    return all(name in row_axes and str(row_axes[name]) == str(value) for name, value in combo.items())
+
+
+# --- commits ------------------------------------------------------------------------------------------
+
+
+def _head_sha(ctx: CheckContext) -> str | None:
+    if ctx.changes.head_sha:
+        return ctx.changes.head_sha
+    return ctx.pull_request.head_sha if ctx.pull_request is not None else None
+
+
+def _allowed_commits(ctx: CheckContext, head: str | None, window: int) -> list[str]:
+    """The head and, where the collector recorded the head's ancestry, its `window` nearest ancestors."""
+    if head is None:
+        return []
+    allowed = [head]
+    recorded = ctx.evidence.head if ctx.evidence is not None else None
+    if recorded is not None and recorded.sha.startswith(head):
+        allowed += list(recorded.ancestors[:window])
+    return allowed
+
+
+# --- report -------------------------------------------------------------------------------------------
+
+
+def _axes_label(axes: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in axes.items())
+
+
+def _row_detail(v: RowVerdict) -> dict[str, Any]:
+    row = v.row
+    return {
+        "axes": v.axes,
+        "unit": row.unit if row else None,
+        "baseline": row.baseline.median if row and row.baseline else None,
+        "candidate": row.candidate.median if row else None,
+        "speedup": row.speedup if row else None,
+        "floor": row.floor if row else None,
+        "runs": min(row.candidate.runs, row.baseline.runs) if row and row.baseline else (row.candidate.runs if row else None),
+        "spread_pct": max(row.candidate.spread_pct, row.baseline.spread_pct) if row and row.baseline else None,
+        "source": f"{v.source.origin.source} ({v.source.origin.trust})" if v.source else None,
+        "problems": list(v.problems),
+    }
+
+
+def _table(axis_names: list[str], verdicts: list[RowVerdict]) -> str:
+    header = [*axis_names, "baseline", "candidate", "speedup", "floor", "runs", "spread", ""]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for v in verdicts:
+        cells = [str(v.axes[name]) for name in axis_names]
+        d = _row_detail(v)
+        if v.row is None:
+            cells += ["–", "–", "–", "–", "–", "–", "❌ gap"]
+        else:
+            unit = d["unit"]
+            cells += [
+                f"{d['baseline']:.4g} {unit}" if d["baseline"] is not None else "none",
+                f"{d['candidate']:.4g} {unit}",
+                f"{d['speedup']:.2f}×" if d["speedup"] is not None else "–",
+                f"{d['floor']:.4g} {unit}" if d["floor"] is not None else "–",
+                str(d["runs"]),
+                f"{d['spread_pct']:.1f}%" if d["spread_pct"] is not None else "–",
+                "✅" if not v.problems else "❌ " + "; ".join(v.problems).replace("|", "/"),
+            ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
