@@ -1,0 +1,201 @@
+"""ChangeSet and PullRequestInfo from saved GitHub REST responses.
+
+  files    "List pull request files": an array of diff-entry objects (filename, status, additions,
+           deletions, changes, patch?, previous_filename?, sha, blob_url, raw_url, contents_url).
+  commits  "List commits on a pull request": an array of commit objects, oldest first.
+  pull     "Get a pull request": the pull request object.
+
+What GitHub's PR files cannot show, and what that means here:
+  * no file modes: a symlink, a submodule bump or a mode change looks like any other file, so old_mode,
+    new_mode and symlink_target stay None (unknown). Read the change from git when those matter.
+  * no binary flag: a binary file comes without a `patch`, like a diff too large to show.
+  * without a `patch` (binary, too large, or a pure rename) the changed lines are unknown: has_patch=False
+    and no line numbers. The confinement check reports such a file; it never counts it as a pass.
+Statuses: "changed" (GitHub's word for a mode or type change) and "unchanged" become `modified`, so every
+entry becomes a FileChange; nothing is dropped. A PR with more than 3000 files is returned whole (GitHub's
+API stops listing at 3000): the confinement check fails it closed, with its reason, rather than a loader
+error hiding which files were seen.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gatekeeper.changes import ChangeSet, Commit, FileChange, FileStatus
+from gatekeeper.errors import InputError
+from gatekeeper.provenance import PullRequestInfo
+from gatekeeper.sources.diff import hunk_line_numbers, parse_hunks
+
+
+class _Edge(BaseModel):
+    # Strict types (no "3" for 3); unknown keys are ignored, since GitHub adds fields over time.
+    model_config = ConfigDict(strict=True, frozen=True, extra="ignore")
+
+
+class DiffEntry(_Edge):
+    sha: str | None = None  # GitHub sends null for some entries (e.g. a submodule), though its schema says string
+    filename: str
+    status: Literal["added", "removed", "modified", "renamed", "copied", "changed", "unchanged"]
+    additions: int = Field(ge=0)
+    deletions: int = Field(ge=0)
+    changes: int = Field(ge=0)
+    patch: str | None = None
+    previous_filename: str | None = None
+
+
+class _User(_Edge):
+    login: str
+    type: str | None = None
+
+
+class _GitAuthor(_Edge):
+    name: str | None = None
+    email: str | None = None
+
+
+class _CommitDetail(_Edge):
+    message: str
+    author: _GitAuthor | None = None
+
+
+class _PullCommit(_Edge):
+    sha: str
+    commit: _CommitDetail
+    author: _User | None = None  # null when the commit email matches no GitHub account
+
+
+class _Label(_Edge):
+    name: str
+
+
+class _Ref(_Edge):
+    sha: str | None = None
+    ref: str | None = None
+
+
+class _PullRequest(_Edge):
+    number: int
+    title: str = ""
+    body: str | None = None
+    labels: list[_Label] = []
+    user: _User | None = None
+    head: _Ref | None = None
+    base: _Ref | None = None
+
+
+_STATUS = {
+    "added": FileStatus.added, "removed": FileStatus.removed, "modified": FileStatus.modified,
+    "renamed": FileStatus.renamed, "copied": FileStatus.copied,
+    "changed": FileStatus.modified, "unchanged": FileStatus.modified,
+}
+
+
+def changes_from_pr_files(
+    files: str, source: str, commits: str | None = None, commits_source: str = "commits"
+) -> ChangeSet:
+    """ChangeSet from the JSON text of "list pull request files" (and optionally "list commits")."""
+    entries = _json_array(files, source, "diff-entry objects (GitHub 'list pull request files')")
+    commit_list = None if commits is None else _json_array(commits, commits_source, "commit objects")
+    return _changes(entries, source, commit_list, commits_source)
+
+
+def changes_from_pr_file_entries(entries: list[dict], commits: list[dict] | None = None) -> ChangeSet:
+    """The same from already-decoded data (the App gets dicts from PyGithub's `raw_data`)."""
+    return _changes(entries, "pull request files", commits, "pull request commits")
+
+
+def pull_request_from_json(text: str, source: str) -> PullRequestInfo:
+    data = _json(text, source)
+    pull = _validate(_PullRequest, data, source, "")
+    return PullRequestInfo(
+        number=pull.number,
+        title=pull.title,
+        body=pull.body or "",
+        labels=tuple(label.name for label in pull.labels),
+        author_login=pull.user.login if pull.user else None,
+        author_type=pull.user.type if pull.user else None,
+        head_sha=pull.head.sha if pull.head else None,
+        base_ref=pull.base.ref if pull.base else None,
+    )
+
+
+def _changes(entries: list[Any], source: str, commits: list[Any] | None, commits_source: str) -> ChangeSet:
+    files = tuple(_file_change(_validate(DiffEntry, entry, source, f"[{i}]"), source, i) for i, entry in enumerate(entries))
+    parsed_commits = () if commits is None else tuple(
+        _commit(_validate(_PullCommit, c, commits_source, f"[{i}]")) for i, c in enumerate(commits)
+    )
+    return ChangeSet(source="github", files=files, commits=parsed_commits)
+
+
+def _file_change(entry: DiffEntry, source: str, index: int) -> FileChange:
+    where = f"[{index}] {entry.filename!r}"
+    status = _STATUS[entry.status]
+    moved = status in (FileStatus.renamed, FileStatus.copied)
+    if moved and entry.previous_filename is None:
+        raise InputError(source, f"{where}: status {entry.status!r} without previous_filename")
+    if not moved and entry.previous_filename is not None:
+        raise InputError(source, f"{where}: previous_filename given for status {entry.status!r}")
+    if entry.changes != entry.additions + entry.deletions:
+        raise InputError(source, f"{where}: changes is {entry.changes}, but additions + deletions is "
+                                 f"{entry.additions + entry.deletions}")
+    added: tuple[int, ...] = ()
+    removed: tuple[int, ...] = ()
+    if entry.patch is not None:
+        try:
+            added, removed = hunk_line_numbers(parse_hunks(entry.patch, source))
+        except InputError as exc:  # its line is a line of the patch string, not of the JSON file
+            raise InputError(source, f"{where}: patch line {exc.line}: {exc.reason}") from None
+        if (len(added), len(removed)) != (entry.additions, entry.deletions):
+            raise InputError(source, f"{where}: additions/deletions say {entry.additions}/{entry.deletions}, "
+                                     f"the patch shows {len(added)}/{len(removed)}")
+    return FileChange(
+        path=entry.filename,
+        old_path=entry.previous_filename,
+        status=status,
+        added_lines=added,
+        removed_lines=removed,
+        has_patch=entry.patch is not None,
+    )
+
+
+def _commit(entry: _PullCommit) -> Commit:
+    author = entry.commit.author
+    return Commit(
+        sha=entry.sha,
+        message=entry.commit.message,
+        author_name=author.name if author else None,
+        author_email=author.email if author else None,
+        author_login=entry.author.login if entry.author else None,
+    )
+
+
+def _json(text: str, source: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(source, f"invalid JSON: {exc.msg} (column {exc.colno})", exc.lineno) from None
+
+
+_JSON_KIND = {dict: "an object", str: "a string", int: "a number", float: "a number", bool: "a boolean",
+              type(None): "null"}
+
+
+def _json_array(text: str, source: str, what: str) -> list[Any]:
+    data = _json(text, source)
+    if not isinstance(data, list):
+        raise InputError(source, f"expected a JSON array of {what}, got {_JSON_KIND.get(type(data), 'something else')}", 1)
+    return data
+
+
+def _validate(model: type[_Edge], data: Any, source: str, where: str) -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"])
+        extra = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        location = f"{where}{field}".lstrip(".") or "(top level)"
+        raise InputError(source, f"{location}: {first['msg']}{extra}") from None
