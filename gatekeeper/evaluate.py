@@ -40,6 +40,7 @@ def evaluate(
         agent_assisted=provenance.agent_assisted,
         signals=provenance.signals,
         checks=tuple(results),
+        mode=mode.value,
     )
 
 

@@ -75,3 +75,6 @@ class Verdict(BaseModel):
     agent_assisted: bool
     signals: tuple[Signal, ...] = ()
     checks: tuple[CheckResult, ...] = ()
+    # The review mode the policy selected ("strict" or "default"); added within schema_version 1, so
+    # readers must accept its absence (None) in verdicts written before it existed.
+    mode: Literal["strict", "default"] | None = None

@@ -1,0 +1,124 @@
+"""Markdown reports from jinja2 templates: the check-run summary the App posts, and the PR comment.
+
+Each check may add a `details` section: the template `details_<check id>.md.j2` renders its
+`CheckResult.details` when it exists (a perf table, a coverage table), `details_generic.md.j2` otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Literal
+
+import jinja2
+
+from gatekeeper.report.text import md_code, md_text
+from gatekeeper.verdict import Status, Verdict
+
+# GitHub rejects a check-run summary or a comment longer than this many characters.
+GITHUB_TEXT_LIMIT = 65535
+# How many findings per check a report shows before it starts cutting (then fewer, see render_markdown).
+_FINDING_LIMITS = (None, 200, 50, 10, 0)
+
+STATUS_ICONS = {"pass": "✅", "fail": "❌", "neutral": "⚪", "skipped": "⏭️"}
+SEVERITY_ICONS = {"error": "❌", "warning": "⚠️", "notice": "ℹ️"}
+
+Template = Literal["check_run", "pr_comment"]
+
+_ENV = jinja2.Environment(
+    loader=jinja2.PackageLoader("gatekeeper.report", "templates"),
+    undefined=jinja2.StrictUndefined,  # a typo in a template is an error, not an empty string
+    autoescape=False,  # Markdown, not HTML: every untrusted value goes through md_text or md_code instead
+    trim_blocks=True,
+    lstrip_blocks=True,
+    keep_trailing_newline=True,
+)
+_ENV.filters["md"] = md_text
+_ENV.filters["code"] = md_code
+_ENV.filters["json"] = lambda value: json.dumps(value, indent=2, sort_keys=True, default=str)
+_ENV.filters["table"] = lambda rows: md_table(rows)
+_ENV.filters["fenced"] = lambda text, lang="": md_fenced(text, lang)
+_ENV.globals.update(status_icon=STATUS_ICONS, severity_icon=SEVERITY_ICONS, is_table=lambda v: _is_table(v))
+
+
+def render_markdown(
+    verdict: Verdict,
+    *,
+    template: Template = "check_run",
+    details_url: str | None = None,
+    max_chars: int = GITHUB_TEXT_LIMIT,
+) -> str:
+    """The verdict as Markdown of at most `max_chars` characters.
+
+    When the full text is too long, findings are cut per check (200, 50, 10, then none) and the report says
+    how many are not shown; as a last resort the text is cut and says so.
+    """
+    jinja_template = _ENV.get_template(f"{template}.md.j2")
+    text = ""
+    for limit in _FINDING_LIMITS:
+        text = jinja_template.render(**_context(verdict, details_url, limit))
+        if len(text) <= max_chars:
+            return text
+    note = "\n\n… report truncated to fit GitHub's limit; run `gatekeeper check --format json` for all of it.\n"
+    return text[: max(max_chars - len(note), 0)] + note[: max_chars]
+
+
+def _context(verdict: Verdict, details_url: str | None, finding_limit: int | None) -> dict[str, Any]:
+    checks = []
+    for check in verdict.checks:
+        shown = check.findings if finding_limit is None else check.findings[:finding_limit]
+        checks.append({
+            "result": check,
+            "findings": shown,
+            "hidden": len(check.findings) - len(shown),
+            "details_template": _details_template(check.id),
+        })
+    counts = {s.value: sum(1 for c in verdict.checks if c.status is s) for s in Status}
+    undecided = [c.id for c in verdict.checks if c.status is Status.neutral]
+    return {
+        "verdict": verdict,
+        "checks": checks,
+        "counts": counts,
+        "undecided": undecided,
+        "details_url": details_url,
+        "overridden": bool(verdict.signals) and not verdict.agent_assisted,
+    }
+
+
+def _details_template(check_id: str) -> str:
+    specific = f"details_{check_id}.md.j2"
+    return specific if specific in _ENV.list_templates() else "details_generic.md.j2"
+
+
+def md_table(rows: list[dict[str, Any]]) -> str:
+    """A Markdown table of flat rows; the columns are the union of the rows' keys, in first-seen order."""
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    lines = ["| " + " | ".join(md_text(str(c)) for c in columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        lines.append("| " + " | ".join(md_text(_cell(row.get(c))) for c in columns) + " |")
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def md_fenced(text: str, lang: str = "") -> str:
+    """A fenced code block longer than any backtick run inside `text`, so the text cannot close it."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}{lang}\n{text}\n{fence}"
+
+
+def _is_table(value: Any) -> bool:
+    """A non-empty list of flat dicts renders as a table; anything else as a JSON block."""
+    return (
+        isinstance(value, (list, tuple))
+        and bool(value)
+        and all(isinstance(row, dict) for row in value)
+        and all(not isinstance(cell, (dict, list, tuple)) for row in value for cell in row.values())
+    )
