@@ -1,13 +1,32 @@
-"""Placeholder until its issue lands: the subcommand exists and says so, it never pretends to work."""
+"""`gatekeeper serve`: run the GitHub App (webhooks, queue, workers) under uvicorn."""
 
-import sys
+from __future__ import annotations
+
+import logging
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("serve", help="(not implemented yet)")
+    parser = subparsers.add_parser(
+        "serve", help="run the GitHub App server",
+        description="Run the GitHub App. Settings come from --config (YAML) and the environment variables "
+                    "GATEKEEPER_WEBHOOK_SECRET, GATEKEEPER_APP_ID, GATEKEEPER_PRIVATE_KEY_PATH, GATEKEEPER_DB "
+                    "and GATEKEEPER_GITHUB_API_URL, which override the file.")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8080, help="port to listen on (default: 8080)")
+    parser.add_argument("--config", metavar="FILE", help="YAML configuration file (see docs/github-app.md)")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.set_defaults(func=_run)
 
 
 def _run(args) -> int:
-    print("gatekeeper serve: not implemented yet", file=sys.stderr)
-    return 2
+    import uvicorn
+
+    from gatekeeper.github.app import create_app
+    from gatekeeper.github.config import load_config
+
+    config = load_config(args.config)  # InputError -> exit 2 with file and reason
+    config.private_key()  # fail now, not at the first webhook, if the key cannot be read
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.run(create_app(config), host=args.host, port=args.port, log_level=args.log_level,
+                access_log=args.log_level == "debug")
+    return 0

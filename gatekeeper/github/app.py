@@ -1,0 +1,125 @@
+"""The ASGI app: POST /webhook (verify, validate, persist, acknowledge) and GET /healthz.
+
+Acknowledging is all the request does: the delivery is committed to the SQLite queue and the worker
+threads do the GitHub work, so GitHub gets its answer in milliseconds and a crash loses nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from gatekeeper.github import signature
+from gatekeeper.github.client import GitHubApp
+from gatekeeper.github.config import AppConfig
+from gatekeeper.github.context import AppContext
+from gatekeeper.github.events import ACTED_ON, EVENT_MODELS, installation_id
+from gatekeeper.github.reconcile import Reconciler
+from gatekeeper.github.store import Store
+from gatekeeper.github.worker import Worker
+
+log = logging.getLogger(__name__)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def create_app(config: AppConfig) -> Starlette:
+    state: dict = {}
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        store = Store(config.db_path)
+        requeued = store.requeue_interrupted()
+        if requeued:
+            log.warning("requeued %d delivery(ies) interrupted by the previous shutdown", requeued)
+        ctx = AppContext(config, store, GitHubApp(config))
+        worker, reconciler = Worker(ctx), Reconciler(ctx)
+        worker.start()
+        reconciler.start()
+        state.update(ctx=ctx, worker=worker)
+        try:
+            yield
+        finally:
+            reconciler.stop()
+            worker.stop()
+
+    async def webhook(request: Request) -> JSONResponse:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > config.max_body_bytes:
+            return _error(413, f"body over {config.max_body_bytes} bytes")
+        try:
+            body = await _read_capped(request, config.max_body_bytes)
+        except _TooLarge:
+            return _error(413, f"body over {config.max_body_bytes} bytes")
+        # The signature comes first: nothing about an unauthenticated request is looked at further.
+        if not signature.verify(config.webhook_secret.get_secret_value(), body,
+                                request.headers.get("x-hub-signature-256")):
+            return _error(401, "missing or invalid X-Hub-Signature-256")
+        media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if media_type != "application/json":
+            return _error(415, "set the webhook content type to application/json")
+        event = request.headers.get("x-github-event")
+        delivery = request.headers.get("x-github-delivery")
+        if not event or not delivery:
+            return _error(400, "missing X-GitHub-Event or X-GitHub-Delivery")
+        model = EVENT_MODELS.get(event)
+        if model is None:
+            return JSONResponse({"ignored": f"event {event!r} is not handled"}, status_code=202)
+        try:
+            parsed = model.model_validate_json(body)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "(body)"
+            status = 400 if first["type"] == "json_invalid" else 422
+            return _error(status, f"{event} payload: {where}: {first['msg']}")
+        if event == "ping":
+            return JSONResponse({"pong": True, "zen": parsed.zen})
+        action = json.loads(body).get("action")
+        if action not in ACTED_ON.get(event, ()):
+            return JSONResponse({"ignored": f"{event}.{action} needs no work"}, status_code=202)
+        if installation_id(parsed) is None:
+            return _error(422, f"{event} payload has no installation: is this an App webhook?")
+        new = await run_in_threadpool(state["ctx"].store.enqueue, delivery, event, action, body)
+        if not new:
+            return JSONResponse({"duplicate": delivery}, status_code=200)
+        return JSONResponse({"queued": delivery}, status_code=202)
+
+    async def healthz(request: Request) -> JSONResponse:
+        ctx, worker = state.get("ctx"), state.get("worker")
+        try:
+            ok = ctx is not None and await run_in_threadpool(ctx.store.ping) and worker.alive() > 0
+            queue = await run_in_threadpool(ctx.store.queue_counts) if ok else {}
+        except Exception as exc:  # noqa: BLE001 - a broken database is exactly what this endpoint reports
+            return JSONResponse({"status": "unhealthy", "reason": type(exc).__name__}, status_code=503)
+        if not ok:
+            return JSONResponse({"status": "unhealthy"}, status_code=503)
+        return JSONResponse({"status": "ok", "workers": worker.alive(), "queue": queue})
+
+    return Starlette(
+        routes=[Route("/webhook", webhook, methods=["POST"]), Route("/healthz", healthz, methods=["GET"])],
+        lifespan=lifespan,
+    )
+
+
+async def _read_capped(request: Request, limit: int) -> bytes:
+    body = bytearray()
+    async for chunk in request.stream():
+        body.extend(chunk)
+        if len(body) > limit:
+            raise _TooLarge
+    return bytes(body)
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)

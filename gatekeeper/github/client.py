@@ -1,0 +1,232 @@
+"""GitHub I/O through PyGithub, authenticated as an App installation.
+
+Installation tokens are cached until shortly before they expire and fetched again on demand, so a long
+evaluation never runs into an expired token; a token that GitHub rejects early is dropped (see
+`errors.classify`). 5xx answers and rate limits are retried with backoff inside PyGithub's GithubRetry.
+Everything returned is plain data (dicts, str), so the rest of the App never touches PyGithub objects.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any
+
+from github import Auth, Github, GithubIntegration, GithubRetry
+from github.GithubException import UnknownObjectException
+
+from gatekeeper.github.config import AppConfig
+
+CHECK_RUN_ACTIONS = [{"label": "Re-run", "description": "Evaluate this PR again", "identifier": "rerun"}]
+
+
+class InstallationTokens:
+    """Installation access tokens, one per installation, renewed `margin_s` before they expire."""
+
+    def __init__(self, integration: GithubIntegration, margin_s: float, clock: Callable[[], float] = time.time):
+        self._integration = integration
+        self._margin_s = margin_s
+        self._clock = clock
+        self._tokens: dict[int, tuple[str, float]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, installation_id: int) -> str:
+        with self._lock:
+            cached = self._tokens.get(installation_id)
+            if cached is not None and cached[1] - self._margin_s > self._clock():
+                return cached[0]
+            grant = self._integration.get_access_token(installation_id)
+            expires = grant.expires_at.timestamp() if grant.expires_at else self._clock() + 3600
+            self._tokens[installation_id] = (grant.token, expires)
+            return grant.token
+
+    def invalidate(self, installation_id: int) -> None:
+        with self._lock:
+            self._tokens.pop(installation_id, None)
+
+
+class _InstallationAuth(Auth.Auth):
+    """Asks the cache for every request, so a token renewed mid-evaluation is picked up at once."""
+
+    def __init__(self, tokens: InstallationTokens, installation_id: int):
+        self._tokens = tokens
+        self._installation_id = installation_id
+
+    @property
+    def token_type(self) -> str:
+        return "token"
+
+    @property
+    def token(self) -> str:
+        return self._tokens.get(self._installation_id)
+
+    @property
+    def _masked_token(self) -> str:
+        return "token (installation, masked)"
+
+
+class GitHubApp:
+    """The App's view of GitHub: one PyGithub client per installation, sharing one token cache."""
+
+    def __init__(self, config: AppConfig):
+        self._config = config
+        self._retry = GithubRetry(total=config.http_retries, backoff_factor=config.http_backoff_s,
+                                  secondary_rate_wait=max(1.0, config.http_backoff_s))
+        self.integration = GithubIntegration(
+            auth=Auth.AppAuth(config.app_id, config.private_key()),
+            base_url=config.github_api_url,
+            retry=self._retry,
+            timeout=config.http_timeout_s,
+        )
+        self.tokens = InstallationTokens(self.integration, config.token_refresh_margin_s)
+        self._clients: dict[int, Installation] = {}
+        self._lock = threading.Lock()
+
+    def installation(self, installation_id: int) -> Installation:
+        with self._lock:
+            client = self._clients.get(installation_id)
+            if client is None:
+                gh = Github(
+                    auth=_InstallationAuth(self.tokens, installation_id),
+                    base_url=self._config.github_api_url,
+                    retry=self._retry,
+                    timeout=self._config.http_timeout_s,
+                    per_page=100,
+                )
+                client = self._clients[installation_id] = Installation(gh, self._config.max_artifact_bytes)
+            return client
+
+    def installation_ids(self) -> list[int]:
+        return [inst.id for inst in self.integration.get_installations()]
+
+
+class Installation:
+    """The REST calls the App makes inside one installation."""
+
+    def __init__(self, gh: Github, max_artifact_bytes: int):
+        self._gh = gh
+        self._max_artifact_bytes = max_artifact_bytes
+
+    def _repo(self, full_name: str):
+        return self._gh.get_repo(full_name, lazy=True)
+
+    # ---------------------------------------------------------------------------------------- reading
+
+    def pull_request(self, repo: str, number: int) -> dict[str, Any]:
+        return self._repo(repo).get_pull(number).raw_data
+
+    def pull_request_files(self, repo: str, number: int, limit: int) -> list[dict[str, Any]]:
+        """Up to `limit + 1` file entries: one more than allowed is enough to know the PR is too large."""
+        files = []
+        for entry in self._repo(repo).get_pull(number).get_files():
+            files.append(entry.raw_data)
+            if len(files) > limit:
+                break
+        return files
+
+    def pull_request_commits(self, repo: str, number: int) -> list[dict[str, Any]]:
+        return [c.raw_data for c in self._repo(repo).get_pull(number).get_commits()]
+
+    def file_text(self, repo: str, path: str, ref: str) -> str | None:
+        """The text of a file at a commit; None if it does not exist there."""
+        try:
+            content = self._repo(repo).get_contents(path, ref=ref)
+        except UnknownObjectException:
+            return None
+        if isinstance(content, list):  # a directory
+            return None
+        return content.decoded_content.decode("utf-8")
+
+    def tree_paths(self, repo: str, ref: str) -> list[str]:
+        tree = self._repo(repo).get_git_tree(ref, recursive=True)
+        return [item.path for item in tree.tree if item.type == "blob"]
+
+    def open_pull_requests(self, repo: str) -> list[tuple[int, str]]:
+        return [(pr.number, pr.head.sha) for pr in self._repo(repo).get_pulls(state="open")]
+
+    def repositories(self) -> list[str]:
+        """Full names of the repositories this installation can see (GET /installation/repositories)."""
+        names: list[str] = []
+        page = 1
+        while True:
+            # PyGithub has no installation-token call for this list, so page through it with its requester.
+            _, data = self._gh.requester.requestJsonAndCheck(
+                "GET", "/installation/repositories", parameters={"per_page": 100, "page": page})
+            repos = data.get("repositories", [])
+            names.extend(r["full_name"] for r in repos)
+            if len(repos) < 100:
+                return names
+            page += 1
+
+    def collaborator_permission(self, repo: str, login: str) -> str:
+        return self._repo(repo).get_collaborator_permission(login)
+
+    def evidence_artifact(self, repo: str, run_id: int, name: str) -> bytes | None:
+        """The zip of the named artifact of a workflow run, or None if the run has none."""
+        run = self._repo(repo).get_workflow_run(run_id)
+        artifact = next((a for a in run.get_artifacts() if a.name == name and not a.expired), None)
+        if artifact is None:
+            return None
+        if artifact.size_in_bytes > self._max_artifact_bytes:
+            raise ValueError(f"artifact {name!r} is {artifact.size_in_bytes} bytes, over the "
+                             f"{self._max_artifact_bytes}-byte limit")
+        _, _, stream = self._gh.requester.getStream(artifact.archive_download_url, chunk_size=65536)
+        data = bytearray()
+        for chunk in stream.iter_content(65536):
+            data.extend(chunk)
+            if len(data) > self._max_artifact_bytes:
+                raise ValueError(f"artifact {name!r} is over the {self._max_artifact_bytes}-byte limit")
+        return bytes(data)
+
+    # ---------------------------------------------------------------------------------------- check runs
+
+    def find_check_run(self, repo: str, head_sha: str, name: str, app_id: int) -> int | None:
+        runs = self._repo(repo).get_commit(head_sha).get_check_runs(check_name=name, app_id=app_id)
+        return next((run.id for run in runs), None)
+
+    def has_check_run(self, repo: str, head_sha: str, name_prefix: str, app_id: int) -> bool:
+        runs = self._repo(repo).get_commit(head_sha).get_check_runs(app_id=app_id)
+        return any(run.name.startswith(name_prefix) for run in runs)
+
+    def start_check_run(self, repo: str, head_sha: str, name: str, check_run_id: int | None) -> int:
+        """Create the check run (or reset an existing one) as in_progress; returns its id."""
+        now = datetime.now(timezone.utc)
+        repository = self._repo(repo)
+        if check_run_id is None:
+            return repository.create_check_run(name=name, head_sha=head_sha, status="in_progress",
+                                               started_at=now).id
+        repository.get_check_run(check_run_id).edit(status="in_progress", started_at=now)
+        return check_run_id
+
+    def complete_check_run(self, repo: str, check_run_id: int, conclusion: str, title: str, summary: str,
+                           annotation_batches: list[list[dict[str, Any]]], text: str | None = None) -> None:
+        """Complete with the first batch of annotations; GitHub appends each further batch (50 per request)."""
+        run = self._repo(repo).get_check_run(check_run_id)
+        batches = annotation_batches or [[]]
+        output: dict[str, Any] = {"title": title, "summary": summary, "annotations": batches[0]}
+        if text:
+            output["text"] = text
+        run.edit(status="completed", conclusion=conclusion, completed_at=datetime.now(timezone.utc),
+                 output=output, actions=CHECK_RUN_ACTIONS)
+        for batch in batches[1:]:
+            run.edit(output={"title": title, "summary": summary, "annotations": batch})
+
+    # ---------------------------------------------------------------------------------------- comments
+
+    def upsert_comment(self, repo: str, number: int, comment_id: int | None, body: str, marker: str) -> int:
+        """Update our comment in place; find it by marker if its id was lost; create it only if absent."""
+        issue = self._repo(repo).get_issue(number)
+        if comment_id is not None:
+            try:
+                comment = issue.get_comment(comment_id)
+                comment.edit(body)
+                return comment.id
+            except UnknownObjectException:
+                pass  # deleted by someone: fall through and look for another copy, or create one
+        for comment in issue.get_comments():
+            if marker in (comment.body or ""):
+                comment.edit(body)
+                return comment.id
+        return issue.create_comment(body).id

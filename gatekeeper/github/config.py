@@ -1,0 +1,84 @@
+"""App configuration: a YAML file, overridden by environment variables. Secrets never appear in repr or logs."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+
+from gatekeeper.errors import InputError
+
+GITHUB_API_URL = "https://api.github.com"
+
+# Environment variable -> config field. The environment wins over the file, so a deployment can keep
+# secrets out of the file entirely.
+ENV_FIELDS = {
+    "GATEKEEPER_WEBHOOK_SECRET": "webhook_secret",
+    "GATEKEEPER_APP_ID": "app_id",
+    "GATEKEEPER_PRIVATE_KEY_PATH": "private_key_path",
+    "GATEKEEPER_DB": "db_path",
+    "GATEKEEPER_GITHUB_API_URL": "github_api_url",
+}
+
+
+class AppConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    app_id: int = Field(gt=0)
+    private_key_path: Path
+    webhook_secret: SecretStr = Field(min_length=1)
+    db_path: Path = Path("gatekeeper.sqlite3")
+    github_api_url: str = GITHUB_API_URL
+    policy_path: str = ".github/gatekeeper.yml"  # read from the PR's base branch, never from its head
+    max_body_bytes: int = Field(default=25 * 1024 * 1024, gt=0)  # GitHub caps webhook payloads at 25 MB
+    workers: int = Field(default=4, ge=1, le=64)
+    max_attempts: int = Field(default=5, ge=1)  # per delivery, before it becomes a neutral check
+    retry_backoff_s: float = Field(default=2.0, ge=0)  # job-level backoff base (doubles per attempt)
+    http_retries: int = Field(default=5, ge=0)  # per request: 5xx and rate limits, inside PyGithub
+    http_backoff_s: float = Field(default=0.5, ge=0)
+    http_timeout_s: int = Field(default=30, gt=0)
+    token_refresh_margin_s: float = Field(default=300.0, ge=0)  # renew installation tokens this early
+    reconcile_interval_s: float = Field(default=900.0, ge=0)  # 0 disables the periodic sweep
+    sticky_comment: bool = False  # also keep one PR comment with the summary, updated in place
+    evidence_artifact: str = "gatekeeper-evidence"  # artifact name uploaded by the gatekeeper action
+    max_artifact_bytes: int = Field(default=50 * 1024 * 1024, gt=0)
+
+    def private_key(self) -> str:
+        try:
+            return self.private_key_path.read_text(encoding="ascii")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(str(self.private_key_path), f"cannot read the App private key: {exc}") from None
+
+
+def load_config(path: str | Path | None, environ: Mapping[str, str] | None = None) -> AppConfig:
+    """Merge the optional YAML file with the environment and validate. Errors name the file or variable."""
+    environ = os.environ if environ is None else environ
+    data: dict = {}
+    source = "environment"
+    if path is not None:
+        source = str(path)
+        try:
+            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise InputError(source, f"cannot read config: {exc}") from None
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            raise InputError(source, f"invalid YAML: {exc}", mark.line + 1 if mark else None) from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise InputError(source, "the config must be a YAML mapping", 1)
+        data = dict(loaded or {})
+    for var, field in ENV_FIELDS.items():
+        if environ.get(var):
+            data[field] = environ[var]
+    try:
+        return AppConfig.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        env_var = next((v for v, f in ENV_FIELDS.items() if f == field), None)
+        hint = f" (set it in the file or {env_var})" if env_var else ""
+        # Never echo the input value: it may be the webhook secret.
+        raise InputError(source, f"{field}: {first['msg']}{hint}") from None

@@ -1,0 +1,88 @@
+"""Worker threads that drain the SQLite queue. Retries transient failures with backoff, renews a rejected
+token at once, and turns a permanent failure into a neutral check with the reason."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from github.GithubException import GithubException
+
+from gatekeeper.github.context import AppContext, Progress
+from gatekeeper.github.failures import Failure, classify, describe
+from gatekeeper.github.handlers import handle
+from gatekeeper.github.review import report_undecided
+from gatekeeper.github.store import Job
+
+log = logging.getLogger(__name__)
+
+IDLE_POLL_S = 0.5  # also how soon a delayed retry is picked up when nothing else wakes the workers
+
+
+class Worker:
+    def __init__(self, ctx: AppContext):
+        self._ctx = ctx
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        for i in range(self._ctx.config.workers):
+            thread = threading.Thread(target=self._loop, name=f"gatekeeper-worker-{i}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._ctx.store.wake_all()
+        for thread in self._threads:
+            thread.join(timeout)
+
+    def alive(self) -> int:
+        return sum(t.is_alive() for t in self._threads)
+
+    def _loop(self) -> None:
+        store = self._ctx.store
+        try:
+            while not self._stop.is_set():
+                job = store.claim()
+                if job is None:
+                    store.wait_for_work(IDLE_POLL_S)
+                    continue
+                self.run(job)
+        finally:
+            store.close()
+
+    def run(self, job: Job) -> None:
+        progress = Progress()
+        try:
+            outcome = handle(self._ctx, job, progress)
+        except Exception as exc:  # noqa: BLE001 - every failure is classified and reported, none is dropped
+            self._failed(job, progress, exc)
+        else:
+            self._ctx.store.finish(job.delivery_id, outcome)
+            log.info("delivery %s (%s.%s): %s", job.delivery_id, job.event, job.action, outcome)
+
+    def _failed(self, job: Job, progress: Progress, exc: Exception) -> None:
+        config, store = self._ctx.config, self._ctx.store
+        kind, reason = classify(exc), describe(exc)
+        if kind is Failure.token_rejected and progress.installation_id is not None:
+            self._ctx.github.tokens.invalidate(progress.installation_id)
+        if kind is not Failure.permanent and job.attempts < config.max_attempts:
+            # A rejected token is retried at once with a fresh one; GitHub trouble waits longer each time.
+            delay = 0.0 if kind is Failure.token_rejected else config.retry_backoff_s * 2 ** (job.attempts - 1)
+            log.warning("delivery %s attempt %d: %s; retrying in %.1fs", job.delivery_id, job.attempts, reason, delay)
+            store.retry_later(job.delivery_id, delay, reason)
+            return
+        if kind is not Failure.permanent:
+            reason = f"{reason} (gave up after {job.attempts} attempts)"
+        if kind is Failure.permanent and not isinstance(exc, GithubException):  # a bug: keep the traceback
+            log.exception("delivery %s failed", job.delivery_id, exc_info=exc)
+        reported = False
+        try:
+            reported = report_undecided(self._ctx, progress, reason)
+        except Exception as report_exc:  # noqa: BLE001 - GitHub may be the very thing that is down
+            reason += f"; and the neutral check could not be posted: {describe(report_exc)}"
+        store.fail(job.delivery_id, reason)
+        store.audit("error", progress.repo, progress.pr, progress.head_sha, conclusion="neutral" if reported else None,
+                    reason=reason, check_run_id=progress.check_run_id, delivery_id=job.delivery_id)
+        log.error("delivery %s (%s) failed: %s", job.delivery_id, job.event, reason)
