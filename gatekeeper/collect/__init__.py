@@ -1,0 +1,101 @@
+"""The collector: everything that executes the code under review, run in CI, never in the App.
+
+`collect()` runs the policy's tests under coverage (per-test contexts) and JUnit, runs the guard probes and
+reads the support matrix in a child process, attaches GPU reports and perf evidence, and records the head's
+ancestry: one `Evidence` document for `gatekeeper check --evidence`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+
+from gatekeeper.collect.gpu_reports import load_gpu_reports
+from gatekeeper.collect.probes import run_probes
+from gatekeeper.collect.testrun import run_tests
+from gatekeeper.errors import InputError
+from gatekeeper.evidence import Evidence, HeadInfo, Origin, PerfSubmission, load_perf_evidence
+from gatekeeper.paths import matches_any
+from gatekeeper.policy import LoadedPolicy
+from gatekeeper.sources.git import GitSnapshot, changes_from_git
+
+# How far back the head's ancestry is recorded when the policy allows no window: enough for a report to
+# say how stale evidence is.
+MIN_ANCESTORS = 20
+
+
+def collect(loaded: LoadedPolicy, repo: Path, base: str, perf_files: tuple[Path, ...] = (),
+            console: Console | None = None) -> Evidence:
+    console = console or Console(stderr=True)
+    policy = loaded.policy
+    repo = repo.resolve()
+    origin = collector_origin()
+    head = GitSnapshot(repo, "HEAD")
+    paths = measured_paths(repo, base, head, policy.owned_paths, policy.checks.changed_path_tests.exclude_paths, console)
+    evidence: dict = {"head": HeadInfo(sha=head.sha, ancestors=ancestors(repo, head.sha, max(policy.checks.perf_matrix.commit_window, MIN_ANCESTORS)))}
+    with tempfile.TemporaryDirectory(prefix="gatekeeper-collect-") as tmp:
+        work = Path(tmp)
+        tests = []
+        settings = policy.checks.changed_path_tests
+        if settings.enabled:
+            with console.status(f"Running {' '.join(settings.command)} under coverage ({len(paths)} file(s) measured)…"):
+                run = run_tests(settings.command, repo, work, paths, settings.timeout_s, origin)
+            tests.append(run)
+            _say(console, run.error is None and all(t.outcome in ("passed", "skipped") for t in run.tests),
+                 f"tests: {len(run.tests)} ran, {sum(t.outcome in ('failed', 'error') for t in run.tests)} failed"
+                 + (f"; {run.error.splitlines()[0]}" if run.error else ""))
+            reports = load_gpu_reports(repo, head, settings.gpu_report_globs, paths)
+            tests.extend(reports)
+            if reports:
+                console.print(f"attached {len(reports)} GPU report(s), labelled self-reported")
+        evidence["tests"] = tuple(tests)
+        guard = policy.checks.startup_guard
+        if guard.enabled:
+            with console.status("Running the guard probes in a child process…"):
+                probes, axes = run_probes(guard, repo, work, origin)
+            evidence["guard_probes"], evidence["support_axes"] = probes, axes
+            if probes is not None:
+                _say(console, probes.error is None, f"guard probes: {len(probes.results)} ran" + (f"; {probes.error.splitlines()[-1]}" if probes.error else ""))
+            if axes is not None:
+                _say(console, axes.error is None, f"support matrix axes: {axes.error or ', '.join(axes.axes)}")
+    evidence["perf"] = tuple(
+        PerfSubmission(origin=Origin(trust=origin.trust, source=f"CI artifact {path}"), evidence=load_perf_evidence(path))
+        for path in perf_files
+    )
+    return Evidence(**evidence)
+
+
+def collector_origin() -> Origin:
+    """Whatever this process measured itself is trusted; the source says where it ran, for the report."""
+    if os.environ.get("GITHUB_ACTIONS") == "true":
+        workflow = os.environ.get("GITHUB_WORKFLOW_REF") or os.environ.get("GITHUB_WORKFLOW", "?")
+        return Origin(trust="trusted", source=f"gatekeeper collect in GitHub Actions ({workflow}, run {os.environ.get('GITHUB_RUN_ID', '?')})")
+    return Origin(trust="trusted", source="gatekeeper collect (local run)")
+
+
+def measured_paths(repo: Path, base: str, head: GitSnapshot, owned: tuple[str, ...], exclude: tuple[str, ...],
+                   console: Console) -> list[str]:
+    """The owned Python files changed since `base` (what changed_path_tests judges); every owned Python file
+    when `base` cannot be resolved (a shallow clone), which costs size but loses nothing."""
+    try:
+        changed = [f.path for f in changes_from_git(repo, base).files if f.status.value != "removed"]
+    except InputError as exc:
+        console.print(f"[yellow]warning:[/] cannot diff against {base} ({exc.reason}); measuring every owned file")
+        changed = list(head.paths())
+    return sorted(p for p in changed if p.endswith(".py") and matches_any(p, owned) and not matches_any(p, exclude)
+                  and (repo / p).is_file())
+
+
+def ancestors(repo: Path, sha: str, count: int) -> tuple[str, ...]:
+    """The `count` nearest ancestors of `sha`, newest first (fewer in a shallow clone)."""
+    listing = subprocess.run(["git", "rev-list", f"--max-count={count + 1}", sha], cwd=repo,
+                             capture_output=True, text=True, check=False)
+    return tuple(listing.stdout.split()[1:]) if listing.returncode == 0 else ()
+
+
+def _say(console: Console, ok: bool, message: str) -> None:
+    console.print(("[green]✓[/] " if ok else "[red]✗[/] ") + message)

@@ -1,0 +1,124 @@
+"""Per-test line coverage -> `FileCoverage`: from coverage.py's data file (the collector's own run) or from a
+`coverage json --show-contexts` report (an attached GPU run)."""
+
+from __future__ import annotations
+
+import ast
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+import coverage
+
+from gatekeeper.errors import InputError
+from gatekeeper.evidence import FileCoverage
+
+COLLECTION = "(collection)"  # code that ran outside any test: imports while pytest collected the tests
+MAX_COVERAGE_JSON_BYTES = 64 * 1024 * 1024
+
+
+class ContextTable:
+    """Test names in first-seen order, so a FileCoverage can refer to them by index."""
+
+    def __init__(self) -> None:
+        self._index: dict[str, int] = {}
+
+    def index(self, context: str) -> int:
+        # pytest-cov style labels ("node|run") and ours (the node id) name the same test.
+        name = context.rsplit("|", 1)[0] if context.endswith(("|run", "|setup", "|teardown")) else context
+        return self._index.setdefault(name or COLLECTION, len(self._index))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._index)
+
+
+def from_coverage_data(cov: coverage.Coverage, repo: Path, paths: Iterable[str], table: ContextTable) -> tuple[FileCoverage, ...]:
+    """Coverage of `paths` (repository-relative Python files) from a finished run, including files never
+    imported: their statements come from parsing the source, so they show up as entirely uncovered."""
+    data = cov.get_data()
+    measured = {_relative(repo, f): f for f in data.measured_files()}
+    files = []
+    for path in paths:
+        _, statements, excluded, _, _ = cov.analysis2(str(repo / path))
+        by_line = data.contexts_by_lineno(measured[path]) if path in measured else {}
+        covered = {line: tuple(sorted({table.index(c) for c in ctxs})) for line, ctxs in by_line.items() if line in statements}
+        files.append(FileCoverage(
+            path=path, statements=tuple(statements), excluded=tuple(excluded),
+            spans=statement_spans((repo / path).read_text(encoding="utf-8")), covered=covered,
+        ))
+    return tuple(files)
+
+
+def from_coverage_json(report: Path, repo: Path, paths: Iterable[str], table: ContextTable) -> tuple[FileCoverage, ...]:
+    """Coverage of `paths` from a `coverage json --show-contexts` report made elsewhere (a GPU machine):
+    its file names may be absolute, so each is matched to the repository path it ends with."""
+    try:
+        size = report.stat().st_size
+        if size > MAX_COVERAGE_JSON_BYTES:
+            raise InputError(str(report), f"coverage report is {size} bytes, more than the {MAX_COVERAGE_JSON_BYTES}-byte limit")
+        data = json.loads(report.read_bytes())
+    except OSError as exc:
+        raise InputError(str(report), f"cannot read coverage report: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(str(report), f"invalid coverage JSON: {exc}", getattr(exc, "lineno", None)) from None
+    reported = data.get("files") if isinstance(data, dict) else None
+    if not isinstance(reported, dict):
+        raise InputError(str(report), "not a `coverage json` report: no 'files' object")
+    if not data.get("meta", {}).get("show_contexts"):
+        raise InputError(str(report), "the report has no per-test contexts: make it with `coverage json --show-contexts`")
+    files = []
+    for path in paths:
+        name = next((n for n in reported if n == path or n.replace("\\", "/").endswith("/" + path)), None)
+        if name is None:
+            continue
+        entry = reported[name]
+        try:
+            executed = {int(n) for n in entry["executed_lines"]}
+            statements = sorted(executed | {int(n) for n in entry["missing_lines"]})
+            excluded = sorted(int(n) for n in entry.get("excluded_lines", ()))
+            contexts = {int(line): [str(c) for c in ctxs] for line, ctxs in entry.get("contexts", {}).items()}
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise InputError(str(report), f"malformed entry for {name}: {exc!r}") from None
+        covered = {
+            line: tuple(sorted({table.index(c) for c in contexts.get(line, [""])}))
+            for line in executed if line in statements
+        }
+        files.append(FileCoverage(
+            path=path, statements=tuple(statements), excluded=tuple(excluded),
+            spans=statement_spans((repo / path).read_text(encoding="utf-8")), covered=covered,
+        ))
+    return tuple(files)
+
+
+def statement_spans(source: str) -> tuple[tuple[int, int], ...]:
+    """(first, last) line of every statement written over several lines; for a compound statement only its
+    header (`def f(\\n a,\\n b):`). coverage.py counts a statement at its first line, so a change to any of its
+    lines is a change of that statement."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return ()
+    spans = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.stmt) or node.end_lineno is None:
+            continue
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.stmt):
+            first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", ()))])
+            last = body[0].lineno - 1
+        else:
+            first, last = node.lineno, node.end_lineno
+        if last > first:
+            spans.append((first, last))
+    return tuple(sorted(spans))
+
+
+def _relative(repo: Path, filename: str) -> str:
+    path = Path(filename)
+    if not path.is_absolute():
+        return path.as_posix()
+    try:
+        return path.resolve().relative_to(repo.resolve()).as_posix()
+    except ValueError:
+        return filename

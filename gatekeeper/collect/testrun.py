@@ -1,0 +1,77 @@
+"""Run the policy's test command under coverage.py with one dynamic context per test, and JUnit XML.
+
+A run that crashes, hangs past its time limit or leaves no report is recorded as a failed run, never raised:
+the changed_path_tests rule then fails with the reason, instead of the collector dying without evidence.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+
+import coverage
+
+from gatekeeper.collect.coverage_map import ContextTable, from_coverage_data
+from gatekeeper.collect.junit import junit_key, parse_junit
+from gatekeeper.collect.process import run_limited
+from gatekeeper.errors import InputError
+from gatekeeper.evidence import Origin, TestRun
+
+PLUGIN_MODULE = "gatekeeper_pytest_contexts"
+_PYTEST_NAMES = ("pytest", "py.test")
+
+
+def coverage_command(command: tuple[str, ...], rcfile: Path, junit: Path) -> list[str]:
+    """`pytest ARGS` or `PYTHON -m pytest ARGS` -> the same tests under `coverage run`, with our context plugin
+    and a JUnit report. Any other command cannot be measured per test: InputError."""
+    if command and Path(command[0]).name in _PYTEST_NAMES:
+        python, args = sys.executable, list(command[1:])
+    elif len(command) >= 3 and command[1:3] == ("-m", "pytest"):
+        python, args = command[0], list(command[3:])
+    else:
+        raise InputError("policy", f"checks.changed_path_tests.command must run pytest, got {shlex.join(command)!r}")
+    return [python, "-m", "coverage", "run", f"--rcfile={rcfile}", "-m", "pytest", "-p", PLUGIN_MODULE,
+            f"--junitxml={junit}", "-o", "junit_family=xunit1", *args]
+
+
+def write_rcfile(work: Path) -> Path:
+    rcfile = work / "coveragerc"
+    rcfile.write_text(
+        "[run]\n"
+        f"data_file = {work / 'coverage.sqlite'}\n"
+        "relative_files = true\n"
+        "source = .\n"
+        # Contexts are switched by our plugin; sys.monitoring does not support them.
+        "core = ctrace\n",
+        encoding="utf-8",
+    )
+    return rcfile
+
+
+def run_tests(command: tuple[str, ...], repo: Path, work: Path, paths: list[str], timeout_s: float,
+              origin: Origin) -> TestRun:
+    """Run the tests in `repo`, and record outcomes and per-test coverage of `paths`."""
+    rcfile = write_rcfile(work)
+    junit = work / "junit.xml"
+    argv = coverage_command(command, rcfile, junit)
+    plugin_dir = Path(__file__).parent / "plugin"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(plugin_dir), str(repo), env.get("PYTHONPATH")) if p)
+    run = run_limited(argv, cwd=repo, env=env, timeout_s=timeout_s, log=work / "tests.log")
+    record = {"origin": origin, "label": "tests", "command": " ".join(command), "exit_code": run.returncode}
+    if run.timed_out:
+        return TestRun(**record, error=f"timed out after {timeout_s:g} s; last output:\n{run.tail}"[-4000:])
+    if not junit.exists():
+        return TestRun(**record, error=f"exited with status {run.returncode} without a JUnit report:\n{run.tail}"[-4000:])
+    cov = coverage.Coverage(config_file=str(rcfile))
+    cov.load()
+    table = ContextTable()
+    files = from_coverage_data(cov, repo, paths, table)
+    try:
+        # Every test that ran measured code, not only those that ran the measured paths, gets its node id.
+        tests = parse_junit(junit, {junit_key(name): name for name in cov.get_data().measured_contexts() if name})
+    except InputError as exc:
+        return TestRun(**record, error=f"unreadable JUnit report: {exc}"[-4000:])
+    return TestRun(**record, tests=tests, contexts=table.names, files=files)
