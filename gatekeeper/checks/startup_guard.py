@@ -91,10 +91,10 @@ def _entry_point_findings(snapshot: Snapshot, entry: str, guard_name: str, kerne
     function = source.functions.get(function_name)
     if function is None:
         return [Finding(path=source.path, message=f"the entry point {function_name}() is not defined in {module_name}")]
-    event = source.first_event(function_name, guard_name, kernel_calls)
-    if event is None:
+    # With no kernel patterns the first event can only be the guard: does the entry point call it at all?
+    if source.first_event(function_name, guard_name, ()) is None:
         return [Finding(path=source.path, line=function.lineno, message=f"{function_name}() never calls the guard {guard_name}()")]
-    kind, line, name = event
+    kind, line, name = source.first_event(function_name, guard_name, kernel_calls)
     if kind == "kernel":
         return [Finding(path=source.path, line=line, message=(
             f"{function_name}() reaches {name}() (a kernel build or allocation) before it calls the guard {guard_name}()"
