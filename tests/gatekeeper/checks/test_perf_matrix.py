@@ -1,0 +1,170 @@
+"""perf_matrix: required rows from the support axes, and each way evidence can fall short."""
+
+from __future__ import annotations
+
+import json
+
+from gatekeeper.changes import ChangeSet
+from gatekeeper.checks import CheckContext
+from gatekeeper.checks.perf_matrix import fenced_blocks, run
+from gatekeeper.evidence import Evidence, HeadInfo, Origin, PerfEvidence, PerfSubmission, SupportAxes
+from gatekeeper.policy import Mode, load_policy_text
+from gatekeeper.provenance import Provenance, PullRequestInfo
+from gatekeeper.snapshot import DictSnapshot
+from gatekeeper.verdict import Severity, Status
+
+HEAD = "a" * 40
+PARENT = "b" * 40
+GRANDPARENT = "c" * 40
+TRUSTED = Origin(trust="trusted", source="CI artifact perf.json")
+AXES = {"tp": (8, 16), "batch": (1, 64)}
+
+POLICY = """
+version: 1
+name: tiny
+owned_paths: ["tiny/**"]
+require_trusted: {trusted}
+checks:
+  perf_matrix:
+    evidence_globs: ["tiny/evidence/*.json"]
+    extra_axes: {{layer: [kda]}}
+    min_runs: 10
+    max_spread_pct: 5
+    max_regression_pct: 2
+    commit_window: {window}
+"""
+
+
+def row(tp, batch, baseline=12.0, candidate=10.0, runs=20, spread=1.0, **extra):
+    doc = {"axes": {"tp": tp, "batch": batch, "layer": "kda"},
+           "candidate": {"median": candidate, "spread_pct": spread, "runs": runs},
+           "baseline": None if baseline is None else {"median": baseline, "spread_pct": 1.0, "runs": runs}}
+    doc.update(extra)
+    return doc
+
+
+def perf(rows=None, commit=HEAD) -> dict:
+    rows = rows if rows is not None else [row(tp, b) for tp in AXES["tp"] for b in AXES["batch"]]
+    return {"commit": commit, "command": "python -m tiny.bench", "created": "2026-11-30T12:00:00Z",
+            "hardware": {"gpu": "NVIDIA H200", "count": 1, "driver": "570", "arch": "sm_90"}, "rows": rows}
+
+
+def check(doc=None, window=0, trusted="[]", files=None, body="", axes=AXES, origin=TRUSTED, head=HEAD):
+    policy = load_policy_text(POLICY.format(trusted=trusted, window=window), "policy.yaml")
+    submissions = () if doc is None else (PerfSubmission(origin=origin, evidence=PerfEvidence.model_validate(doc)),)
+    support = None if axes is None else SupportAxes(origin=TRUSTED, source="tiny.support:MATRIX", axes=axes)
+    evidence = Evidence(head=HeadInfo(sha=HEAD, ancestors=(PARENT, GRANDPARENT)), support_axes=support, perf=submissions)
+    ctx = CheckContext(policy, ChangeSet(source="git", files=(), head_sha=head), Provenance(), Mode.strict, evidence,
+                       DictSnapshot(files or {}), PullRequestInfo(body=body))
+    return run(ctx)
+
+
+def errors(result):
+    return [f"{f.path}:{f.line}: {f.message}" if f.path else f.message for f in result.findings if f.severity is Severity.error]
+
+
+def test_complete_matrix_passes_and_renders_speedups():
+    result = check(perf())
+    assert result.status is Status.passed, errors(result)
+    assert len(result.details["rows"]) == 4
+    assert "| 8 | 1 | kda | 12 us | 10 us | 1.20× |" in result.details["markdown"]
+
+
+def test_missing_row_is_a_gap():
+    result = check(perf([row(8, 1), row(8, 64), row(16, 1)]))
+    assert result.status is Status.failed
+    assert errors(result) == ["tp=16, batch=64, layer=kda: missing: no evidence measured this row"]
+    assert "❌ gap" in result.details["markdown"]
+
+
+def test_row_without_baseline():
+    result = check(perf([row(8, 1, baseline=None), row(8, 64), row(16, 1), row(16, 64)]))
+    assert errors(result) == ["tp=8, batch=1, layer=kda: no baseline measured in the same run"]
+
+
+def test_stale_commit_and_the_commit_window():
+    stale = check(perf(commit=GRANDPARENT), window=1)
+    assert stale.status is Status.failed
+    assert errors(stale) == [f"perf evidence from CI artifact perf.json was measured at {GRANDPARENT}, "
+                             f"not at the PR head {HEAD[:12]} or one of its 1 nearest ancestors"]
+    assert check(perf(commit=GRANDPARENT), window=2).status is Status.passed
+    assert check(perf(commit=PARENT[:7]), window=1).status is Status.passed
+
+
+def test_unknown_head_is_undecided():
+    result = check(perf(), head=None)
+    assert result.status is Status.neutral and "PR head is unknown" in result.summary
+
+
+def test_too_few_runs_too_much_spread_and_a_regression():
+    rows = [row(8, 1, runs=3), row(8, 64, spread=9.0), row(16, 1, baseline=10.0, candidate=10.5), row(16, 64, baseline=10.0, candidate=10.1)]
+    result = check(perf(rows))
+    assert errors(result) == [
+        "tp=8, batch=1, layer=kda: only 3 run(s); the policy requires 10",
+        "tp=8, batch=64, layer=kda: spread 9.0% is above the policy's 5%",
+        "tp=16, batch=1, layer=kda: regression: the candidate is 5.0% slower than the baseline (allowed 2%)",
+    ]
+
+
+def test_rows_must_be_measured_on_the_arch_they_claim():
+    rows = [row(tp, b) for tp in (8, 16) for b in (1, 64)]
+    for r in rows:
+        r["axes"]["arch"] = "sm_100"
+    result = check(perf(rows), axes={**AXES, "arch": ("sm_100",)})
+    assert "claims arch sm_100 but was measured on sm_90" in errors(result)[0]
+
+
+def test_pr_file_and_body_block_are_self_reported_evidence():
+    from_file = check(files={"tiny/evidence/h200.json": json.dumps(perf())})
+    assert from_file.status is Status.passed
+    assert "self-reported" in from_file.summary
+    body = "Numbers:\n\n```gatekeeper-perf\n" + json.dumps(perf()) + "\n```\n"
+    assert check(body=body).status is Status.passed
+    required = check(files={"tiny/evidence/h200.json": json.dumps(perf())}, trusted="[perf_matrix]")
+    assert required.status is Status.neutral
+    assert any("requires trusted" in f.message for f in required.findings)
+
+
+def test_trusted_evidence_wins_over_a_self_reported_copy():
+    regressed = perf([row(tp, b, baseline=10.0, candidate=20.0) for tp in (8, 16) for b in (1, 64)])
+    result = check(perf(), files={"tiny/evidence/h200.json": json.dumps(regressed)})
+    assert result.status is Status.passed, errors(result)
+
+
+def test_hostile_pr_file_is_an_error_naming_the_file():
+    nan = json.dumps(perf()).replace("10.0", "NaN")
+    result = check(files={"tiny/evidence/bad.json": nan})
+    assert result.status is Status.failed
+    assert errors(result) == ["tiny/evidence/bad.json:None: unusable perf evidence: NaN is not a number evidence may contain"]
+    negative = json.dumps(perf([row(8, 1, candidate=-1.0)]))
+    assert "greater than 0" in errors(check(files={"tiny/evidence/neg.json": negative}))[0]
+    body = "x\n```gatekeeper-perf\n{\n oops\n```"
+    assert errors(check(perf(), body=body)) == ["pull request body:4: unusable perf evidence: invalid JSON: Expecting property name enclosed in double quotes (column 2)"]
+
+
+def test_without_evidence_or_axes_the_rule_is_neutral():
+    assert check(None).status is Status.neutral
+    # No support matrix in this policy: the extra axes alone (layer) are the matrix.
+    assert check(perf(), axes=None).status is Status.passed
+
+
+def test_a_declared_support_matrix_whose_axes_were_not_recorded_is_undecided():
+    policy = load_policy_text(POLICY.format(trusted="[]", window=0) + "  startup_guard: {guard: 'tiny.guard:check', support_matrix: 'tiny.support:MATRIX'}\n", "p.yaml")
+    evidence = Evidence(perf=(PerfSubmission(origin=TRUSTED, evidence=PerfEvidence.model_validate(perf())),))
+    ctx = CheckContext(policy, ChangeSet(source="git", files=(), head_sha=HEAD), Provenance(), Mode.strict, evidence)
+    result = run(ctx)
+    assert result.status is Status.neutral and "axes are unknown" in result.summary
+
+
+def test_support_matrix_that_could_not_be_read_fails():
+    policy = load_policy_text(POLICY.format(trusted="[]", window=0), "p.yaml")
+    broken = SupportAxes(origin=TRUSTED, source="tiny.support:MATRIX", error="ImportError: no module named torch")
+    evidence = Evidence(support_axes=broken, perf=(PerfSubmission(origin=TRUSTED, evidence=PerfEvidence.model_validate(perf())),))
+    result = run(CheckContext(policy, ChangeSet(source="git", files=(), head_sha=HEAD), Provenance(), Mode.strict, evidence))
+    assert result.status is Status.failed
+    assert errors(result) == ["the support matrix axes could not be read from tiny.support:MATRIX: ImportError: no module named torch"]
+
+
+def test_fenced_blocks():
+    body = "a\n~~~gatekeeper-perf\n{}\n~~~\n```python\nx\n```\n```gatekeeper-perf\n[1]\n```"
+    assert fenced_blocks(body, "gatekeeper-perf") == [(2, "{}"), (8, "[1]")]
