@@ -218,6 +218,11 @@ def load_policy(path: str | Path) -> LoadedPolicy:
     return load_policy_text(text, str(path))
 
 
+def field_line(text: str, loc: tuple[Any, ...]) -> int | None:
+    """The YAML line (1-based) of the field at `loc` (a pydantic-style location) in valid policy text."""
+    return _line_of(yaml.compose(text, Loader=yaml.SafeLoader), loc)
+
+
 def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
     """Walk the composed YAML tree along a pydantic error location; return the deepest line found (1-based)."""
     line = node.start_mark.line + 1 if node is not None else None

@@ -1,13 +1,181 @@
-"""Placeholder until its issue lands: the subcommand exists and says so, it never pretends to work."""
+"""`gatekeeper check`: the verdict the App would post, computed offline from a git range, a diff or saved
+GitHub JSON.
 
+Exit codes: 0 pass; 1 fail; 2 usage or input error. A neutral verdict (some required check could not be
+decided, usually for lack of evidence) exits 0 but says so on stderr; `--strict` makes it exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
 import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from gatekeeper.changes import ChangeSet
+from gatekeeper.errors import InputError
+from gatekeeper.evaluate import evaluate
+from gatekeeper.evidence import Evidence, load_evidence
+from gatekeeper.policy import load_policy
+from gatekeeper.provenance import Provenance, PullRequestInfo, detect
+from gatekeeper.report import render_json, render_markdown, render_terminal
+from gatekeeper.snapshot import Snapshot
+from gatekeeper.sources.diff import changes_from_diff
+from gatekeeper.sources.git import GitSnapshot, changes_from_git
+from gatekeeper.sources.github import changes_from_pr_files, pull_request_from_json
+from gatekeeper.verdict import Signal, Status, Verdict
+
+EXIT_PASS, EXIT_FAIL = 0, 1  # input and usage errors exit 2, in gatekeeper.cli
+# Terminal reports written to a file (--output) are wrapped at this width, without colour.
+_FILE_WIDTH = 100
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("check", help="(not implemented yet)")
-    parser.set_defaults(func=_run)
+    parser = subparsers.add_parser(
+        "check", help="evaluate a change against a policy",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--policy", required=True, metavar="FILE", help="the policy YAML")
+    source = parser.add_argument_group("the change (exactly one of --base, --diff, --pr-files)")
+    sources = source.add_mutually_exclusive_group(required=True)
+    sources.add_argument("--base", metavar="REF", help="a git range base...head in --repo, as GitHub shows a PR")
+    sources.add_argument("--diff", metavar="FILE", help="a unified diff in git format ('-' reads stdin)")
+    sources.add_argument("--pr-files", metavar="FILE", help="saved GitHub 'list pull request files' JSON")
+    source.add_argument("--head", metavar="REF", help="with --base: the head of the range (default HEAD)")
+    source.add_argument("--repo", metavar="DIR", help="with --base: the git repository (default .)")
+    source.add_argument("--commits", metavar="FILE", help="with --pr-files: saved 'list commits on a pull request' JSON")
+    source.add_argument("--pr", metavar="FILE", help="saved pull request JSON: labels, body and author for provenance")
+    parser.add_argument(
+        "--evidence", metavar="FILE", action="append", default=[],
+        help="evidence JSON from `gatekeeper collect` (repeatable; the files are combined)",
+    )
+    declared = parser.add_mutually_exclusive_group()
+    declared.add_argument(
+        "--agent-assisted", dest="declared", action="store_const", const=True,
+        help="treat the change as agent-assisted whatever the signals say",
+    )
+    declared.add_argument(
+        "--not-agent-assisted", dest="declared", action="store_const", const=False,
+        help="treat the change as not agent-assisted, overriding any signal (the report lists them)",
+    )
+    parser.add_argument("--format", choices=("terminal", "markdown", "json"), default="terminal")
+    parser.add_argument("--output", metavar="FILE", help="write the report to FILE instead of stdout")
+    parser.add_argument("--strict", action="store_true", help="exit 1 on a neutral verdict, not 0")
+    parser.set_defaults(func=run, parser=parser)
 
 
-def _run(args) -> int:
-    print("gatekeeper check: not implemented yet", file=sys.stderr)
-    return 2
+def run(args) -> int:
+    _check_combinations(args)
+    policy = load_policy(args.policy)
+    changes, snapshot = _changes(args)
+    pull_request = pull_request_from_json(_read(args.pr), args.pr) if args.pr else None
+    provenance = _provenance(detect(policy.policy.agent_detection, changes.commits, pull_request), args.declared)
+    evidence = combine_evidence([(path, load_evidence(path)) for path in args.evidence])
+    verdict = evaluate(policy, changes, provenance, evidence, snapshot=snapshot, pull_request=pull_request)
+    _write_report(verdict, args)
+    return _exit_code(verdict, args.strict)
+
+
+def _check_combinations(args) -> None:
+    """Options that only make sense with one source: a usage error (exit 2), never silently ignored."""
+    wrong = [
+        (args.head is not None and args.base is None, "--head needs --base"),
+        (args.repo is not None and args.base is None, "--repo needs --base"),
+        (args.commits is not None and args.pr_files is None, "--commits needs --pr-files"),
+    ]
+    for is_wrong, message in wrong:
+        if is_wrong:
+            args.parser.error(message)
+
+
+def _changes(args) -> tuple[ChangeSet, Snapshot | None]:
+    if args.base is not None:
+        repo, head = args.repo or ".", args.head or "HEAD"
+        return changes_from_git(repo, args.base, head), GitSnapshot(repo, head)
+    if args.diff is not None:
+        return changes_from_diff(_read(args.diff), "<stdin>" if args.diff == "-" else args.diff), None
+    commits = _read(args.commits) if args.commits else None
+    return changes_from_pr_files(_read(args.pr_files), args.pr_files, commits, args.commits or "commits"), None
+
+
+def _read(path: str) -> str:
+    try:
+        if path == "-":
+            return sys.stdin.read()
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(path, f"not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
+
+
+def _provenance(detected: Provenance, declared: bool | None) -> Provenance:
+    if declared is None:
+        return detected
+    signals = detected.signals
+    if declared:
+        signals += (Signal(kind="declared", source="command line", detail="--agent-assisted"),)
+    return Provenance(signals=signals, declared=declared)
+
+
+def combine_evidence(files: list[tuple[str, Evidence]]) -> Evidence | None:
+    """One Evidence from several files: list parts are concatenated; a single-valued part may come from
+    one file only (two test runs are fine, two different guard-probe runs are a contradiction)."""
+    if not files:
+        return None
+    if len(files) == 1:
+        return files[0][1]
+    combined: dict[str, object] = {}
+    given_by: dict[str, str] = {}
+    for path, evidence in files:
+        for name in Evidence.model_fields:
+            value = getattr(evidence, name)
+            if name == "schema_version" or value is None:
+                continue
+            if isinstance(value, tuple):
+                combined[name] = combined.get(name, ()) + value
+            elif name in combined and combined[name] != value:
+                raise InputError(path, f"{name} is also given by {given_by[name]}; give it in one evidence file only")
+            else:
+                combined[name], given_by[name] = value, path
+    return Evidence(**combined)
+
+
+def _write_report(verdict: Verdict, args) -> None:
+    if args.format == "terminal":
+        if args.output is None:
+            render_terminal(verdict, Console())
+        else:
+            with _open_output(args.output) as handle:
+                render_terminal(verdict, Console(file=handle, width=_FILE_WIDTH, color_system=None))
+    else:
+        text = render_json(verdict) if args.format == "json" else render_markdown(verdict)
+        if args.output is None:
+            sys.stdout.write(text)
+        else:
+            with _open_output(args.output) as handle:
+                handle.write(text)
+    if args.output is not None:
+        print(f"gatekeeper: {verdict.verdict.upper()}; report written to {args.output}", file=sys.stderr)
+    undecided = [c.id for c in verdict.checks if c.status is Status.neutral]
+    if undecided:
+        print(f"gatekeeper: UNDECIDED: {', '.join(undecided)} (see the report for why)", file=sys.stderr)
+    if verdict.verdict == "neutral":
+        outcome = "exit 1 (--strict)" if args.strict else "exit 0; --strict makes it exit 1"
+        print(f"gatekeeper: the verdict is NEUTRAL, which is not a pass: {outcome}", file=sys.stderr)
+
+
+def _open_output(path: str):
+    try:
+        return open(path, "w", encoding="utf-8")
+    except OSError as exc:
+        raise InputError(path, f"cannot write the report: {exc.strerror or exc}") from None
+
+
+def _exit_code(verdict: Verdict, strict: bool) -> int:
+    if verdict.verdict == "fail":
+        return EXIT_FAIL
+    if verdict.verdict == "neutral" and strict:
+        return EXIT_FAIL
+    return EXIT_PASS

@@ -1,7 +1,9 @@
 """Markdown reports from jinja2 templates: the check-run summary the App posts, and the PR comment.
 
-Each check may add a `details` section: the template `details_<check id>.md.j2` renders its
-`CheckResult.details` when it exists (a perf table, a coverage table), `details_generic.md.j2` otherwise.
+Each check may add a `details` section. Its `CheckResult.details` is rendered by the template
+`details_<check id>.md.j2` when one exists; else, when the check wrote its own Markdown into
+`details["markdown"]` (a perf table, a coverage table), by showing that; else generically (scalars, tables
+of flat rows, JSON).
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ from typing import Any, Literal
 
 import jinja2
 
-from gatekeeper.report.text import md_code, md_text
-from gatekeeper.verdict import Status, Verdict
+from gatekeeper.report.text import md_code, md_text, md_trusted
+from gatekeeper.verdict import CheckResult, Status, Verdict
 
 # GitHub rejects a check-run summary or a comment longer than this many characters.
 GITHUB_TEXT_LIMIT = 65535
@@ -35,6 +37,7 @@ _ENV = jinja2.Environment(
 )
 _ENV.filters["md"] = md_text
 _ENV.filters["code"] = md_code
+_ENV.filters["trusted"] = md_trusted
 _ENV.filters["json"] = lambda value: json.dumps(value, indent=2, sort_keys=True, default=str)
 _ENV.filters["table"] = lambda rows: md_table(rows)
 _ENV.filters["fenced"] = lambda text, lang="": md_fenced(text, lang)
@@ -71,7 +74,7 @@ def _context(verdict: Verdict, details_url: str | None, finding_limit: int | Non
             "result": check,
             "findings": shown,
             "hidden": len(check.findings) - len(shown),
-            "details_template": _details_template(check.id),
+            "details_template": _details_template(check),
         })
     counts = {s.value: sum(1 for c in verdict.checks if c.status is s) for s in Status}
     undecided = [c.id for c in verdict.checks if c.status is Status.neutral]
@@ -85,9 +88,12 @@ def _context(verdict: Verdict, details_url: str | None, finding_limit: int | Non
     }
 
 
-def _details_template(check_id: str) -> str:
-    specific = f"details_{check_id}.md.j2"
-    return specific if specific in _ENV.list_templates() else "details_generic.md.j2"
+def _details_template(check: CheckResult) -> str:
+    specific = f"details_{check.id}.md.j2"
+    if specific in _ENV.list_templates():
+        return specific
+    # A check may render its own table into details["markdown"]; the other keys are then its raw data.
+    return "details_markdown.md.j2" if isinstance(check.details.get("markdown"), str) else "details_generic.md.j2"
 
 
 def md_table(rows: list[dict[str, Any]]) -> str:

@@ -7,11 +7,12 @@ from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console, Group, RenderableType
+from rich.markdown import Markdown
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from gatekeeper.report.text import one_line
+from gatekeeper.report.text import md_trusted, one_line
 from gatekeeper.verdict import CheckResult, Status, Verdict
 
 _STATUS_STYLES = {"pass": "bold green", "fail": "bold red", "neutral": "bold yellow", "skipped": "dim"}
@@ -28,11 +29,11 @@ def render_terminal(verdict: Verdict, console: Console) -> None:
     console.print(_signals(verdict))
     console.print(_checks_table(verdict))
     for check in verdict.checks:
-        if check.status is not Status.skipped and (check.findings or check.details):
-            console.print(_check_section(check))
+        if check.status is not Status.skipped and (section := _check_section(check)) is not None:
+            console.print(section)
     undecided = [c.id for c in verdict.checks if c.status is Status.neutral]
     if undecided:
-        console.print(Text(f"UNDECIDED: {', '.join(undecided)} — a neutral verdict is not a pass.", style="bold yellow"))
+        console.print(Text(f"UNDECIDED: {', '.join(undecided)} — an undecided check is never a pass.", style="bold yellow"))
 
 
 def _header(verdict: Verdict) -> Panel:
@@ -71,7 +72,7 @@ def _checks_table(verdict: Verdict) -> Table:
     return table
 
 
-def _check_section(check: CheckResult) -> RenderableType:
+def _check_section(check: CheckResult) -> RenderableType | None:
     parts: list[RenderableType] = []
     for finding in check.findings:
         line = Text("  ")
@@ -83,12 +84,21 @@ def _check_section(check: CheckResult) -> RenderableType:
         line.append(one_line(finding.message))
         parts.append(line)
     if check.details:
-        renderer = DETAILS_RENDERERS.get(check.id, _generic_details)
+        renderer = DETAILS_RENDERERS.get(check.id) or (
+            _markdown_details if isinstance(check.details.get("markdown"), str) else _generic_details
+        )
         rendered = renderer(check.details)
         if rendered is not None:
             parts.append(rendered)
+    if not parts:
+        return None
     title = Text(check.id, style=_STATUS_STYLES[check.status.value])
     return Panel(Group(*parts), title=title, title_align="left")
+
+
+def _markdown_details(details: dict[str, Any]) -> RenderableType:
+    # The check's own table (see gatekeeper.report.markdown); rich draws Markdown tables in the terminal.
+    return Markdown(md_trusted(details["markdown"]))
 
 
 def _generic_details(details: dict[str, Any]) -> RenderableType:

@@ -54,3 +54,10 @@ def md_code(text: str) -> str:
     fence = "`" * (longest + 1)
     pad = " " if text.startswith("`") or text.endswith("`") else ""
     return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def md_trusted(markdown: str) -> str:
+    """Markdown a check wrote itself: its formatting stays, but it may quote untrusted text (an exception
+    message), so hidden characters are still shown and @mentions still broken."""
+    lines = (visible(line) for line in markdown.replace("\r\n", "\n").split("\n"))
+    return "\n".join(lines).replace("@", "@\u2060")

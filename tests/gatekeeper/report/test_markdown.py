@@ -23,7 +23,7 @@ def test_check_run_lists_verdict_mode_signals_checks_and_findings(verdict):
 def test_neutral_checks_are_called_out_loudly(verdict):
     text = render_markdown(verdict)
     assert "**Undecided:** changed_path_tests could not be decided" in text
-    assert "A neutral verdict is not a pass." in text
+    assert "An undecided check is never a pass." in text
 
 
 def test_generic_details_render_tables_json_and_scalars(verdict, details_check):
@@ -80,3 +80,11 @@ def test_reports_that_still_do_not_fit_are_cut_with_a_note(verdict):
     text = render_markdown(_flood(verdict, 10), max_chars=300)
     assert len(text) == 300
     assert text.endswith("run `gatekeeper check --format json` for all of it.\n")
+
+
+def test_a_checks_own_markdown_is_shown_with_hidden_characters_and_mentions_defused(verdict):
+    table = "| probe | got |\n|---|---|\n| tp4 | rejected: tp=4 @ops\u202e |"
+    check = CheckResult(id="startup_guard", status=Status.passed, summary="ok", details={"probes": [], "markdown": table})
+    text = render_markdown(verdict.model_copy(update={"checks": (check,)}))
+    assert "| probe | got |\n|---|---|\n| tp4 | rejected: tp=4 @\u2060ops\\u{202E} |" in text
+    assert "**probes**" not in text  # the raw rows behind the table are not rendered twice

@@ -34,3 +34,10 @@ def test_generic_details_and_markup_in_messages_stay_literal(verdict, details_ch
     assert "a\\u{202E}.py  [link=http://x]click[/link]" in text
     assert re.search(r"commit +0123abc", text)
     assert '{"count": 8, "gpu": "NVIDIA H200"}' in text
+
+
+def test_a_checks_own_markdown_table_is_drawn(verdict):
+    table = "| probe | got |\n|---|---|\n| tp4 | rejected |"
+    check = CheckResult(id="startup_guard", status=Status.passed, summary="ok", details={"markdown": table})
+    text = _text(verdict.model_copy(update={"checks": (check,)}))
+    assert re.search(r"tp4 +│ +rejected", text) or re.search(r"tp4 +rejected", text)

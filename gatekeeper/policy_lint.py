@@ -1,0 +1,139 @@
+"""Semantic lint of a valid policy: rules that parse but cannot mean what their author wanted.
+
+Pure: it reads the policy and, when given, the list of files in the repository. Each warning names the
+field it is about (`loc`, as in pydantic errors) so the CLI can point at its YAML line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from gatekeeper.paths import matches, matches_any
+from gatekeeper.policy import Mode, Policy
+
+_GLOB_CHARS = frozenset("*?[\\")
+
+
+@dataclass(frozen=True)
+class LintWarning:
+    loc: tuple[str | int, ...]
+    message: str
+
+    @property
+    def field(self) -> str:
+        return ".".join(str(part) for part in self.loc)
+
+
+def lint(policy: Policy, repo_paths: Iterable[str] | None = None) -> list[LintWarning]:
+    """Warnings about duplicate and overlapping rules, rules that match nothing in the repository (only
+    when `repo_paths` is given), and check settings that contradict each other."""
+    paths = None if repo_paths is None else tuple(repo_paths)
+    warnings: list[LintWarning] = []
+    warnings += _duplicates(policy)
+    warnings += _owned_overlaps(policy, paths)
+    warnings += _touchpoint_overlaps(policy, paths)
+    if paths is not None:
+        warnings += _unmatched(policy, paths)
+    warnings += _check_settings(policy)
+    return warnings
+
+
+def _is_literal(glob: str) -> bool:
+    return not (_GLOB_CHARS & set(glob))
+
+
+def _duplicates(policy: Policy) -> list[LintWarning]:
+    warnings = []
+    for name, values in (("owned_paths", policy.owned_paths), ("touchpoints", [t.path for t in policy.touchpoints])):
+        first_index: dict[str, int] = {}
+        for index, value in enumerate(values):
+            if value in first_index:
+                loc = (name, index) if name == "owned_paths" else (name, index, "path")
+                warnings.append(LintWarning(loc, f"duplicate of {name}[{first_index[value]}] ({value!r})"))
+            else:
+                first_index[value] = index
+    return warnings
+
+
+def _owned_overlaps(policy: Policy, paths: tuple[str, ...] | None) -> list[LintWarning]:
+    warnings = []
+    owned = policy.owned_paths
+    for index, glob in enumerate(owned):
+        if glob in ("**", "**/*"):
+            warnings.append(LintWarning(("owned_paths", index), f"{glob!r} owns every file: confinement can never fail"))
+            continue
+        others = [(j, other) for j, other in enumerate(owned) if j != index and other != glob]
+        for j, other in others:
+            if _subsumed(glob, other, paths):
+                warnings.append(LintWarning(
+                    ("owned_paths", index), f"{glob!r} adds nothing: every file it matches is owned through {other!r}"
+                ))
+                break
+    return warnings
+
+
+def _subsumed(glob: str, other: str, paths: tuple[str, ...] | None) -> bool:
+    """Whether everything `glob` matches is matched by `other`: exact for a literal path, else judged on
+    the repository's files (and then only when `glob` matches some)."""
+    if _is_literal(glob):
+        return matches(glob, other)
+    if paths is None:
+        return False
+    matched = [p for p in paths if matches(p, glob)]
+    return bool(matched) and all(matches(p, other) for p in matched)
+
+
+def _touchpoint_overlaps(policy: Policy, paths: tuple[str, ...] | None) -> list[LintWarning]:
+    warnings = []
+    for index, touchpoint in enumerate(policy.touchpoints):
+        loc = ("touchpoints", index, "path")
+        candidates = (touchpoint.path,) if _is_literal(touchpoint.path) else tuple(
+            p for p in paths or () if matches(p, touchpoint.path)
+        )
+        owned = next((p for p in candidates if matches_any(p, policy.owned_paths)), None)
+        if owned is not None:
+            warnings.append(LintWarning(
+                loc, f"{touchpoint.path!r} overlaps the owned paths ({owned} is owned): its budget never applies there"
+            ))
+        for j, earlier in enumerate(policy.touchpoints[:index]):
+            shared = next((p for p in candidates if earlier.path != touchpoint.path and matches(p, earlier.path)), None)
+            if shared is not None:
+                warnings.append(LintWarning(
+                    loc, f"{touchpoint.path!r} overlaps touchpoints[{j}] ({earlier.path!r}) at {shared}: "
+                    "only the first touchpoint's budget is charged",
+                ))
+    return warnings
+
+
+def _unmatched(policy: Policy, paths: tuple[str, ...]) -> list[LintWarning]:
+    warnings = []
+    for index, glob in enumerate(policy.owned_paths):
+        if not any(matches(p, glob) for p in paths):
+            warnings.append(LintWarning(("owned_paths", index), f"{glob!r} matches no file in the repository"))
+    for index, touchpoint in enumerate(policy.touchpoints):
+        if not any(matches(p, touchpoint.path) for p in paths):
+            warnings.append(LintWarning(
+                ("touchpoints", index, "path"), f"{touchpoint.path!r} matches no file in the repository"
+            ))
+    return warnings
+
+
+def _check_settings(policy: Policy) -> list[LintWarning]:
+    warnings = []
+    enabled = policy.checks.enabled()
+    for field in ("default_mode_checks", "require_trusted"):
+        for index, check in enumerate(getattr(policy, field)):
+            if check not in enabled:
+                warnings.append(LintWarning((field, index), f"{check} is disabled in checks, so this has no effect"))
+    guard = policy.checks.startup_guard
+    if guard.enabled and guard.guard is None:
+        warnings.append(LintWarning(
+            ("checks", "startup_guard", "guard"), "startup_guard is enabled but names no guard: it can never pass"
+        ))
+    detection = policy.agent_detection
+    if detection.on_signal is Mode.default and detection.on_no_signal is Mode.strict:
+        warnings.append(LintWarning(
+            ("agent_detection", "on_signal"), "agent-assisted changes get a lighter review than the others"
+        ))
+    return warnings
