@@ -14,7 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-_ARCH = re.compile(r"^sm_[0-9]{2,3}[a-z]?$")
+# NVIDIA compute capabilities, or the platform name where there is no CUDA capability to report.
+_ARCH = re.compile(r"^(sm_[0-9]{2,3}[a-z]?|cpu|rocm|xpu|tpu|unknown)$")
 
 
 def spec_label(method: str | None, tokens: int) -> str:
@@ -31,7 +32,7 @@ class Deployment(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    arch: str = Field(description="GPU architecture, e.g. sm_90 (H100/H200), sm_100 (B200/GB200)")
+    arch: str = Field(description="GPU architecture, e.g. sm_90 (H100/H200), sm_100 (B200/GB200); or the platform")
     tp: int = Field(ge=1, description="tensor-parallel size")
     dcp: int = Field(default=1, ge=1, description="decode-context-parallel size")
     max_batch: int = Field(ge=1, description="largest decode batch (sequences per step)")
@@ -50,7 +51,9 @@ class Deployment(BaseModel):
     @classmethod
     def _arch_spelling(cls, value: str) -> str:
         if not _ARCH.fullmatch(value):
-            raise ValueError(f"{value!r} is not a GPU architecture name such as 'sm_90'")
+            raise ValueError(
+                f"{value!r} is not a GPU architecture name such as 'sm_90' (or cpu, rocm, xpu, tpu, unknown)"
+            )
         return value
 
     @field_validator("spec_method")

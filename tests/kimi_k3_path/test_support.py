@@ -84,3 +84,21 @@ def test_a_matrix_whose_perf_batches_miss_the_bound_is_refused():
         SupportMatrix(**{**fields, "perf_batches": (1, 2, 4, 8, 16, 32)})
     with pytest.raises(ValidationError, match="both admitted and unvalidated"):
         SupportMatrix(**{**fields, "unvalidated_arch": {"sm_90": "x"}})
+
+
+def test_the_pure_modules_import_without_torch_or_vllm():
+    """The gatekeeper's static checks import these on a core install (no torch, no vllm)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "sys.modules['torch'] = None\n"  # makes `import torch` raise ImportError
+        "sys.modules['vllm'] = None\n"
+        "import kimi_k3_path, kimi_k3_path.support, kimi_k3_path.guard, kimi_k3_path.config\n"
+        "import kimi_k3_path.vllm_plugin\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
