@@ -56,22 +56,19 @@ def changes_from_diff(text: str, source: str) -> ChangeSet:
 
 
 def parse_git_diff(text: str, source: str) -> list[FileChange]:
-    lines = _CountingLines(text)
-    try:
-        patch = PatchSet(lines)
-    except UnidiffParseError as exc:
-        raise InputError(source, f"malformed diff: {exc}".rstrip(), lines.line_no) from None
+    lines = _split_lines(text)
+    patch = _parse(lines, source, "diff")
     if not patch:
         if text.strip():
             raise InputError(source, "no 'diff --git' file header found: not a git-format diff", 1)
         return []
-    if len(patch) != len(lines.git_header_line_nos):
+    # Hunk bodies never start with "diff --git " (they start with ' ', '+', '-' or '\\').
+    git_header_line_nos = [no for no, line in enumerate(lines, start=1) if line.startswith(_GIT_HEADER)]
+    if len(patch) != len(git_header_line_nos):
         # unidiff also starts files at bare `---`/`+++` or `Binary files` lines; git never does.
         raise InputError(source, "a file section without a 'diff --git' header: not a git-format diff")
-    _check_nothing_outside_hunks(lines.all_lines, patch, source, lines.git_header_line_nos)
-    return [
-        _file_change(patched, source, line_no) for patched, line_no in zip(patch, lines.git_header_line_nos)
-    ]
+    _check_nothing_outside_hunks(lines, patch, source, git_header_line_nos)
+    return [_file_change(patched, source, line_no) for patched, line_no in zip(patch, git_header_line_nos)]
 
 
 def hunk_line_numbers(patched: PatchedFile) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -80,51 +77,59 @@ def hunk_line_numbers(patched: PatchedFile) -> tuple[tuple[int, ...], tuple[int,
     removed: list[int] = []
     for hunk in patched:
         for line in hunk:
-            if line.is_added:
+            # line_type rather than the is_added/is_removed properties: this loop is the hot path of a
+            # 3000-file pull request.
+            if line.line_type == "+":
                 added.append(line.target_line_no)
-            elif line.is_removed:
+            elif line.line_type == "-":
                 removed.append(line.source_line_no)
     return tuple(added), tuple(removed)
+
+
+# A synthetic file header, so that unidiff sees bare hunks as one file; it shifts line numbers by 2.
+_SYNTHETIC_HEADER = ["--- a/file\n", "+++ b/file\n"]
 
 
 def parse_hunks(patch: str, source: str) -> PatchedFile:
     """Parse bare hunks (GitHub's `patch` field: no file header) as one file. Every line must be hunk text."""
     if not patch.startswith("@@ "):
         raise InputError(source, f"a patch must start with a '@@ ' hunk header, not {patch[:40]!r}", 1)
-    text = patch if patch.endswith("\n") else patch + "\n"
-    # A synthetic two-line header, so unidiff sees a file; line numbers below are shifted back by 2.
-    lines = _CountingLines("--- a/file\n+++ b/file\n" + text)
-    try:
-        parsed = PatchSet(lines)
-    except UnidiffParseError as exc:
-        raise InputError(source, f"malformed patch: {exc}".rstrip(), max(lines.line_no - 2, 1)) from None
-    consumed = _hunk_line_nos(parsed)
-    for line_no, line in enumerate(lines.all_lines[2:], start=3):
-        if line_no not in consumed and line.rstrip("\r\n") not in (_NO_NEWLINE, ""):
-            raise InputError(source, f"line outside any hunk: {line.rstrip()!r}", line_no - 2)
+    lines = _SYNTHETIC_HEADER + _split_lines(patch if patch.endswith("\n") else patch + "\n")
+    parsed = _parse(lines, source, "patch", skipped=len(_SYNTHETIC_HEADER))
+    # unidiff appends every line it reads inside a hunk (markers and blank lines too) to that hunk, and
+    # files anything else as patch info: so every line is accounted for exactly when the sums agree.
+    if sum(len(hunk) + 1 for hunk in parsed[0]) != len(lines) - len(_SYNTHETIC_HEADER):
+        consumed = _hunk_line_nos(parsed)
+        for line_no, line in enumerate(lines, start=1):
+            if line_no > len(_SYNTHETIC_HEADER) and line_no not in consumed and line.rstrip("\r\n") not in (_NO_NEWLINE, ""):
+                raise InputError(source, f"line outside any hunk: {line.rstrip()!r}", line_no - len(_SYNTHETIC_HEADER))
     return parsed[0]
 
 
-class _CountingLines:
-    """Feeds unidiff one line at a time and remembers where it is, so its errors get a line number."""
+def _split_lines(text: str) -> list[str]:
+    # StringIO splits on "\n" only; str.splitlines would also split on \x0b, \x1c, U+2028 inside content.
+    return list(io.StringIO(text))
 
-    def __init__(self, text: str):
-        # StringIO splits on "\n" only; str.splitlines would also split on \x0b, \x1c, U+2028 inside content.
-        self.all_lines = list(io.StringIO(text))
-        self.line_no = 0
-        self.git_header_line_nos: list[int] = []
 
-    def __iter__(self) -> Iterator[str]:
-        return self
+def _parse(lines: list[str], source: str, what: str, skipped: int = 0) -> PatchSet:
+    try:
+        return PatchSet(lines)
+    except UnidiffParseError as exc:
+        error = exc
+    # unidiff does not say where it stopped: parse again, counting the lines it pulls (errors only).
+    pulled = 0
 
-    def __next__(self) -> str:
-        if self.line_no >= len(self.all_lines):
-            raise StopIteration
-        line = self.all_lines[self.line_no]
-        self.line_no += 1
-        if line.startswith(_GIT_HEADER):
-            self.git_header_line_nos.append(self.line_no)
-        return line
+    def counted() -> Iterator[str]:
+        nonlocal pulled
+        for line in lines:
+            pulled += 1
+            yield line
+
+    try:
+        PatchSet(counted())
+    except UnidiffParseError:
+        pass
+    raise InputError(source, f"malformed {what}: {error}".rstrip(), max(pulled - skipped, 1)) from None
 
 
 def _hunk_line_nos(patch: PatchSet) -> set[int]:
@@ -140,11 +145,11 @@ def _hunk_line_nos(patch: PatchSet) -> set[int]:
 
 
 def _check_nothing_outside_hunks(
-    all_lines: list[str], patch: PatchSet, source: str, git_header_line_nos: list[int]
+    lines: list[str], patch: PatchSet, source: str, git_header_line_nos: list[int]
 ) -> None:
     consumed = _hunk_line_nos(patch)
     in_binary_patch = in_signature = False
-    for line_no, raw in enumerate(all_lines, start=1):
+    for line_no, raw in enumerate(lines, start=1):
         if line_no < git_header_line_nos[0] or line_no in consumed:
             continue
         line = raw.rstrip("\r\n")
