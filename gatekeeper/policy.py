@@ -201,12 +201,22 @@ def load_policy_text(text: str, source: str) -> LoadedPolicy:
     try:
         policy = Policy.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = tuple(first["loc"])
-        field = ".".join(str(p) for p in loc) or "(top level)"
-        extra = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise InputError(source, f"{field}: {first['msg']}{extra}", _line_of(root, loc)) from None
+        # The first error gives the line; the next few follow with their own lines, so that a typo'd key
+        # is reported together with the required field it failed to set.
+        errors = [(tuple(e["loc"]), e["msg"]) for e in exc.errors()]
+        described = [f"{_field(loc)}: {msg}" for loc, msg in errors[:1]]
+        described += [f"{_field(loc)} (line {_line_of(root, loc)}): {msg}" for loc, msg in errors[1:_MAX_ERRORS]]
+        if len(errors) > _MAX_ERRORS:
+            described.append(f"and {len(errors) - _MAX_ERRORS} more")
+        raise InputError(source, "; ".join(described), _line_of(root, errors[0][0])) from None
     return LoadedPolicy(policy=policy, source=source, sha256=hashlib.sha256(text.encode()).hexdigest())
+
+
+_MAX_ERRORS = 5
+
+
+def _field(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(part) for part in loc) or "(top level)"
 
 
 def load_policy(path: str | Path) -> LoadedPolicy:

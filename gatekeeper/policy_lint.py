@@ -122,7 +122,8 @@ def _unmatched(policy: Policy, paths: tuple[str, ...]) -> list[LintWarning]:
 def _check_settings(policy: Policy) -> list[LintWarning]:
     warnings = []
     enabled = policy.checks.enabled()
-    for field in ("default_mode_checks", "require_trusted"):
+    # Only lists the author wrote: the defaults name checks that are disabled until a policy enables them.
+    for field in sorted({"default_mode_checks", "require_trusted"} & policy.model_fields_set):
         for index, check in enumerate(getattr(policy, field)):
             if check not in enabled:
                 warnings.append(LintWarning((field, index), f"{check} is disabled in checks, so this has no effect"))
