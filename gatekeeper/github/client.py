@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from typing import Any
 
@@ -94,6 +94,7 @@ class GitHubApp:
                     retry=self._retry,
                     timeout=self._config.http_timeout_s,
                     per_page=100,
+                    lazy=True,  # objects are fetched when read, so a check-run update is one PATCH, not GET + PATCH
                 )
                 client = self._clients[installation_id] = Installation(gh, self._config.max_artifact_bytes)
             return client
@@ -110,7 +111,7 @@ class Installation:
         self._max_artifact_bytes = max_artifact_bytes
 
     def _repo(self, full_name: str):
-        return self._gh.get_repo(full_name, lazy=True)
+        return self._gh.get_repo(full_name)  # lazy (see GitHubApp.installation): no GET of the repository
 
     # ---------------------------------------------------------------------------------------- reading
 
@@ -127,7 +128,8 @@ class Installation:
         return files
 
     def pull_request_commits(self, repo: str, number: int) -> list[dict[str, Any]]:
-        return [c.raw_data for c in self._repo(repo).get_pull(number).get_commits()]
+        # Not PyGithub's Commit objects: reading their raw_data fetches every commit again, one call each.
+        return list(self._pages(f"/repos/{repo}/pulls/{number}/commits"))
 
     def file_text(self, repo: str, path: str, ref: str) -> str | None:
         """The text of a file at a commit; None if it does not exist there."""
@@ -147,17 +149,19 @@ class Installation:
         return [(pr.number, pr.head.sha) for pr in self._repo(repo).get_pulls(state="open")]
 
     def repositories(self) -> list[str]:
-        """Full names of the repositories this installation can see (GET /installation/repositories)."""
-        names: list[str] = []
+        """Full names of the repositories this installation can see."""
+        return [r["full_name"] for r in self._pages("/installation/repositories", list_item="repositories")]
+
+    def _pages(self, path: str, list_item: str | None = None) -> Iterator[dict[str, Any]]:
+        """The raw items of a paginated list endpoint, 100 per request, through PyGithub's requester (so
+        its auth and retries apply)."""
         page = 1
         while True:
-            # PyGithub has no installation-token call for this list, so page through it with its requester.
-            _, data = self._gh.requester.requestJsonAndCheck(
-                "GET", "/installation/repositories", parameters={"per_page": 100, "page": page})
-            repos = data.get("repositories", [])
-            names.extend(r["full_name"] for r in repos)
-            if len(repos) < 100:
-                return names
+            _, data = self._gh.requester.requestJsonAndCheck("GET", path, parameters={"per_page": 100, "page": page})
+            items = data[list_item] if list_item else data
+            yield from items
+            if len(items) < 100:
+                return
             page += 1
 
     def collaborator_permission(self, repo: str, login: str) -> str:
@@ -182,13 +186,16 @@ class Installation:
 
     # ---------------------------------------------------------------------------------------- check runs
 
+    def _our_check_runs(self, repo: str, head_sha: str, app_id: int, name: str | None = None):
+        # Another App may use the same name; only our own runs count (PyGithub has no app_id filter here).
+        runs = self._repo(repo).get_commit(head_sha).get_check_runs(**({"check_name": name} if name else {}))
+        return (run for run in runs if (run.raw_data.get("app") or {}).get("id") == app_id)
+
     def find_check_run(self, repo: str, head_sha: str, name: str, app_id: int) -> int | None:
-        runs = self._repo(repo).get_commit(head_sha).get_check_runs(check_name=name, app_id=app_id)
-        return next((run.id for run in runs), None)
+        return next((run.id for run in self._our_check_runs(repo, head_sha, app_id, name)), None)
 
     def has_check_run(self, repo: str, head_sha: str, name_prefix: str, app_id: int) -> bool:
-        runs = self._repo(repo).get_commit(head_sha).get_check_runs(app_id=app_id)
-        return any(run.name.startswith(name_prefix) for run in runs)
+        return any(run.name.startswith(name_prefix) for run in self._our_check_runs(repo, head_sha, app_id))
 
     def start_check_run(self, repo: str, head_sha: str, name: str, check_run_id: int | None) -> int:
         """Create the check run (or reset an existing one) as in_progress; returns its id."""

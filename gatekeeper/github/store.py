@@ -111,8 +111,7 @@ class Store:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
         self._ready = threading.Condition()
-        with self._tx() as db:
-            db.executescript(SCHEMA)
+        self._db().executescript(SCHEMA)  # idempotent DDL; executescript commits on its own
 
     # ------------------------------------------------------------------------------------------ plumbing
 

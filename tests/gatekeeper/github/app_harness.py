@@ -1,0 +1,90 @@
+"""Shared pieces of the App tests: constants, the App under uvicorn with a signing webhook sender, and
+builders for the fake's repository state."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from gatekeeper.github.config import AppConfig
+from gatekeeper.github.signature import sign
+from gatekeeper.github.store import Store
+
+from fake_github import FakeGitHub, FakeRepo
+
+APP_ID = 29310  # the app id in the octokit payload examples
+SECRET = "test-webhook-secret"
+REPO = "Codertocat/Hello-World"  # the repository of the octokit payload examples
+INSTALLATION = 1
+
+
+def make_config(rsa_keys, fake: FakeGitHub, tmp_path: Path, **overrides: Any) -> AppConfig:
+    values = dict(app_id=APP_ID, private_key_path=rsa_keys[0], webhook_secret=SECRET,
+                  db_path=tmp_path / "gatekeeper.sqlite3", github_api_url=fake.base_url, workers=2,
+                  retry_backoff_s=0.05, http_backoff_s=0.01, http_retries=3, reconcile_interval_s=0)
+    values.update(overrides)
+    return AppConfig(**values)
+
+
+@dataclass
+class RunningApp:
+    url: str
+    config: AppConfig
+    client: httpx.Client
+
+    def send(self, event: str, payload: dict[str, Any] | bytes, delivery: str | None = None,
+             secret: str = SECRET, headers: dict[str, str] | None = None) -> httpx.Response:
+        body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        all_headers = {"Content-Type": "application/json", "X-GitHub-Event": event,
+                       "X-GitHub-Delivery": delivery or str(uuid.uuid4()), "X-Hub-Signature-256": sign(secret, body),
+                       "User-Agent": "GitHub-Hookshot/test"}
+        all_headers.update(headers or {})
+        return self.client.post(self.url + "/webhook", content=body, headers=all_headers)
+
+    def store(self) -> Store:
+        return Store(self.config.db_path)
+
+    def wait_done(self, delivery: str, timeout: float = 15.0) -> dict[str, Any]:
+        """Block until the delivery is finished or failed (bounded); returns its row."""
+        store = self.store()
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                row = store.delivery(delivery)
+                if row is not None and row["status"] in ("done", "failed"):
+                    return row
+                time.sleep(0.02)
+        finally:
+            store.close()
+        raise AssertionError(f"delivery {delivery} not processed within {timeout}s: {row}")
+
+
+POLICY = """\
+version: 1
+name: kimi-k3
+owned_paths: ["kimi_k3_path/**"]
+touchpoints:
+  - path: vllm/model_executor/models/registry.py
+    max_added: 2
+    max_removed: 0
+    reason: register the model
+"""
+
+
+def patch_for(lines: int, start: int = 1) -> str:
+    return f"@@ -0,0 +{start},{lines} @@\n" + "".join(f"+line {i}\n" for i in range(lines))
+
+
+def file_entry(path: str, added: int = 3, status: str = "added") -> dict[str, Any]:
+    return {"filename": path, "status": status, "additions": added, "deletions": 0, "patch": patch_for(added)}
+
+
+def setup_repo(repo: FakeRepo, base_sha: str, policy: str = POLICY) -> None:
+    repo.trees[base_sha] = {".github/gatekeeper.yml": policy}

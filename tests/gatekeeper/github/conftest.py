@@ -1,0 +1,57 @@
+"""Fixtures for the App tests: an RSA key made per session, the fake GitHub on loopback, and the App
+under uvicorn (see app_harness.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from app_harness import APP_ID, INSTALLATION, REPO, RunningApp, make_config
+from fake_github import FakeGitHub, serve
+from gatekeeper.github.app import create_app
+
+
+@pytest.fixture(scope="session")
+def rsa_keys(tmp_path_factory) -> tuple[Path, str]:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    path = tmp_path_factory.mktemp("key") / "app.pem"
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
+                                       serialization.NoEncryption()))
+    public = key.public_key().public_bytes(serialization.Encoding.PEM,
+                                           serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+    return path, public
+
+
+@pytest.fixture
+def fake(rsa_keys) -> Iterator[FakeGitHub]:
+    fake = FakeGitHub(APP_ID, rsa_keys[1])
+    fake.add_installation(INSTALLATION)
+    fake.add_repo(REPO, INSTALLATION)
+    with serve(fake) as url:
+        fake.base_url = url
+        yield fake
+    assert fake.violations == [], "the fake answered outside GitHub's schemas"
+
+
+@pytest.fixture
+def start_app(rsa_keys, fake, tmp_path) -> Iterator[Callable[..., RunningApp]]:
+    stack = []
+
+    def start(**overrides: Any) -> RunningApp:
+        config = make_config(rsa_keys, fake, tmp_path, **overrides)
+        server = serve(create_app(config))
+        url = server.__enter__()
+        client = httpx.Client(timeout=10)
+        stack.append((server, client))
+        return RunningApp(url, config, client)
+
+    yield start
+    for server, client in reversed(stack):
+        client.close()
+        server.__exit__(None, None, None)
