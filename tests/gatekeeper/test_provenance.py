@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -203,3 +204,13 @@ def test_signals_keep_commit_then_pull_request_order_and_declared_overrides():
 def test_bot_login_globs_treat_brackets_literally(login, matched):
     signals = detect(POLICY, [], PullRequestInfo(author_login=login, author_type="User")).signals
     assert [s.detail for s in signals] == ([f"{login} matches {matched!r}"] if matched else [])
+
+
+def test_the_shipped_pull_request_template_and_the_detector_agree():
+    template = (Path(__file__).resolve().parents[2] / ".github" / "pull_request_template.md").read_text()
+    heading = POLICY.disclosure_heading
+    assert disclosure_answer(template, heading) is None  # an untouched template discloses nothing
+    ticked = template.replace("- [ ] An AI coding agent", "- [x] An AI coding agent")
+    assert disclosure_answer(ticked, heading).startswith("checked: An AI coding agent")
+    named = template.replace("- Tool and how it was used:", "- Tool and how it was used: Kimi CLI drafted the kernel")
+    assert disclosure_answer(named, heading) == "tool: Kimi CLI drafted the kernel"
