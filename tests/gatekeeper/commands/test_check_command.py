@@ -137,3 +137,37 @@ def test_not_agent_assisted_overrides_the_signals_but_lists_them(policy_file, ca
     data = json.loads(capsys.readouterr().out)
     assert data["agent_assisted"] is False and data["mode"] == "default"
     assert [s["kind"] for s in data["signals"]] == ["trailer", "disclosure"]
+
+
+def _evidence_file(tmp_path: Path, name: str, **parts) -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps({"schema_version": 1, **parts}))
+    return path
+
+
+def _run(label: str) -> dict:
+    return {"origin": {"trust": "trusted", "source": "collector"}, "label": label, "tests": [{"id": f"t::{label}", "outcome": "passed"}]}
+
+
+def _probes(guard: str) -> dict:
+    return {"origin": {"trust": "trusted", "source": "collector"}, "guard": guard, "results": []}
+
+
+def test_several_evidence_files_are_combined(tmp_path):
+    from gatekeeper.commands.check import combine_evidence
+    from gatekeeper.evidence import load_evidence
+
+    first = _evidence_file(tmp_path, "a.json", tests=[_run("cpu")], guard_probes=_probes("m:g"))
+    second = _evidence_file(tmp_path, "b.json", tests=[_run("gpu")])
+    combined = combine_evidence([(str(p), load_evidence(p)) for p in (first, second)])
+    assert [run.label for run in combined.tests] == ["cpu", "gpu"]
+    assert combined.guard_probes.guard == "m:g"
+    assert combine_evidence([]) is None
+
+
+def test_contradicting_evidence_files_are_an_input_error(policy_file, tmp_path, capsys):
+    first = _evidence_file(tmp_path, "a.json", guard_probes=_probes("m:g"))
+    second = _evidence_file(tmp_path, "b.json", guard_probes=_probes("m:other"))
+    args = ["check", "--policy", str(policy_file), *map(str, _pr_args(CONFINED))]
+    assert main([*args, "--evidence", str(first), "--evidence", str(second)]) == 2
+    assert f"{second}: guard_probes is also given by {first}; give it in one evidence file only" in capsys.readouterr().err
