@@ -82,8 +82,10 @@ def cli_has_pr_files() -> bool:
     return result.returncode == 0 and "--pr-files" in result.stdout
 
 
-def run_child(command: list[str]) -> tuple[float, float, int, str]:
-    """(wall seconds, peak RSS in MB, exit code, stderr tail) of one child process."""
+def run_child(command: list[str]) -> tuple[float, float, float, int, str]:
+    """(wall seconds, CPU seconds, peak RSS in MB, exit code, stderr tail) of one child process.
+    CPU time (user + system) is reported beside wall time because it hardly moves when other work shares
+    the machine, while wall time does."""
     with tempfile.TemporaryFile() as stderr:
         start = time.perf_counter()
         child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, cwd=REPO_ROOT)
@@ -93,7 +95,7 @@ def run_child(command: list[str]) -> tuple[float, float, int, str]:
         stderr.seek(0)
         tail = stderr.read().decode(errors="replace")[-400:]
     peak_mb = usage.ru_maxrss / 1024  # Linux reports kilobytes
-    return wall, peak_mb, child.returncode, tail
+    return wall, usage.ru_utime + usage.ru_stime, peak_mb, child.returncode, tail
 
 
 def main() -> int:
@@ -104,6 +106,7 @@ def main() -> int:
     parser.add_argument("--loader-only", action="store_true", help="time only changes_from_pr_files")
     args = parser.parse_args()
 
+    load_before = f"{os.getloadavg()[0]:.2f}"
     with tempfile.TemporaryDirectory() as tmp:
         pr_files = Path(tmp) / "pr-files.json"
         pr_files.write_text(json.dumps(synthetic_pr_files(args.files), indent=2))
@@ -116,19 +119,22 @@ def main() -> int:
         else:
             command = [sys.executable, "-c", LOADER_ONLY, str(pr_files)]
             ok_codes = {0}
-        walls, peaks = [], []
+        walls, cpus, peaks = [], [], []
         for _ in range(args.runs):
-            wall, peak, code, tail = run_child(command)
+            wall, cpu, peak, code, tail = run_child(command)
             if code not in ok_codes:
                 print(f"run failed with exit code {code}:\n{tail}", file=sys.stderr)
                 return 2
             walls.append(wall)
+            cpus.append(cpu)
             peaks.append(peak)
 
     what = "gatekeeper check --pr-files (end to end)" if end_to_end else "changes_from_pr_files only (CLI not ready)"
     print(f"{what}: {args.files} files ({size_mb:.1f} MB JSON), {args.runs} runs, "
           f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
     print(f"wall s: median {statistics.median(walls):.3f}  min {min(walls):.3f}  max {max(walls):.3f}")
+    print(f"CPU s:  median {statistics.median(cpus):.3f}  min {min(cpus):.3f}  max {max(cpus):.3f}")
+    print(f"load average before/after: {load_before}/{os.getloadavg()[0]:.2f}")
     print(f"peak RSS MB: median {statistics.median(peaks):.1f}  max {max(peaks):.1f}")
     goal_met = statistics.median(walls) < 2.0 and max(peaks) < 300
     print("goal (< 2 s, < 300 MB):", "met" if goal_met else "NOT met")

@@ -104,6 +104,9 @@ def changes_from_pr_files(
 
 def changes_from_pr_file_entries(entries: list[dict], commits: list[dict] | None = None) -> ChangeSet:
     """The same from already-decoded data (the App gets dicts from PyGithub's `raw_data`)."""
+    for name, value in (("pull request files", entries), ("pull request commits", commits)):
+        if value is not None and not isinstance(value, list):
+            raise InputError(name, f"expected a list, got {type(value).__name__}")
     return _changes(entries, "pull request files", commits, "pull request commits")
 
 

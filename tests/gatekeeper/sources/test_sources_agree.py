@@ -77,6 +77,7 @@ def _build_scenario(repo):
     repo.write("docs/with space.md", "# title\nbody, edited\n")
     repo.write("docs/tést.md", "é\nü\n")
     repo.write('weird\ttab"quote.txt', "w\n")
+    repo.write("new\nline\u202e.txt", "n\n")  # git C-quotes the newline and octal-escapes the bidi bytes
     repo.write("no_eol.txt", "a\nc")
     repo.write("crlf.txt", "a\r\nB\r\nc\r\n")
     repo.submodule("sub", "2" * 40)
@@ -119,6 +120,7 @@ def test_scenario_git_range_reads_every_kind_of_change(repo):
     check("docs/with space.md", m, (2,), (2,))
     check("docs/tést.md", m, (2,))
     check('weird\ttab"quote.txt', FileStatus.added, (1,), old_mode=None)
+    check("new\nline\u202e.txt", FileStatus.added, (1,), old_mode=None)
     check("no_eol.txt", m, (2,), (2,))
     check("crlf.txt", m, (2,), (2,))
     check("sub", m, (1,), (1,), old_mode="160000", new_mode="160000")

@@ -132,6 +132,10 @@ def test_more_than_3000_files_are_all_returned():
 
 def test_decoded_entries_give_the_same_changes():
     assert changes_from_pr_file_entries([entry()], [COMMIT]) == _load([entry()], [COMMIT])
+    with pytest.raises(InputError, match="expected a list, got dict"):
+        changes_from_pr_file_entries({"files": []})
+    with pytest.raises(InputError, match=r"\[0\]\.status: Field required"):
+        changes_from_pr_file_entries([{"filename": "a", "additions": 0, "deletions": 0, "changes": 0}])
 
 
 def test_githubs_own_schema_example_is_rejected_because_its_counts_disagree():
