@@ -1,0 +1,5 @@
+"""CuTe DSL kernels of the Kimi K3 latent-MoE decode block for the H200 (sm_90a), one family per module:
+`router` (logits + top-k + expert plan), `gemv` (skinny bf16 GEMM: down-projection, whole or sharded), `experts`
+(MXFP4 W4A16 GEMM1+SiTU and GEMM2+combine), `shared` (shared experts), `finalize` (latent RMSNorm, up-projection
++ shared-expert add) and `moe` (`latent_moe_decode`). Importing needs torch and nvidia-cutlass-dsl (the [kernels]
+extra); running needs an sm_90 GPU. Notes and measurements: NOTES.md beside this file."""

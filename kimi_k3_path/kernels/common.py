@@ -1,0 +1,156 @@
+"""Device helpers shared by the latent-MoE kernels (traced inline into each @cute.kernel).
+
+Everything here is plain PTX the sm_90a target has: 16-byte vector loads with cache hints, bf16 and MXFP4 unpacking
+to fp32, lane-group reductions, the SiTU-GLU activation. The kernels are SIMT (CUDA-core fp32 FMAs): at decode
+batch sizes they are bound by bytes, and keeping them free of tensor-core fragment layouts keeps them reviewable.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+
+WARP = 32
+VEC_BYTES = 16  # one 128-bit load per lane: 8 bf16, 4 fp32 or 32 fp4 values
+BF16_PER_VEC = 8
+FP4_GROUP = 32  # MXFP4 values per E8M0 scale; exactly one 16-byte vector of packed nibbles
+SITU_BETA = 4.0
+SITU_LINEAR_BETA = 25.0
+NEG_INF = float("-inf")
+LOWEST = -3.4028234663852886e38
+
+
+def ld_weight_v4(addr: Int64):
+    """16 bytes of a weight that is read once per step: bypass L1 so it does not evict the activations."""
+    return cute.arch.inline_ptx(
+        "ld.global.nc.L1::no_allocate.v4.b32 {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}];",
+        write_only_types=[Int32] * 4,
+        read_only_args=[addr],
+    )
+
+
+def ld_act_v4(addr: Int64):
+    """16 bytes of an activation written by an earlier launch; many warps reread it, so keep it in L1."""
+    return cute.arch.inline_ptx(
+        "ld.global.nc.v4.b32 {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}];",
+        write_only_types=[Int32] * 4,
+        read_only_args=[addr],
+    )
+
+
+def ld_u8(addr: Int64) -> Int32:
+    return cute.arch.inline_ptx("ld.global.nc.u8 {$w0}, [{$r0}];", write_only_types=[Int32], read_only_args=[addr])
+
+
+def ld_coherent_f32(addr: Int64) -> Float32:
+    """A value another CTA of the same launch wrote: read it from L2, never from a stale L1 line."""
+    return cute.arch.inline_ptx("ld.global.cg.f32 {$w0}, [{$r0}];", write_only_types=[Float32], read_only_args=[addr])
+
+
+def red_add_f32(addr: Int64, value: Float32) -> None:
+    cute.arch.inline_ptx("red.global.add.f32 [{$r0}], {$r1};", read_only_args=[addr, value])
+
+
+def bf16x2_to_f32(word: Int32):
+    """(low, high) halves of a packed bf16 pair as fp32 (exact: bf16 is the top half of an fp32)."""
+    return cute.arch.inline_ptx(
+        "{ shl.b32 {$w0}, {$r0}, 16; and.b32 {$w1}, {$r0}, 0xffff0000; }",
+        write_only_types=[Float32, Float32],
+        read_only_args=[word],
+    )
+
+
+def fp4x8_to_f32(word: Int32):
+    """Eight E2M1 nibbles (element 2i in the low nibble of byte i) -> eight fp32 values times 2^-6, in order.
+
+    Each nibble s|ee|m is moved into an FP8 E4M3 byte s|0ee|m00, whose value is exactly the E2M1 value times 2^-6
+    (subnormals included), and Hopper converts E4M3 pairs to f16x2 in one instruction. The 2^6 goes into the scale.
+    """
+    return cute.arch.inline_ptx(
+        "{\n"
+        ".reg .b32 lo, hi, t, h;\n"
+        ".reg .b16 a0, a1, a2, a3, h0, h1;\n"
+        "and.b32 lo, {$r0}, 0x08080808;\n"
+        "shl.b32 lo, lo, 4;\n"
+        "and.b32 t, {$r0}, 0x07070707;\n"
+        "shl.b32 t, t, 2;\n"
+        "or.b32 lo, lo, t;\n"
+        "and.b32 hi, {$r0}, 0x80808080;\n"
+        "shr.b32 t, {$r0}, 2;\n"
+        "and.b32 t, t, 0x1C1C1C1C;\n"
+        "or.b32 hi, hi, t;\n"
+        "mov.b32 {a0, a1}, lo;\n"
+        "mov.b32 {a2, a3}, hi;\n"
+        "cvt.rn.f16x2.e4m3x2 h, a0;\n"
+        "mov.b32 {h0, h1}, h;\n"
+        "cvt.f32.f16 {$w0}, h0;\n"
+        "cvt.f32.f16 {$w2}, h1;\n"
+        "cvt.rn.f16x2.e4m3x2 h, a1;\n"
+        "mov.b32 {h0, h1}, h;\n"
+        "cvt.f32.f16 {$w4}, h0;\n"
+        "cvt.f32.f16 {$w6}, h1;\n"
+        "cvt.rn.f16x2.e4m3x2 h, a2;\n"
+        "mov.b32 {h0, h1}, h;\n"
+        "cvt.f32.f16 {$w1}, h0;\n"
+        "cvt.f32.f16 {$w3}, h1;\n"
+        "cvt.rn.f16x2.e4m3x2 h, a3;\n"
+        "mov.b32 {h0, h1}, h;\n"
+        "cvt.f32.f16 {$w5}, h0;\n"
+        "cvt.f32.f16 {$w7}, h1;\n"
+        "}",
+        write_only_types=[Float32] * 8,
+        read_only_args=[word],
+    )
+
+
+def e8m0_scale_times_64(s: Int32) -> Float32:
+    """2^(s-127) * 2^6 as fp32 (the 2^6 undoes fp4x8_to_f32's offset). Exact for s in 0..248; 255 is E8M0 NaN."""
+    return cute.arch.inline_ptx(
+        "{ .reg .b32 t; add.s32 t, {$r0}, 6; shl.b32 {$w0}, t, 23; }",
+        write_only_types=[Float32],
+        read_only_args=[s],
+    )
+
+
+def dot_bf16x8(words, xs, acc: Float32) -> Float32:
+    """acc + sum of 8 products: `words` four packed bf16 pairs (weights), `xs` eight fp32 values."""
+    for j in range(4):
+        lo, hi = bf16x2_to_f32(words[j])
+        acc = acc + lo * xs[2 * j] + hi * xs[2 * j + 1]
+    return acc
+
+
+def lane_group_sum(value: Float32, lanes: int) -> Float32:
+    """Sum over aligned groups of `lanes` consecutive lanes (a power of two <= 32); every lane gets its group's sum."""
+    offset = lanes // 2
+    while offset >= 1:
+        value = value + cute.arch.shuffle_sync_bfly(value, offset)
+        offset //= 2
+    return value
+
+
+def sigmoid(x: Float32) -> Float32:
+    return Float32(1.0) / (Float32(1.0) + cute.math.exp(-x))
+
+
+def situ_glu(gate: Float32, up: Float32) -> Float32:
+    """4*tanh(g/4)*sigmoid(g) * 25*tanh(u/25), the same formula as kimi_k3_path.reference.situ_glu."""
+    soft_gate = Float32(SITU_BETA) * cute.math.tanh(gate * Float32(1.0 / SITU_BETA)) * sigmoid(gate)
+    return soft_gate * Float32(SITU_LINEAR_BETA) * cute.math.tanh(up * Float32(1.0 / SITU_LINEAR_BETA))
+
+
+def load_bf16_tokens(x_addr: Int64, row_stride_bytes, m_first, m_count, vec: Int32, mt: int):
+    """For `mt` tokens starting at m_first, the 8 bf16 values of vector `vec` as fp32 (rows past m_count reread
+    the last valid row, so every load stays in bounds; the caller drops those results)."""
+    rows = []
+    for mi in range(mt):
+        m = cutlass.min(m_first + mi, m_count - 1)
+        words = ld_act_v4(x_addr + Int64(m) * row_stride_bytes + Int64(vec) * VEC_BYTES)
+        vals = []
+        for j in range(4):
+            lo, hi = bf16x2_to_f32(words[j])
+            vals.append(lo)
+            vals.append(hi)
+        rows.append(vals)
+    return rows

@@ -1,0 +1,259 @@
+"""Routed experts in MXFP4 (W4A16): packed E2M1 weights with E8M0 scales per 32, dequantized in registers.
+
+Grouped by the router's plan: CTA (slot, tile) works on the slot's expert only, loads its weight tile once into
+registers, then loops over the tokens that chose that expert, so each active expert's weights are read once per
+step however many tokens chose it. CTAs of unused slots (slot >= n_active) exit at once.
+
+GEMM1 + SiTU: a half-warp per weight row, the two half-warps of a warp on gate row j and up row I+j, so the
+activation a[pair, j] = situ_glu(gate, up) is formed in registers. a is stored bf16 per (token, slot) pair.
+GEMM2 + combine: `lanes` lanes per row of w2; each row's result times the pair's routing weight is added with one
+fp32 reduction into y_lat[token] (zeroed by GEMM1 of the same step).
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import BFloat16, Float32, Int32, Int64
+
+from .common import (
+    FP4_GROUP,
+    VEC_BYTES,
+    WARP,
+    bf16x2_to_f32,
+    e8m0_scale_times_64,
+    fp4x8_to_f32,
+    lane_group_sum,
+    ld_act_v4,
+    ld_u8,
+    ld_weight_v4,
+    red_add_f32,
+    situ_glu,
+)
+
+WARPS_PER_CTA = 8
+GEMM1_LANES_PER_ROW = 16
+
+
+def group_dot(packed, x_addr: Int64) -> Float32:
+    """Unscaled dot (times 2^-6) of one MXFP4 group (4 words of packed nibbles) with 32 bf16 activations."""
+    partial = Float32(0.0)
+    for q in range(4):
+        xw = ld_act_v4(x_addr + Int64(q * VEC_BYTES))
+        wv = fp4x8_to_f32(packed[q])
+        for j in range(4):
+            lo, hi = bf16x2_to_f32(xw[j])
+            partial = partial + wv[2 * j] * lo + wv[2 * j + 1] * hi
+    return partial
+
+
+def lanes_per_row(groups: int) -> int:
+    """Lanes sharing one w2 row: the most (<= 32) that split its MXFP4 groups evenly."""
+    for lanes in (32, 16, 8, 4, 2, 1):
+        if groups % lanes == 0:
+            return lanes
+    return 1
+
+
+class ExpertsGemm1Situ:
+    """a[p, j] = situ_glu(x_lat[t] . w13[e, j], x_lat[t] . w13[e, I + j]) for every planned pair p = t*k + slot.
+    Tensors: x_lat [M, L] bf16, w13 [E, 2I, L/2] uint8, s13 [E, 2I, L/32] uint8, plan (n_active [1],
+    slot_expert [S], slot_count [S], slot_pairs [S, 64]) int32, a [M*k, I] bf16, y_lat [M, L] fp32 (zeroed here)."""
+
+    def __init__(self, experts: int, latent: int, inter: int, top_k: int):
+        groups = latent // FP4_GROUP
+        if latent % FP4_GROUP or groups % GEMM1_LANES_PER_ROW:
+            raise ValueError(f"ExpertsGemm1Situ: latent={latent} must be a multiple of {FP4_GROUP * GEMM1_LANES_PER_ROW}")
+        if inter % WARPS_PER_CTA:
+            raise ValueError(f"ExpertsGemm1Situ: intermediate={inter} is not a multiple of {WARPS_PER_CTA}")
+        self.e, self.l, self.i, self.k = experts, latent, inter, top_k
+        self.groups_per_lane = groups // GEMM1_LANES_PER_ROW
+
+    @cute.jit
+    def __call__(self, x_lat, w13, s13, n_active, slot_expert, slot_count, slot_pairs, a, y_lat, stream: cuda.CUstream):
+        m = x_lat.shape[0]
+        slots = cutlass.min(m * self.k, self.e)
+        self.kernel(x_lat, w13, s13, n_active, slot_expert, slot_count, slot_pairs, a, y_lat, m).launch(
+            grid=[slots, self.i // WARPS_PER_CTA, 1], block=[WARPS_PER_CTA * WARP, 1, 1], stream=stream
+        )
+
+    @cute.kernel
+    def kernel(self, x_lat, w13, s13, n_active, slot_expert, slot_count, slot_pairs, a, y_lat, m_count: Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        slot, tile, _ = cute.arch.block_idx()
+        grid_x, grid_y, _ = cute.arch.grid_dim()
+        # Zero y_lat for this step's GEMM2 (stream order puts GEMM2 after this launch).
+        threads = grid_x * grid_y * WARPS_PER_CTA * WARP
+        for idx in cutlass.range((tile * grid_x + slot) * WARPS_PER_CTA * WARP + tidx, m_count * self.l, threads):
+            y_lat[idx // self.l, idx % self.l] = Float32(0.0)
+
+        if slot < n_active[0]:
+            lane = tidx % WARP
+            sub = lane % GEMM1_LANES_PER_ROW
+            j = tile * WARPS_PER_CTA + tidx // WARP
+            row = (lane // GEMM1_LANES_PER_ROW) * self.i + j  # gate row j, or up row I + j
+            expert = slot_expert[slot]
+            count = slot_count[slot]
+            row_bytes: cutlass.Constexpr = self.l // 2
+            row_addr = w13.iterator.toint() + (Int64(expert) * (2 * self.i) + Int64(row)) * row_bytes
+            scale_addr = s13.iterator.toint() + (Int64(expert) * (2 * self.i) + Int64(row)) * (self.l // FP4_GROUP)
+            packed = []
+            scales = []
+            for gi in cutlass.range_constexpr(self.groups_per_lane):
+                g = sub + gi * GEMM1_LANES_PER_ROW
+                packed.append(ld_weight_v4(row_addr + Int64(g) * VEC_BYTES))
+                scales.append(e8m0_scale_times_64(ld_u8(scale_addr + Int64(g))))
+            for idx in cutlass.range(count, unroll=1):
+                pair = slot_pairs[slot, idx]
+                token = pair // self.k
+                x_addr = x_lat.iterator.toint() + Int64(token) * (self.l * 2)
+                acc = Float32(0.0)
+                for gi in cutlass.range_constexpr(self.groups_per_lane):
+                    g = sub + gi * GEMM1_LANES_PER_ROW
+                    acc = acc + group_dot(packed[gi], x_addr + Int64(g) * (FP4_GROUP * 2)) * scales[gi]
+                acc = lane_group_sum(acc, GEMM1_LANES_PER_ROW)
+                up = cute.arch.shuffle_sync_bfly(acc, GEMM1_LANES_PER_ROW)
+                if lane == 0:
+                    a[pair, j] = situ_glu(acc, up).to(BFloat16)
+
+
+class ExpertsGemm2Combine:
+    """y_lat[t] += w[p] * (a[p] @ w2[e]^T) for every planned pair p = t*k + slot.
+    Tensors: a [M*k, I] bf16, w2 [E, L, I/2] uint8, s2 [E, L, I/32] uint8, plan, topk weights [M, k] fp32,
+    y_lat [M, L] fp32 (accumulated with fp32 reductions)."""
+
+    def __init__(self, experts: int, latent: int, inter: int, top_k: int):
+        if inter % FP4_GROUP:
+            raise ValueError(f"ExpertsGemm2Combine: intermediate={inter} is not a multiple of {FP4_GROUP}")
+        groups = inter // FP4_GROUP
+        self.lanes = lanes_per_row(groups)
+        self.rows_per_cta = WARPS_PER_CTA * WARP // self.lanes
+        if latent % self.rows_per_cta:
+            raise ValueError(f"ExpertsGemm2Combine: latent={latent} is not a multiple of {self.rows_per_cta}")
+        self.e, self.l, self.i, self.k = experts, latent, inter, top_k
+        self.groups_per_lane = groups // self.lanes
+
+    @cute.jit
+    def __call__(self, a, w2, s2, n_active, slot_expert, slot_count, slot_pairs, topk_w, y_lat, stream: cuda.CUstream):
+        m = y_lat.shape[0]
+        slots = cutlass.min(m * self.k, self.e)
+        self.kernel(a, w2, s2, n_active, slot_expert, slot_count, slot_pairs, topk_w, y_lat).launch(
+            grid=[slots, self.l // self.rows_per_cta, 1], block=[WARPS_PER_CTA * WARP, 1, 1], stream=stream
+        )
+
+    @cute.kernel
+    def kernel(self, a, w2, s2, n_active, slot_expert, slot_count, slot_pairs, topk_w, y_lat):
+        tidx, _, _ = cute.arch.thread_idx()
+        slot, tile, _ = cute.arch.block_idx()
+        if slot < n_active[0]:
+            sub = tidx % self.lanes
+            row = tile * self.rows_per_cta + tidx // self.lanes
+            expert = slot_expert[slot]
+            count = slot_count[slot]
+            row_bytes: cutlass.Constexpr = self.i // 2
+            row_addr = w2.iterator.toint() + (Int64(expert) * self.l + Int64(row)) * row_bytes
+            scale_addr = s2.iterator.toint() + (Int64(expert) * self.l + Int64(row)) * (self.i // FP4_GROUP)
+            packed = []
+            scales = []
+            for gi in cutlass.range_constexpr(self.groups_per_lane):
+                g = sub + gi * self.lanes
+                packed.append(ld_weight_v4(row_addr + Int64(g) * VEC_BYTES))
+                scales.append(e8m0_scale_times_64(ld_u8(scale_addr + Int64(g))))
+            for idx in cutlass.range(count, unroll=1):
+                pair = slot_pairs[slot, idx]
+                token = pair // self.k
+                x_addr = a.iterator.toint() + Int64(pair) * (self.i * 2)
+                acc = Float32(0.0)
+                for gi in cutlass.range_constexpr(self.groups_per_lane):
+                    g = sub + gi * self.lanes
+                    acc = acc + group_dot(packed[gi], x_addr + Int64(g) * (FP4_GROUP * 2)) * scales[gi]
+                acc = lane_group_sum(acc, self.lanes)
+                if sub == 0:
+                    weight = topk_w[token, pair % self.k]
+                    red_add_f32(y_lat.iterator.toint() + (Int64(token) * self.l + Int64(row)) * 4, acc * weight)
+
+
+def _plan_shapes(plan, experts: int) -> None:
+    from .router import MAX_TOKENS
+    from .runtime import expect
+
+    n_active, slot_expert, slot_count, slot_pairs = plan
+    expect("n_active", n_active, (1,), "int32")
+    expect("slot_expert", slot_expert, (experts,), "int32")
+    expect("slot_count", slot_count, (experts,), "int32")
+    expect("slot_pairs", slot_pairs, (experts, MAX_TOKENS), "int32")
+
+
+def _fake_plan(experts: int):
+    from .router import MAX_TOKENS
+    from .runtime import fake
+
+    return (fake(Int32, (1,)), fake(Int32, (experts,)), fake(Int32, (experts,)), fake(Int32, (experts, MAX_TOKENS)))
+
+
+def experts_gemm1_situ(x_lat, w13, s13, plan, top_k: int, a, y_lat, stream) -> None:
+    """a[M*k, I] = SiTU-GLU of each planned pair's GEMM1; zeroes y_lat [M, L] for GEMM2. Launched on `stream`."""
+    from cutlass import Uint8
+
+    from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
+
+    m, latent = x_lat.shape
+    experts, two_i, _ = w13.shape
+    inter = two_i // 2
+    expect("x_lat", x_lat, (m, latent), "bfloat16")
+    expect("w13", w13, (experts, 2 * inter, latent // 2), "uint8")
+    expect("s13", s13, (experts, 2 * inter, latent // FP4_GROUP), "uint8")
+    _plan_shapes(plan, experts)
+    expect("a", a, (m * top_k, inter), "bfloat16")
+    expect("y_lat", y_lat, (m, latent), "float32")
+
+    def build():
+        md, pd = dyn(), dyn()
+        args = (
+            fake(BFloat16, (md, latent)),
+            fake(Uint8, (experts, 2 * inter, latent // 2)),
+            fake(Uint8, (experts, 2 * inter, latent // FP4_GROUP)),
+            *_fake_plan(experts),
+            fake(BFloat16, (pd, inter)),
+            fake(Float32, (md, latent)),
+            fake_stream(),
+        )
+        return ExpertsGemm1Situ(experts, latent, inter, top_k), args
+
+    fn = compile_cached(("experts_gemm1_situ", experts, latent, inter, top_k), build)
+    fn(*(to_cute(t) for t in (x_lat, w13, s13, *plan, a, y_lat)), cu_stream(stream))
+
+
+def experts_gemm2_combine(a, w2, s2, plan, topk_w, y_lat, stream) -> None:
+    """y_lat[t] += sum over t's pairs of weight * (a[pair] @ w2[e]^T); y_lat must be zero (GEMM1 does it)."""
+    from cutlass import Uint8
+
+    from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
+
+    m, latent = y_lat.shape
+    experts, _, half_i = w2.shape
+    inter = half_i * 2
+    top_k = topk_w.shape[1]
+    expect("a", a, (m * top_k, inter), "bfloat16")
+    expect("w2", w2, (experts, latent, inter // 2), "uint8")
+    expect("s2", s2, (experts, latent, inter // FP4_GROUP), "uint8")
+    _plan_shapes(plan, experts)
+    expect("topk_w", topk_w, (m, top_k), "float32")
+    expect("y_lat", y_lat, (m, latent), "float32")
+
+    def build():
+        md, pd = dyn(), dyn()
+        args = (
+            fake(BFloat16, (pd, inter)),
+            fake(Uint8, (experts, latent, inter // 2)),
+            fake(Uint8, (experts, latent, inter // FP4_GROUP)),
+            *_fake_plan(experts),
+            fake(Float32, (md, top_k)),
+            fake(Float32, (md, latent)),
+            fake_stream(),
+        )
+        return ExpertsGemm2Combine(experts, latent, inter, top_k), args
+
+    fn = compile_cached(("experts_gemm2_combine", experts, latent, inter, top_k), build)
+    fn(*(to_cute(t) for t in (a, w2, s2, *plan, topk_w, y_lat)), cu_stream(stream))

@@ -1,0 +1,81 @@
+"""Host side shared by the kernel families: sm_90a compilation with a cache keyed by shape and dtype, fake
+tensors for GPU-less compile checks, torch -> CuTe tensor and stream conversion, argument validation."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute.runtime import from_dlpack, make_fake_compact_tensor, make_fake_stream
+
+# Without this and without a GPU the DSL targets sm_100a; the kernels are written for (and validated on) Hopper.
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+ALIGN = 16  # every kernel issues 16-byte vector loads
+
+_CACHE: dict[Hashable, Callable[..., Any]] = {}
+
+
+def compile_cached(key: Hashable, build: Callable[[], tuple[Any, tuple[Any, ...]]]) -> Callable[..., Any]:
+    """The compiled kernel for `key`; `build()` returns (jit object, fake arguments) on the first request only."""
+    fn = _CACHE.get(key)
+    if fn is None:
+        op, args = build()
+        fn = cute.compile(op, *args)
+        _CACHE[key] = fn
+    return fn
+
+
+def cache_size() -> int:
+    return len(_CACHE)
+
+
+def fake(dtype: type, shape: tuple[Any, ...]) -> Any:
+    """A row-major fake tensor (dims may be cute.sym_int32()) for compiling without a GPU."""
+    return make_fake_compact_tensor(dtype, shape, stride_order=tuple(range(len(shape) - 1, -1, -1)), assumed_align=ALIGN)
+
+
+def fake_stream() -> Any:
+    return make_fake_stream()
+
+
+def dyn() -> Any:
+    """A dynamic (run-time) dimension, e.g. the decode batch M."""
+    return cute.sym_int32()
+
+
+_DTYPES: dict[str, type] = {
+    "torch.bfloat16": cutlass.BFloat16,
+    "torch.float32": cutlass.Float32,
+    "torch.int32": cutlass.Int32,
+    "torch.uint8": cutlass.Uint8,
+}
+
+
+def cute_dtype(t: Any) -> type:
+    return _DTYPES[str(t.dtype)]
+
+
+def to_cute(t: Any) -> Any:
+    return from_dlpack(t, assumed_align=ALIGN)
+
+
+def cu_stream(stream: Any) -> Any:
+    import cuda.bindings.driver as cuda
+
+    return cuda.CUstream(stream.cuda_stream)
+
+
+def expect(name: str, t: Any, shape: tuple[int, ...], dtype: str) -> None:
+    """Raise ValueError naming the argument unless `t` is a contiguous CUDA tensor of `shape` and `dtype`."""
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
+    if str(t.dtype) != f"torch.{dtype}":
+        raise ValueError(f"{name}: expected dtype {dtype}, got {t.dtype}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name}: must be contiguous")
+    if t.data_ptr() % ALIGN:
+        raise ValueError(f"{name}: data pointer must be {ALIGN}-byte aligned")

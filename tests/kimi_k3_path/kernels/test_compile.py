@@ -1,0 +1,125 @@
+"""CPU compile checks: every CuTe DSL kernel of the latent-MoE path compiles for sm_90a with fake tensors and a
+dynamic batch dimension, at the TP8 and TP16 per-rank shapes of the shipped config. Runs in CI without a GPU."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed (the [kernels] extra)")
+pytest.importorskip("torch", reason="torch is not installed (the [kernels] extra)")
+
+os.environ["CUTE_DSL_ARCH"] = "sm_90a"
+
+import cutlass.cute as cute  # noqa: E402
+from cutlass import BFloat16, Float32, Int32, Uint8  # noqa: E402
+
+from kimi_k3_path.kernels.experts import ExpertsGemm1Situ, ExpertsGemm2Combine, lanes_per_row  # noqa: E402
+from kimi_k3_path.kernels.finalize import LatentRmsNorm, UpProjSharedAdd  # noqa: E402
+from kimi_k3_path.kernels.gemv import SkinnyGemm, token_tile  # noqa: E402
+from kimi_k3_path.kernels.router import MAX_TOKENS, RouterTopK  # noqa: E402
+from kimi_k3_path.kernels.runtime import dyn, fake, fake_stream  # noqa: E402
+from kimi_k3_path.kernels.shared import SharedGateUpSitu  # noqa: E402
+
+
+
+def _compiles(op, *args) -> None:
+    fn = cute.compile(op, *args)
+    assert callable(fn)
+
+
+def _plan(e: int):
+    return (fake(Int32, (1,)), fake(Int32, (e,)), fake(Int32, (e,)), fake(Int32, (e, MAX_TOKENS)))
+
+
+def test_router_compiles(dims):
+    d = dims(8)
+    m = dyn()
+    _compiles(
+        RouterTopK(d.experts, d.hidden, d.top_k, d.routed_scaling_factor, 8),
+        fake(BFloat16, (m, d.hidden)), fake(BFloat16, (d.experts, d.hidden)), fake(Float32, (d.experts,)),
+        fake(Float32, (m, d.experts)), fake(Int32, (1,)), fake(Int32, (m, d.top_k)), fake(Float32, (m, d.top_k)),
+        *_plan(d.experts), fake_stream(),
+    )
+
+
+@pytest.mark.parametrize("mt", [1, 8])
+def test_down_projection_compiles(mt, dims):
+    d = dims(8)
+    m = dyn()
+    _compiles(
+        SkinnyGemm(d.latent, d.hidden, mt),
+        fake(BFloat16, (m, d.hidden)), fake(BFloat16, (d.latent, d.hidden)), fake(BFloat16, (m, d.latent)), fake_stream(),
+    )
+
+
+@pytest.mark.parametrize("tp", [8, 16])
+def test_experts_compile(tp, dims):
+    d = dims(tp)
+    m, pairs = dyn(), dyn()
+    e, lat, i = d.experts, d.latent, d.intermediate
+    _compiles(
+        ExpertsGemm1Situ(e, lat, i, d.top_k),
+        fake(BFloat16, (m, lat)), fake(Uint8, (e, 2 * i, lat // 2)), fake(Uint8, (e, 2 * i, lat // 32)), *_plan(e),
+        fake(BFloat16, (pairs, i)), fake(Float32, (m, lat)), fake_stream(),
+    )
+    _compiles(
+        ExpertsGemm2Combine(e, lat, i, d.top_k),
+        fake(BFloat16, (pairs, i)), fake(Uint8, (e, lat, i // 2)), fake(Uint8, (e, lat, i // 32)), *_plan(e),
+        fake(Float32, (m, d.top_k)), fake(Float32, (m, lat)), fake_stream(),
+    )
+
+
+@pytest.mark.parametrize("tp", [8, 16])
+def test_shared_and_finalize_compile(tp, dims):
+    d = dims(tp)
+    m = dyn()
+    h, lat, s = d.hidden, d.latent, d.shared_intermediate
+    _compiles(
+        SharedGateUpSitu(s, h, 4),
+        fake(BFloat16, (m, h)), fake(BFloat16, (2 * s, h)), fake(BFloat16, (m, s)), fake_stream(),
+    )
+    _compiles(LatentRmsNorm(lat, d.eps), fake(Float32, (m, lat)), fake(Float32, (lat,)), fake(BFloat16, (m, lat)), fake_stream())
+    _compiles(
+        UpProjSharedAdd(h, lat, s, 2),
+        fake(BFloat16, (m, lat)), fake(BFloat16, (h, lat)), fake(BFloat16, (m, s)), fake(BFloat16, (h, s)),
+        fake(BFloat16, (m, h)), fake_stream(),
+    )
+
+
+def test_token_tile_covers_every_batch():
+    assert [token_tile(m) for m in (1, 2, 3, 4, 5, 8, 9, 64)] == [1, 2, 4, 4, 8, 8, 8, 8]
+
+
+def test_lanes_per_row_divides_the_groups():
+    assert lanes_per_row(384 // 32) == 4  # TP8: 12 groups of 32 per w2 row
+    assert lanes_per_row(192 // 32) == 2  # TP16: 6 groups
+
+
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        (lambda: SkinnyGemm(3584, 7170, 1), "not a multiple of 8 \\(16-byte"),
+        (lambda: SkinnyGemm(3583, 7168, 1), "not a multiple of 8"),
+        (lambda: RouterTopK(896, 7168, 33, 1.0, 1), "top_k=33"),
+        (lambda: ExpertsGemm1Situ(896, 3000, 384, 16), "latent=3000"),
+        (lambda: ExpertsGemm2Combine(896, 3584, 100, 16), "intermediate=100"),
+        (lambda: LatentRmsNorm(1000, 1e-5), "latent=1000"),
+    ],
+)
+def test_unsupported_shapes_are_rejected_with_the_reason(build, message):
+    with pytest.raises(ValueError, match=message):
+        build()
+
+
+def test_host_checks_name_the_bad_argument():
+    import torch
+
+    from kimi_k3_path.kernels.gemv import skinny_gemm
+
+    x = torch.zeros(2, 256, dtype=torch.bfloat16)
+    w = torch.zeros(8, 256, dtype=torch.float32)
+    out = torch.zeros(2, 8, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="w: expected dtype bfloat16"):
+        skinny_gemm(x, w, out, stream=None)
