@@ -91,7 +91,7 @@ def route(x: torch.Tensor, w: MoeWeights, d: MoeDims) -> tuple[torch.Tensor, tor
 
 def routed_experts(x_lat: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w: MoeWeights) -> torch.Tensor:
     """y_lat [M, L]: the weighted sum of the selected experts' outputs on the latent input x_lat [M, L]."""
-    y = torch.zeros(x_lat.shape[0], x_lat.shape[1])
+    y = torch.zeros(x_lat.shape[0], x_lat.shape[1], device=x_lat.device)
     for e in ids.unique().tolist():
         tokens, slots = (ids == e).nonzero(as_tuple=True)
         w13 = mxfp4_unpack(w.w13_packed[e], w.w13_scales[e])
