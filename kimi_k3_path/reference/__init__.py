@@ -39,7 +39,16 @@ from .mla import (
     random_mla_weights,
     random_paged_cache,
 )
-from .moe import MoeDims, MoeWeights, latent_moe, random_moe_weights, route, routed_experts, shared_experts
+from .moe import (
+    MoeDims,
+    MoeWeights,
+    latent_moe,
+    random_moe_weights,
+    route,
+    routed_experts,
+    select_experts,
+    shared_experts,
+)
 from .compare import rel_err
 from .mxfp4 import E2M1_MAGNITUDES, MX_BLOCK, e2m1_table, mxfp4_pack, mxfp4_unpack
 from .norm import gated_rms_norm, l2_normalize, rms_norm
@@ -52,6 +61,6 @@ __all__ = [
     "kda_moe_layer", "l2_normalize", "latent_moe", "mla_decode", "mla_decode_unabsorbed", "mla_moe_layer",
     "mxfp4_pack", "mxfp4_unpack", "random_attn_res_weights", "random_kda_moe_layer", "random_kda_state",
     "random_kda_weights", "random_layer_norms", "random_mla_moe_layer", "random_mla_weights", "random_moe_weights",
-    "random_paged_cache", "random_residual_stream", "rel_err", "rms_norm", "route", "routed_experts", "shared_experts",
+    "random_paged_cache", "random_residual_stream", "rel_err", "rms_norm", "route", "routed_experts", "select_experts", "shared_experts",
     "situ_glu", "situ_glu_packed",
 ]

@@ -80,13 +80,19 @@ def random_moe_weights(d: MoeDims, gen: torch.Generator) -> MoeWeights:
     )
 
 
-def route(x: torch.Tensor, w: MoeWeights, d: MoeDims) -> tuple[torch.Tensor, torch.Tensor]:
-    """(expert ids [M, k] int64, combine weights [M, k] fp32); ids in selection order (best first)."""
-    scores = torch.sigmoid(x.float() @ w.router.float().T)
+def select_experts(
+    logits: torch.Tensor, bias: torch.Tensor, top_k: int, scaling: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """From router logits [M, E]: (expert ids [M, k] int64 in selection order, combine weights [M, k] fp32)."""
+    scores = torch.sigmoid(logits.float())
     # A stable descending sort keeps equal keys in index order: ties go to the lower expert index.
-    ids = torch.sort(scores + w.router_bias.float(), dim=-1, descending=True, stable=True).indices[:, : d.top_k]
+    ids = torch.sort(scores + bias.float(), dim=-1, descending=True, stable=True).indices[:, :top_k]
     chosen = scores.gather(-1, ids)
-    return ids, chosen / chosen.sum(dim=-1, keepdim=True) * d.routed_scaling_factor
+    return ids, chosen / chosen.sum(dim=-1, keepdim=True) * scaling
+
+
+def route(x: torch.Tensor, w: MoeWeights, d: MoeDims) -> tuple[torch.Tensor, torch.Tensor]:
+    return select_experts(x.float() @ w.router.float().T, w.router_bias, d.top_k, d.routed_scaling_factor)
 
 
 def routed_experts(x_lat: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w: MoeWeights) -> torch.Tensor:
