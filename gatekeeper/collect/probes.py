@@ -30,7 +30,9 @@ def run_probes(settings: StartupGuardSettings, repo: Path, work: Path, origin: O
     }
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repo), env.get("PYTHONPATH")) if p)
-    finished = run_limited([sys.executable, "-m", "gatekeeper.collect.probe_runner"], cwd=repo, env=env,
+    # Run as a script, so the child imports nothing of the gatekeeper (fast, and nothing to shadow the code under review).
+    runner = Path(__file__).parent / "plugin" / "gatekeeper_probe_runner.py"
+    finished = run_limited([sys.executable, str(runner)], cwd=repo, env=env,
                            timeout_s=settings.timeout_s, log=work / "probes.log", stdin=json.dumps(request).encode())
     failure = None
     if finished.timed_out:

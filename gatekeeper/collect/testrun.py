@@ -21,6 +21,7 @@ from gatekeeper.evidence import Origin, TestRun
 
 PLUGIN_MODULE = "gatekeeper_pytest_contexts"
 _PYTEST_NAMES = ("pytest", "py.test")
+_BARE_PYTHONS = ("python", "python3")
 
 
 def coverage_command(command: tuple[str, ...], rcfile: Path, junit: Path) -> list[str]:
@@ -29,7 +30,9 @@ def coverage_command(command: tuple[str, ...], rcfile: Path, junit: Path) -> lis
     if command and Path(command[0]).name in _PYTEST_NAMES:
         python, args = sys.executable, list(command[1:])
     elif len(command) >= 3 and command[1:3] == ("-m", "pytest"):
-        python, args = command[0], list(command[3:])
+        # A bare `python` means the interpreter running the collector (the CI's environment), not PATH's.
+        python = sys.executable if command[0] in _BARE_PYTHONS else command[0]
+        args = list(command[3:])
     else:
         raise InputError("policy", f"checks.changed_path_tests.command must run pytest, got {shlex.join(command)!r}")
     return [python, "-m", "coverage", "run", f"--rcfile={rcfile}", "-m", "pytest", "-p", PLUGIN_MODULE,
