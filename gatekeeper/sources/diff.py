@@ -101,7 +101,8 @@ def parse_hunks(patch: str, source: str) -> PatchedFile:
     if sum(len(hunk) + 1 for hunk in parsed[0]) != len(lines) - len(_SYNTHETIC_HEADER):
         consumed = _hunk_line_nos(parsed)
         for line_no, line in enumerate(lines, start=1):
-            if line_no > len(_SYNTHETIC_HEADER) and line_no not in consumed and line.rstrip("\r\n") not in (_NO_NEWLINE, ""):
+            outside = line_no > len(_SYNTHETIC_HEADER) and line_no not in consumed
+            if outside and line.rstrip("\r\n") not in (_NO_NEWLINE, ""):
                 raise InputError(source, f"line outside any hunk: {line.rstrip()!r}", line_no - len(_SYNTHETIC_HEADER))
     return parsed[0]
 
@@ -205,6 +206,7 @@ def _file_change(patched: PatchedFile, source: str, line_no: int) -> FileChange:
     old_mode, new_mode = _modes(header, status, source)
     added, removed = hunk_line_numbers(patched)
     binary = bool(patched.is_binary_file)
+    shows_link = new_mode == SYMLINK_MODE and status != FileStatus.removed
     return FileChange(
         path=path,
         old_path=old_path,
@@ -214,7 +216,7 @@ def _file_change(patched: PatchedFile, source: str, line_no: int) -> FileChange:
         binary=binary,
         old_mode=old_mode,
         new_mode=new_mode,
-        symlink_target=_symlink_target(patched) if new_mode == SYMLINK_MODE and status != FileStatus.removed else None,
+        symlink_target=_symlink_target(patched) if shows_link else None,
         # A binary diff shows no lines, so which lines changed is unknown.
         has_patch=not binary,
     )

@@ -41,14 +41,16 @@ def changes_from_git(repo: str | Path, base: str, head: str = "HEAD") -> ChangeS
     merge_base = git.run("merge-base", base_sha, head_sha, what=f"merge base of {base} and {head}").strip()
     patch_text = git.run("diff", *_DIFF_OPTIONS, "-U0", merge_base, head_sha, "--", what="git diff")
     files = parse_git_diff(patch_text, f"git diff {base}...{head}")
-    raw = git.run("diff", "--raw", "-z", "--no-abbrev", *_DIFF_OPTIONS, merge_base, head_sha, "--", what="git diff --raw")
+    raw = git.run("diff", "--raw", "-z", "--no-abbrev", *_DIFF_OPTIONS, merge_base, head_sha, "--",
+                  what="git diff --raw")
     files = _complete_from_raw(files, _parse_raw(raw, git.source), git)
     commits = _commits(git, base_sha, head_sha)
     return ChangeSet(source="git", files=tuple(files), base_sha=merge_base, head_sha=head_sha, commits=commits)
 
 
 class GitSnapshot:
-    """The repository at `ref`, read from git's object store (the work tree is never looked at)."""
+    """The repository at `ref` (resolved once to the commit `sha`), read from git's object store; the work
+    tree is never looked at, so uncommitted edits cannot change what the checks read."""
 
     def __init__(self, repo: str | Path, ref: str):
         self._git = _Git(repo)
@@ -67,7 +69,8 @@ class GitSnapshot:
 
     def paths(self) -> Iterable[str]:
         if self._paths is None:
-            listing = self._git.run("ls-tree", "-r", "-z", "--full-tree", "--name-only", self.sha, what="git ls-tree")
+            listing = self._git.run("ls-tree", "-r", "-z", "--full-tree", "--name-only", self.sha,
+                                    what="git ls-tree")
             self._paths = tuple(p for p in listing.split("\0") if p)
         return self._paths
 
@@ -167,7 +170,8 @@ def _complete_from_raw(files: list[FileChange], raw: list[_RawEntry], git: _Git)
     parsed_keys = Counter((f.status, f.old_path, f.path) for f in files)
     if parsed_keys != Counter(iter(by_key)) or len(by_key) != sum(len(e.keys()) for e in raw):
         differ = sorted({k[2] for k in set(parsed_keys) ^ set(by_key)})
-        raise InputError(git.source, f"the patch text and `git diff --raw` disagree about {differ or 'duplicates'}")
+        raise InputError(git.source,
+                         f"the patch text and `git diff --raw` disagree about {differ or 'duplicate entries'}")
     completed = []
     for change in files:
         entry, side = by_key[(change.status, change.old_path, change.path)]
@@ -180,7 +184,8 @@ def _complete_from_raw(files: list[FileChange], raw: list[_RawEntry], git: _Git)
         target = change.symlink_target
         if new_mode == SYMLINK_MODE and target is None:
             target = git.run("cat-file", "blob", entry.new_blob, what=f"reading symlink {change.path}")
-        completed.append(change.model_copy(update={"old_mode": old_mode, "new_mode": new_mode, "symlink_target": target}))
+        completed.append(
+            change.model_copy(update={"old_mode": old_mode, "new_mode": new_mode, "symlink_target": target}))
     return completed
 
 

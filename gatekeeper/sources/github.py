@@ -126,7 +126,9 @@ def pull_request_from_json(text: str, source: str) -> PullRequestInfo:
 
 
 def _changes(entries: list[Any], source: str, commits: list[Any] | None, commits_source: str) -> ChangeSet:
-    files = tuple(_file_change(_validate(DiffEntry, entry, source, f"[{i}]"), source, i) for i, entry in enumerate(entries))
+    files = tuple(
+        _file_change(_validate(DiffEntry, entry, source, f"[{i}]"), source, i) for i, entry in enumerate(entries)
+    )
     parsed_commits = () if commits is None else tuple(
         _commit(_validate(_PullCommit, c, commits_source, f"[{i}]")) for i, c in enumerate(commits)
     )
@@ -189,7 +191,8 @@ _JSON_KIND = {dict: "an object", str: "a string", int: "a number", float: "a num
 def _json_array(text: str, source: str, what: str) -> list[Any]:
     data = _json(text, source)
     if not isinstance(data, list):
-        raise InputError(source, f"expected a JSON array of {what}, got {_JSON_KIND.get(type(data), 'something else')}", 1)
+        kind = _JSON_KIND.get(type(data), "something else")
+        raise InputError(source, f"expected a JSON array of {what}, got {kind}", 1)
     return data
 
 
