@@ -72,14 +72,16 @@ class GitHubApp:
 
     def __init__(self, config: AppConfig):
         self._config = config
-        self._retry = GithubRetry(total=config.http_retries, backoff_factor=config.http_backoff_s,
-                                  secondary_rate_wait=max(1.0, config.http_backoff_s))
-        self.integration = GithubIntegration(
-            auth=Auth.AppAuth(config.app_id, config.private_key()),
-            base_url=config.github_api_url,
-            retry=self._retry,
-            timeout=config.http_timeout_s,
+        retry = GithubRetry(total=config.http_retries, backoff_factor=config.http_backoff_s,
+                            secondary_rate_wait=max(1.0, config.http_backoff_s))
+        self._http = dict(
+            base_url=config.github_api_url, retry=retry, timeout=config.http_timeout_s,
+            pool_size=config.workers,  # one pooled connection per worker thread
+            seconds_between_requests=config.seconds_between_requests,
+            seconds_between_writes=config.seconds_between_writes,
+            lazy=True,  # objects are fetched when read, so a check-run update is one PATCH, not GET + PATCH
         )
+        self.integration = GithubIntegration(auth=Auth.AppAuth(config.app_id, config.private_key()), **self._http)
         self.tokens = InstallationTokens(self.integration, config.token_refresh_margin_s)
         self._clients: dict[int, Installation] = {}
         self._lock = threading.Lock()
@@ -88,14 +90,7 @@ class GitHubApp:
         with self._lock:
             client = self._clients.get(installation_id)
             if client is None:
-                gh = Github(
-                    auth=_InstallationAuth(self.tokens, installation_id),
-                    base_url=self._config.github_api_url,
-                    retry=self._retry,
-                    timeout=self._config.http_timeout_s,
-                    per_page=100,
-                    lazy=True,  # objects are fetched when read, so a check-run update is one PATCH, not GET + PATCH
-                )
+                gh = Github(auth=_InstallationAuth(self.tokens, installation_id), per_page=100, **self._http)
                 client = self._clients[installation_id] = Installation(gh, self._config.max_artifact_bytes)
             return client
 

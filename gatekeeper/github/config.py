@@ -40,6 +40,9 @@ class AppConfig(BaseModel):
     http_retries: int = Field(default=5, ge=0)  # per request: 5xx and rate limits, inside PyGithub
     http_backoff_s: float = Field(default=0.5, ge=0)
     http_timeout_s: int = Field(default=30, gt=0)
+    # PyGithub's own pacing, per installation, against GitHub's secondary rate limits (its defaults).
+    seconds_between_requests: float = Field(default=0.25, ge=0)
+    seconds_between_writes: float = Field(default=1.0, ge=0)
     token_refresh_margin_s: float = Field(default=300.0, ge=0)  # renew installation tokens this early
     reconcile_interval_s: float = Field(default=900.0, ge=0)  # 0 disables the periodic sweep
     sticky_comment: bool = False  # also keep one PR comment with the summary, updated in place

@@ -28,7 +28,8 @@ INSTALLATION = 1
 def make_config(rsa_keys, fake: FakeGitHub, tmp_path: Path, **overrides: Any) -> AppConfig:
     values = dict(app_id=APP_ID, private_key_path=rsa_keys[0], webhook_secret=SECRET,
                   db_path=tmp_path / "gatekeeper.sqlite3", github_api_url=fake.base_url, workers=2,
-                  retry_backoff_s=0.05, http_backoff_s=0.01, http_retries=3, reconcile_interval_s=0)
+                  retry_backoff_s=0.05, http_backoff_s=0.01, http_retries=3, reconcile_interval_s=0,
+                  seconds_between_requests=0, seconds_between_writes=0)
     values.update(overrides)
     return AppConfig(**values)
 

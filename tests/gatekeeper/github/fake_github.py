@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import functools
 import hashlib
 import itertools
 import json
@@ -47,6 +48,15 @@ _CHECK_RUN_TEMPLATE = webhook_example("check_run.rerequested")["check_run"]
 _COMMENT_TEMPLATE = webhook_example("issue_comment.created")["comment"]
 _INSTALLATION_TEMPLATE = webhook_example("installation.created")["installation"]
 _USER_TEMPLATE = _PR_TEMPLATE["user"]
+
+
+@functools.lru_cache(maxsize=None)
+def _validator(operation: str) -> jsonschema.protocols.Validator:
+    """One validator per operation, built once: the schema refers into the shared components."""
+    schema = {**SCHEMAS["operations"][operation], "components": SCHEMAS["components"]}
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    cls.check_schema(schema)
+    return cls(schema)
 
 
 def iso(ts: float | None = None) -> str:
@@ -198,12 +208,10 @@ class FakeGitHub:
         return None
 
     def _answer(self, operation: str, data: Any, status: int = 200, headers: dict | None = None) -> JSONResponse:
-        schema = {**SCHEMAS["operations"][operation], "components": SCHEMAS["components"]}
-        try:
-            jsonschema.validate(data, schema)
-        except jsonschema.ValidationError as exc:
-            where = "/".join(str(p) for p in exc.absolute_path)
-            self.violations.append(f"{operation}: at {where or '(root)'}: {exc.message[:300]}")
+        error = jsonschema.exceptions.best_match(_validator(operation).iter_errors(data))
+        if error is not None:
+            where = "/".join(str(p) for p in error.absolute_path)
+            self.violations.append(f"{operation}: at {where or '(root)'}: {error.message[:300]}")
         return JSONResponse(data, status_code=status, headers=headers)
 
     def _page(self, request: Request, items: list[Any]) -> tuple[list[Any], dict[str, str]]:
