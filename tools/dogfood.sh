@@ -23,7 +23,7 @@ fi
 
 base=${1:-}
 if [ -z "$base" ]; then
-  first=$(git log --diff-filter=A --reverse --format=%H -- kimi_k3_path | head -n 1)
+  first=$(git log --diff-filter=A --format=%H -- kimi_k3_path | tail -n 1)  # oldest; tail reads all (no SIGPIPE)
   if [ -z "$first" ]; then
     echo "dogfood: no commit adds kimi_k3_path/; nothing to check" >&2
     exit 2
