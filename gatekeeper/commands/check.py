@@ -11,15 +11,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from rich.console import Console
-
 from gatekeeper.changes import ChangeSet
 from gatekeeper.errors import InputError
 from gatekeeper.evaluate import evaluate
 from gatekeeper.evidence import Evidence, load_evidence
 from gatekeeper.policy import load_policy
 from gatekeeper.provenance import Provenance, PullRequestInfo, detect
-from gatekeeper.report import render_json, render_markdown, render_terminal
 from gatekeeper.snapshot import Snapshot
 from gatekeeper.sources.diff import changes_from_diff
 from gatekeeper.sources.git import GitSnapshot, changes_from_git
@@ -143,14 +140,23 @@ def combine_evidence(files: list[tuple[str, Evidence]]) -> Evidence | None:
 
 
 def _write_report(verdict: Verdict, args) -> None:
+    # Each format imports only its own renderer (rich and jinja2 cost a noticeable part of a short run).
     if args.format == "terminal":
+        from rich.console import Console
+
+        from gatekeeper.report.terminal import render_terminal
+
         if args.output is None:
             render_terminal(verdict, Console())
         else:
             with _open_output(args.output) as handle:
                 render_terminal(verdict, Console(file=handle, width=_FILE_WIDTH, color_system=None))
     else:
-        text = render_json(verdict) if args.format == "json" else render_markdown(verdict)
+        if args.format == "json":
+            from gatekeeper.report.json_report import render_json as render
+        else:
+            from gatekeeper.report.markdown import render_markdown as render
+        text = render(verdict)
         if args.output is None:
             sys.stdout.write(text)
         else:

@@ -7,7 +7,6 @@ from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console, Group, RenderableType
-from rich.markdown import Markdown
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -98,6 +97,9 @@ def _check_section(check: CheckResult) -> RenderableType | None:
 
 def _markdown_details(details: dict[str, Any]) -> RenderableType:
     # The check's own table (see gatekeeper.report.markdown); rich draws Markdown tables in the terminal.
+    # Imported here: rich.markdown pulls in markdown-it, a tenth of a second, for reports that rarely need it.
+    from rich.markdown import Markdown
+
     return Markdown(md_trusted(details["markdown"]))
 
 
