@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import os
+import subprocess
+
 import pytest
 
 from gatekeeper.changes import ChangeSet, FileChange, FileStatus
@@ -7,6 +10,7 @@ from gatekeeper.checks import CheckContext
 from gatekeeper.checks.confinement import run
 from gatekeeper.policy import LoadedPolicy, Mode, Policy
 from gatekeeper.provenance import Provenance
+from gatekeeper.sources.git import changes_from_git
 from gatekeeper.verdict import Severity, Status
 
 OWNED = ("vllm/models/kimi_k3/**", "tests/models/kimi_k3/**")
@@ -220,3 +224,42 @@ def test_more_files_than_max_files_fails_closed():
     finding = _only_finding(result)
     assert finding.path is None
     assert result.summary.startswith("3 files changed, more than the policy's max_files (2): failing closed")
+
+
+def _git(repo, *args: str) -> str:
+    env = {"GIT_AUTHOR_NAME": "T", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "T",
+           "GIT_COMMITTER_EMAIL": "t@example.com", "PATH": "/usr/bin:/bin", "HOME": str(repo)}
+    return subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True).stdout
+
+
+def test_hostile_cases_from_a_real_git_repository(tmp_path):
+    repo = tmp_path / "repo"
+    owned = repo / "vllm" / "models" / "kimi_k3"
+    owned.mkdir(parents=True)
+    (repo / "vllm" / "sampler.py").write_text("def sample():\n    pass\n")
+    (owned / "run.sh").write_text("echo hi\n")
+    _git(repo, "init", "-q", "-b", "main")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "base")
+
+    _git(repo, "mv", "vllm/sampler.py", "vllm/models/kimi_k3/sampler.py")          # deletes a file outside
+    os.symlink("../../sampler_outside.py", owned / "escape.py")                     # points outside
+    os.symlink("sampler.py", owned / "alias.py")                                    # stays inside
+    (owned / "weights.bin").write_bytes(bytes(range(256)))                          # binary
+    (owned / "run.sh").chmod(0o755)                                                 # mode change (allowed)
+    _git(repo, "add", ".")
+    head = _git(repo, "rev-parse", "HEAD").strip()  # a gitlink with no work tree behind it: a submodule bump
+    _git(repo, "update-index", "--add", "--cacheinfo", f"160000,{head},vllm/models/kimi_k3/cutlass")
+    _git(repo, "commit", "-q", "-m", "change")
+
+    changes = changes_from_git(repo, "HEAD~1")
+    result = run(CheckContext(_policy(touchpoints=[]), changes, Provenance(), Mode.strict))
+    messages = {f.path: f.message for f in result.findings}
+    assert "renamed from vllm/sampler.py" in messages["vllm/models/kimi_k3/sampler.py"]
+    assert "resolves to vllm/sampler_outside.py, outside the owned paths" in messages["vllm/models/kimi_k3/escape.py"]
+    assert "binary file" in messages["vllm/models/kimi_k3/weights.bin"]
+    assert "submodule change" in messages["vllm/models/kimi_k3/cutlass"]
+    assert "vllm/models/kimi_k3/alias.py" not in messages
+    assert "vllm/models/kimi_k3/run.sh" not in messages
+    assert result.status is Status.failed
+    assert result.summary == "6 files changed: 6 in owned paths, 0 in touchpoints, 0 outside, 0 hostile; 4 offending."
