@@ -4,6 +4,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gatekeeper.changes import Commit
 from gatekeeper.policy import AgentDetection
@@ -214,3 +216,17 @@ def test_the_shipped_pull_request_template_and_the_detector_agree():
     assert disclosure_answer(ticked, heading).startswith("checked: An AI coding agent")
     named = template.replace("- Tool and how it was used:", "- Tool and how it was used: Kimi CLI drafted the kernel")
     assert disclosure_answer(named, heading) == "tool: Kimi CLI drafted the kernel"
+
+
+_LINES = st.sampled_from([
+    "Subject line", "", "", "Some prose.", "Assisted-by: Claude", "Signed-off-by: A <a@b.c>",
+    "Co-authored-by: Copilot <c@github.com>", "  folded continuation", "Key : spaced", "not: a trailer? maybe",
+    "(cherry picked from commit 0123456789abcdef0123456789abcdef01234567)", "Fixes #12", "x-y-z: w",
+    "Made-with: Cursor", "#comment line", "URL: http://example.com/a:b",
+])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_LINES, min_size=1, max_size=10))
+def test_trailer_parsing_agrees_with_git_on_generated_messages(lines):
+    test_trailer_parsing_agrees_with_git_interpret_trailers("\n".join(lines) + "\n")
