@@ -147,12 +147,12 @@ class Installation:
         """Full names of the repositories this installation can see."""
         return [r["full_name"] for r in self._pages("/installation/repositories", list_item="repositories")]
 
-    def _pages(self, path: str, list_item: str | None = None) -> Iterator[dict[str, Any]]:
+    def _pages(self, path: str, list_item: str | None = None, **params: str) -> Iterator[dict[str, Any]]:
         """The raw items of a paginated list endpoint, 100 per request, through PyGithub's requester (so
         its auth and retries apply)."""
         page = 1
         while True:
-            _, data = self._gh.requester.requestJsonAndCheck("GET", path, parameters={"per_page": 100, "page": page})
+            _, data = self._gh.requester.requestJsonAndCheck("GET", path, parameters={**params, "per_page": 100, "page": page})
             items = data[list_item] if list_item else data
             yield from items
             if len(items) < 100:
@@ -164,16 +164,17 @@ class Installation:
 
     def evidence_artifact(self, repo: str, run_id: int, name: str) -> bytes | None:
         """The zip of the named artifact of a workflow run, or None if the run has none."""
-        run = self._repo(repo).get_workflow_run(run_id)
-        artifact = next((a for a in run.get_artifacts() if a.name == name and not a.expired), None)
+        # Listed raw: PyGithub's WorkflowRun would first GET the whole run just to learn this URL.
+        artifacts = self._pages(f"/repos/{repo}/actions/runs/{run_id}/artifacts", list_item="artifacts")
+        artifact = next((a for a in artifacts if a["name"] == name and not a["expired"]), None)
         if artifact is None:
             return None
-        if artifact.size_in_bytes > self._max_artifact_bytes:
-            raise ValueError(f"artifact {name!r} is {artifact.size_in_bytes} bytes, over the "
+        if artifact["size_in_bytes"] > self._max_artifact_bytes:
+            raise ValueError(f"artifact {name!r} is {artifact['size_in_bytes']} bytes, over the "
                              f"{self._max_artifact_bytes}-byte limit")
-        _, _, stream = self._gh.requester.getStream(artifact.archive_download_url, chunk_size=65536)
+        _, _, stream = self._gh.requester.getStream(artifact["archive_download_url"], chunk_size=65536)
         data = bytearray()
-        for chunk in stream.iter_content(65536):
+        for chunk in stream:
             data.extend(chunk)
             if len(data) > self._max_artifact_bytes:
                 raise ValueError(f"artifact {name!r} is over the {self._max_artifact_bytes}-byte limit")
@@ -182,15 +183,17 @@ class Installation:
     # ---------------------------------------------------------------------------------------- check runs
 
     def _our_check_runs(self, repo: str, head_sha: str, app_id: int, name: str | None = None):
-        # Another App may use the same name; only our own runs count (PyGithub has no app_id filter here).
-        runs = self._repo(repo).get_commit(head_sha).get_check_runs(**({"check_name": name} if name else {}))
-        return (run for run in runs if (run.raw_data.get("app") or {}).get("id") == app_id)
+        # Raw pages, not PyGithub's CheckRun objects (reading their raw_data GETs each run again). Another
+        # App may use the same name; only our own runs count.
+        params = {"check_name": name} if name else {}
+        runs = self._pages(f"/repos/{repo}/commits/{head_sha}/check-runs", list_item="check_runs", **params)
+        return (run for run in runs if (run.get("app") or {}).get("id") == app_id)
 
     def find_check_run(self, repo: str, head_sha: str, name: str, app_id: int) -> int | None:
-        return next((run.id for run in self._our_check_runs(repo, head_sha, app_id, name)), None)
+        return next((run["id"] for run in self._our_check_runs(repo, head_sha, app_id, name)), None)
 
     def has_check_run(self, repo: str, head_sha: str, name_prefix: str, app_id: int) -> bool:
-        return any(run.name.startswith(name_prefix) for run in self._our_check_runs(repo, head_sha, app_id))
+        return any(run["name"].startswith(name_prefix) for run in self._our_check_runs(repo, head_sha, app_id))
 
     def start_check_run(self, repo: str, head_sha: str, name: str, check_run_id: int | None) -> int:
         """Create the check run (or reset an existing one) as in_progress; returns its id."""

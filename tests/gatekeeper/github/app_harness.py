@@ -67,6 +67,8 @@ class RunningApp:
         raise AssertionError(f"delivery {delivery} not processed within {timeout}s: {row}")
 
 
+AGENT_COMMIT = "Speed up decode\n\nCo-authored-by: Claude <noreply@anthropic.com>\n"
+
 POLICY = """\
 version: 1
 name: kimi-k3

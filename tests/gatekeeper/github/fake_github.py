@@ -126,6 +126,7 @@ class FakeGitHub:
         self.violations: list[str] = []
         self.check_run_patches: list[tuple[int, dict[str, Any]]] = []
         self._faults: list[Fault] = []
+        self._revoke_on: tuple[str, re.Pattern] | None = None
         self._ids = itertools.count(1000)
         self._lock = threading.RLock()
         self.base_url = ""  # set once serving
@@ -144,6 +145,11 @@ class FakeGitHub:
     def fail(self, method: str, path_regex: str, status: int, times: int = 1) -> None:
         """The next `times` matching requests get `status` (then the real answer again)."""
         self._faults.append(Fault(method.upper(), re.compile(path_regex), status, times))
+
+    def revoke_tokens_on(self, method: str, path_regex: str) -> None:
+        """When the first matching request arrives, every token issued so far stops working (as if it had
+        expired early, mid-evaluation): that request and any later one with an old token get 401."""
+        self._revoke_on = (method.upper(), re.compile(path_regex))
 
     def revoke_tokens(self) -> None:
         """Every installation token issued so far stops working, as if it had expired early."""
@@ -182,6 +188,9 @@ class FakeGitHub:
     async def __call__(self, scope, receive, send):  # ASGI: faults and the call log wrap every route
         if scope["type"] == "http":
             method, path = scope["method"], scope["path"]
+            if self._revoke_on and self._revoke_on[0] == method and self._revoke_on[1].search(path):
+                self._revoke_on = None
+                self.revoke_tokens()
             fault = self._take_fault(method, path)
             if fault is not None:
                 self.calls.append((method, path, fault))
@@ -277,7 +286,10 @@ class FakeGitHub:
         items = []
         for installation_id in sorted(self.installations):
             item = copy.deepcopy(_INSTALLATION_TEMPLATE)
-            item.update(id=installation_id, app_id=self.app_id, created_at=iso(), updated_at=iso(),
+            # The description's account for this operation is all of a user and an enterprise.
+            item["account"] = {**item["account"], "name": item["account"]["login"], "slug": item["account"]["login"],
+                               "created_at": iso(), "updated_at": iso()}
+            item.update(id=installation_id, app_id=self.app_id, app_slug="gatekeeper", created_at=iso(), updated_at=iso(),
                         access_tokens_url=self._url(f"/app/installations/{installation_id}/access_tokens"))
             items.append(item)
         chunk, headers = self._page(request, items)

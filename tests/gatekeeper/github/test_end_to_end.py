@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import copy
 
-from app_harness import INSTALLATION, REPO, file_entry, setup_repo
+from app_harness import AGENT_COMMIT, INSTALLATION, REPO, file_entry, setup_repo
 from fake_github import FakeCommit, FakePull, webhook_example
 
 HEAD_FIXED = "1" * 40
 HEAD_BROKEN_AGAIN = "2" * 40
-AGENT_COMMIT = "Speed up decode\n\nCo-authored-by: Claude <noreply@anthropic.com>\n"
 
 
 def _pull_event(name: str, head: str | None = None) -> dict:

@@ -1,0 +1,101 @@
+"""GitHub misbehaving: 5xx answers, a token that dies mid-evaluation, a missing installation, permanent
+errors, and PRs too large to judge. Nothing fails silently: each ends in a check run or a logged failure."""
+
+from __future__ import annotations
+
+from app_harness import AGENT_COMMIT, REPO, file_entry, setup_repo
+from fake_github import FakeCommit, FakePull, webhook_example
+
+OPENED = webhook_example("pull_request.opened")
+HEAD = OPENED["pull_request"]["head"]["sha"]
+BASE = OPENED["pull_request"]["base"]["sha"]
+
+
+def _setup(fake, files=None, commits=True):
+    repo = fake.repos[REPO]
+    setup_repo(repo, BASE)
+    repo.pulls[2] = FakePull(2, HEAD, BASE, files or [file_entry("kimi_k3_path/ops.py")],
+                             [FakeCommit(HEAD, AGENT_COMMIT)] if commits else [])
+    return repo
+
+
+def test_a_502_then_200_is_retried_inside_the_request(fake, start_app):
+    _setup(fake)
+    fake.fail("GET", r"/pulls/2/files$", 502, times=1)
+    app = start_app()
+    app.send("pull_request", OPENED, delivery="d1")
+    row = app.wait_done("d1")
+    assert row["status"] == "done" and row["attempts"] == 1
+    [run] = fake.check_runs(REPO, HEAD)
+    assert run["conclusion"] == "success"
+    statuses = [status for method, path, status in fake.calls if path.endswith("/pulls/2/files")]
+    assert statuses == [502, 200]
+
+
+def test_github_down_for_good_becomes_a_neutral_check_with_the_reason(fake, start_app):
+    _setup(fake)
+    fake.fail("GET", r"/pulls/2/commits$", 503, times=1000)
+    app = start_app(max_attempts=2, http_retries=1)
+    app.send("pull_request", OPENED, delivery="d1")
+    row = app.wait_done("d1")
+    assert row["status"] == "failed" and row["attempts"] == 2
+    [run] = fake.check_runs(REPO, HEAD)
+    assert run["conclusion"] == "neutral"
+    assert "could not evaluate" in run["output"]["summary"] and "503" in run["output"]["summary"]
+    [error] = [e for e in app.store().audit_log() if e["kind"] == "error"]
+    assert error["conclusion"] == "neutral" and "gave up after 2 attempts" in error["reason"]
+
+
+def test_a_permanent_error_is_not_retried(fake, start_app):
+    _setup(fake)
+    fake.fail("GET", r"/pulls/2/commits$", 404, times=1)
+    app = start_app()
+    app.send("pull_request", OPENED, delivery="d1")
+    row = app.wait_done("d1")
+    assert row["status"] == "failed" and row["attempts"] == 1 and "404" in row["error"]
+    assert fake.check_runs(REPO, HEAD)[0]["conclusion"] == "neutral"
+
+
+def test_a_token_rejected_mid_evaluation_is_renewed_and_the_job_rerun(fake, start_app):
+    _setup(fake)
+    fake.revoke_tokens_on("GET", r"/pulls/2/files$")
+    app = start_app()
+    app.send("pull_request", OPENED, delivery="d1")
+    row = app.wait_done("d1")
+    assert row["status"] == "done" and row["attempts"] == 2
+    assert fake.tokens_issued == 2
+    [run] = fake.check_runs(REPO, HEAD)  # the rerun found and reused the check run it had started
+    assert run["conclusion"] == "success"
+
+
+def test_an_unknown_installation_fails_the_delivery_with_the_reason(fake, start_app):
+    _setup(fake)
+    fake.installations.clear()
+    app = start_app()
+    app.send("pull_request", OPENED, delivery="d1")
+    row = app.wait_done("d1")
+    assert row["status"] == "failed" and "404" in row["error"]
+    assert "check could not be posted" not in row["error"]  # nothing to post on: the PR was never read
+    assert [e["kind"] for e in app.store().audit_log()] == ["error"]
+
+
+def test_more_files_than_the_policy_allows_fails_closed(fake, start_app):
+    _setup(fake, files=[file_entry(f"kimi_k3_path/f{i}.py", added=1) for i in range(3001)])
+    app = start_app()
+    app.send("pull_request", OPENED, delivery="d1")
+    app.wait_done("d1")
+    [run] = fake.check_runs(REPO, HEAD)
+    assert run["conclusion"] == "failure" and run["output"]["title"] == "Too many files to judge (3001 > 3000)"
+    assert not any(path.endswith("/files") for _, path, _ in fake.calls)  # judged from changed_files alone
+
+
+def test_annotations_go_in_batches_of_50(fake, start_app):
+    _setup(fake, files=[file_entry(f"outside/f{i}.py", added=1) for i in range(120)])
+    app = start_app()
+    app.send("pull_request", OPENED, delivery="d1")
+    app.wait_done("d1")
+    [run] = fake.check_runs(REPO, HEAD)
+    assert run["conclusion"] == "failure" and len(run["annotations"]) == 120
+    sizes = [len((body.get("output") or {}).get("annotations") or []) for _, body in fake.check_run_patches]
+    assert sizes == [50, 50, 20]
+    assert sorted(a["path"] for a in run["annotations"]) == sorted(f"outside/f{i}.py" for i in range(120))
