@@ -27,7 +27,8 @@ MAX_EVIDENCE_FILES = 50  # more matching files than this is a mistake in the glo
 
 @dataclass(frozen=True)
 class RowVerdict:
-    axes: dict[str, AxisValue]
+    axes: dict[str, AxisValue]   # the required axes
+    more: dict[str, AxisValue]   # the row's other axes, which the policy does not require
     row: PerfRow | None          # None: no evidence measured this row
     source: PerfSubmission | None
     problems: tuple[str, ...]
@@ -59,10 +60,10 @@ def run(ctx: CheckContext) -> CheckResult:
     used: set[int] = set()
     verdicts = []
     for combo in required_rows(axes):
-        verdict = row_verdict(combo, submissions, settings)
-        if verdict.source is not None:
-            used.add(id(verdict.source))
-        verdicts.append(verdict)
+        for verdict in row_verdicts(combo, submissions, settings):
+            if verdict.source is not None:
+                used.add(id(verdict.source))
+            verdicts.append(verdict)
     undecided = []
     for sub in submissions:
         if id(sub) not in used:
@@ -77,7 +78,7 @@ def run(ctx: CheckContext) -> CheckResult:
             )))
     for verdict in verdicts:
         for problem in verdict.problems:
-            findings.append(Finding(message=f"{_axes_label(verdict.axes)}: {problem}"))
+            findings.append(Finding(message=f"{_axes_label({**verdict.axes, **verdict.more})}: {problem}"))
     details = {
         "axes": {name: list(values) for name, values in axes.items()},
         "rows": [_row_detail(v) for v in verdicts],
@@ -181,18 +182,22 @@ def required_rows(axes: dict[str, tuple[Any, ...]]) -> list[dict[str, Any]]:
     return [dict(zip(names, values)) for values in itertools.product(*(axes[n] for n in names))]
 
 
-def row_verdict(combo: dict[str, Any], submissions: list[PerfSubmission], settings: PerfMatrixSettings) -> RowVerdict:
+def row_verdicts(combo: dict[str, Any], submissions: list[PerfSubmission], settings: PerfMatrixSettings) -> list[RowVerdict]:
+    """The verdicts of one required row: from the best submission measuring it (trusted first, then the
+    newest run), every row matching it is judged; rows splitting it by axes the policy does not require
+    (say, one per layer) must each pass."""
     candidates = [
-        (sub, row)
-        for sub in submissions
+        sub for sub in submissions
+        if any(row.metric == settings.metric and _matches(row.axes, combo) for row in sub.evidence.rows)
+    ]
+    if not candidates:
+        return [RowVerdict(combo, {}, None, None, ("missing: no evidence measured this row",))]
+    sub = max(candidates, key=lambda s: (s.origin.trust == "trusted", s.evidence.created))
+    return [
+        RowVerdict(combo, {k: v for k, v in row.axes.items() if k not in combo}, row, sub, tuple(row_problems(row, sub, settings)))
         for row in sub.evidence.rows
         if row.metric == settings.metric and _matches(row.axes, combo)
     ]
-    if not candidates:
-        return RowVerdict(combo, None, None, ("missing: no evidence measured this row",))
-    # Trusted evidence first, then the newest run.
-    sub, row = max(candidates, key=lambda c: (c[0].origin.trust == "trusted", c[0].evidence.created))
-    return RowVerdict(combo, row, sub, tuple(row_problems(row, sub, settings)))
 
 
 def row_problems(row: PerfRow, sub: PerfSubmission, settings: PerfMatrixSettings) -> list[str]:
@@ -249,7 +254,7 @@ def _axes_label(axes: dict[str, Any]) -> str:
 def _row_detail(v: RowVerdict) -> dict[str, Any]:
     row = v.row
     return {
-        "axes": v.axes,
+        "axes": {**v.axes, **v.more},
         "unit": row.unit if row else None,
         "baseline": row.baseline.median if row and row.baseline else None,
         "candidate": row.candidate.median if row else None,
@@ -263,10 +268,11 @@ def _row_detail(v: RowVerdict) -> dict[str, Any]:
 
 
 def _table(axis_names: list[str], verdicts: list[RowVerdict]) -> str:
-    header = [*axis_names, "baseline", "candidate", "speedup", "floor", "runs", "spread", ""]
+    more_names = sorted({name for v in verdicts for name in v.more})
+    header = [*axis_names, *more_names, "baseline", "candidate", "speedup", "floor", "runs", "spread", ""]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for v in verdicts:
-        cells = [str(v.axes[name]) for name in axis_names]
+        cells = [str(v.axes[name]) for name in axis_names] + [str(v.more.get(name, "–")) for name in more_names]
         d = _row_detail(v)
         if v.row is None:
             cells += ["–", "–", "–", "–", "–", "–", "❌ gap"]

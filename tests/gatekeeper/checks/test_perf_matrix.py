@@ -131,6 +131,16 @@ def test_trusted_evidence_wins_over_a_self_reported_copy():
     assert result.status is Status.passed, errors(result)
 
 
+def test_rows_split_by_an_axis_the_policy_does_not_require_must_each_pass():
+    # Only tp (and the policy's extra axis, layer) are required; the rows are split by batch as well.
+    rows = [row(8, 1), row(8, 64), row(16, 1), row(16, 64, candidate=20.0)]
+    result = check(perf(rows), axes={"tp": (8, 16)})
+    assert result.status is Status.failed
+    assert errors(result) == ["tp=16, layer=kda, batch=64: regression: the candidate is 66.7% slower than the baseline (allowed 2%)"]
+    assert len(result.details["rows"]) == 4
+    assert result.details["markdown"].splitlines()[0].startswith("| tp | layer | batch | baseline |")
+
+
 def test_hostile_pr_file_is_an_error_naming_the_file():
     nan = json.dumps(perf()).replace("10.0", "NaN")
     result = check(files={"tiny/evidence/bad.json": nan})
