@@ -1,0 +1,262 @@
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass, field, replace
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (the [kernels] extra)")
+
+from kimi_k3_path.config import named_config  # noqa: E402
+from kimi_k3_path.executor import (  # noqa: E402
+    SPECIALIZED,
+    ComposedPath,
+    DecodeExecutor,
+    DecodeOps,
+    ReferenceLayers,
+    StepBatch,
+    build_executor,
+)
+from kimi_k3_path.reference import (  # noqa: E402
+    KdaDims,
+    LayerPosition,
+    MlaDims,
+    MoeDims,
+    mla_decode_unabsorbed,
+    naive,
+    random_kda_moe_layer,
+    random_kda_state,
+    random_mla_moe_layer,
+    random_paged_cache,
+    random_residual_stream,
+)
+from kimi_k3_path.reference.compare import rel_err  # noqa: E402
+from kimi_k3_path.reference.dims import layer_dims  # noqa: E402
+from kimi_k3_path.support import SUPPORT_MATRIX, Deployment  # noqa: E402
+
+H200_TP8 = Deployment(arch="sm_90", tp=8, max_batch=64)
+
+
+@pytest.fixture
+def gen(request) -> torch.Generator:
+    seed = int(os.environ.get("KIMI_K3_TEST_SEED", secrets.randbits(31)))
+    print(f"torch.Generator seed {seed} (replay with KIMI_K3_TEST_SEED={seed})")
+    return torch.Generator().manual_seed(seed)
+
+
+# --- batch classification ------------------------------------------------------------------------------------
+
+
+def test_batch_kinds():
+    assert StepBatch.decode([5, 1, 300]).kind() == "decode"
+    assert StepBatch(query_lens=(7, 3), context_lens=(0, 0)).kind() == "prefill"
+    # A later chunk of a chunked prefill has context but brings several tokens: still prefill.
+    assert StepBatch(query_lens=(16,), context_lens=(512,)).kind() == "prefill"
+    assert StepBatch(query_lens=(1, 9), context_lens=(40, 0)).kind() == "mixed"
+    # With 3 draft tokens a decoding sequence brings 4 tokens (verify); a single token is then not a decode.
+    assert StepBatch(query_lens=(4, 4), context_lens=(10, 20)).kind(tokens_per_step=4) == "decode"
+    assert StepBatch.decode([10]).kind(tokens_per_step=4) == "prefill"
+
+
+@pytest.mark.parametrize(
+    ("query_lens", "context_lens", "message"),
+    [((), (), "at least one sequence"), ((1,), (1, 2), "1 query_lens but 2 context_lens"),
+     ((0,), (3,), "query_lens must be >= 1"), ((1,), (-1,), "context_lens >= 0")],
+)
+def test_malformed_batches_are_refused(query_lens, context_lens, message):
+    with pytest.raises(ValueError, match=message):
+        StepBatch(query_lens=query_lens, context_lens=context_lens)
+
+
+# --- dispatch follows the guard ------------------------------------------------------------------------------
+
+
+@dataclass
+class Recorder:
+    """A path that records which layers it ran and returns its name as the output."""
+
+    name: str
+    calls: list[str] = field(default_factory=list)
+
+    def kda_moe(self, delta, stream, weights, state, pos, dims):
+        self.calls.append("kda_moe")
+        return self.name, stream, state
+
+    def mla_moe(self, delta, stream, weights, cache, pos, dims):
+        self.calls.append("mla_moe")
+        return self.name, stream, cache
+
+
+def run_step(executor: DecodeExecutor, batch: StepBatch, layer: str = "kda_moe"):
+    delta = torch.zeros(sum(batch.query_lens), 4)
+    out, _, _ = getattr(executor, layer)(batch, delta, "stream", "weights", "state", "pos", "dims")
+    return out
+
+
+def recording_executor(deployment: Deployment) -> DecodeExecutor:
+    return DecodeExecutor(deployment, Recorder(SPECIALIZED), Recorder("stock"))
+
+
+@pytest.mark.parametrize("d", SUPPORT_MATRIX.example_deployments(), ids=lambda d: f"tp{d.tp}")
+@pytest.mark.parametrize("layer", ["kda_moe", "mla_moe"])
+def test_decode_batches_of_an_admitted_deployment_take_the_specialized_path(d, layer):
+    executor = recording_executor(d)
+    for batch in SUPPORT_MATRIX.perf_batches:
+        assert run_step(executor, StepBatch.decode([3] * batch), layer) == SPECIALIZED
+    assert executor.specialized.calls == [layer] * len(SUPPORT_MATRIX.perf_batches)
+    assert executor.stock.calls == []
+    assert executor.summary() == {
+        f"{SPECIALIZED}: decode batch inside the support matrix": len(SUPPORT_MATRIX.perf_batches)
+    }
+
+
+@pytest.mark.parametrize(
+    ("batch", "reason"),
+    [
+        (StepBatch(query_lens=(5, 2), context_lens=(0, 0)), "prefill batch"),
+        (StepBatch(query_lens=(1, 5), context_lens=(9, 0)), "mixed batch"),
+        (StepBatch.decode([2] * 65), "decode batch of 65 exceeds max_batch 64"),
+    ],
+)
+def test_prefill_mixed_and_oversized_batches_take_the_stock_path(batch, reason):
+    executor = recording_executor(H200_TP8)
+    assert run_step(executor, batch) == "stock"
+    assert executor.summary() == {f"stock: {reason}": 1}
+
+
+def test_the_deployment_bound_applies_when_tighter_than_the_matrix():
+    executor = recording_executor(Deployment(arch="sm_90", tp=16, max_batch=8))
+    assert run_step(executor, StepBatch.decode([1] * 8)) == SPECIALIZED
+    assert run_step(executor, StepBatch.decode([1] * 9)) == "stock"
+    assert executor.decide(StepBatch.decode([1] * 9)).reason == "decode batch of 9 exceeds max_batch 8"
+
+
+@pytest.mark.parametrize(
+    ("deployment", "fields"),
+    [
+        (Deployment(arch="sm_100", tp=8, max_batch=64), "arch"),
+        (Deployment(arch="sm_90", tp=4, max_batch=64, kv_dtype="fp8"), "tp, kv_dtype"),
+        (Deployment(arch="sm_90", tp=8, max_batch=64, spec_method="dspark", spec_tokens=3), "spec_method, spec_tokens"),
+    ],
+)
+def test_a_deployment_the_guard_rejects_always_takes_the_stock_path(deployment, fields):
+    executor = recording_executor(deployment)
+    assert executor.rejection is not None and executor.rejection.deployment is deployment
+    assert run_step(executor, StepBatch.decode([4, 4])) == "stock"
+    assert run_step(executor, StepBatch.decode([4, 4]), "mla_moe") == "stock"
+    assert executor.summary() == {f"stock: deployment outside the support matrix ({fields})": 2}
+    assert executor.specialized.calls == []
+
+
+def test_the_guard_decides_with_the_matrix_it_is_given():
+    widened = SUPPORT_MATRIX.model_copy(update={"tp": (4, 8, 16)})
+    executor = DecodeExecutor(Deployment(arch="sm_90", tp=4, max_batch=64), Recorder(SPECIALIZED),
+                              Recorder("stock"), widened)
+    assert run_step(executor, StepBatch.decode([1])) == SPECIALIZED
+
+
+def test_the_input_must_match_the_batch():
+    executor = recording_executor(H200_TP8)
+    with pytest.raises(ValueError, match="the layer input has 4 rows but the batch brings 3 tokens"):
+        executor.kda_moe(StepBatch.decode([1, 1, 1]), torch.zeros(4, 8), None, None, None, None, None)
+
+
+# --- both paths compute the same layer -----------------------------------------------------------------------
+
+TINY_TP8 = layer_dims(named_config("tiny"), tp=8)
+# Smaller still for the fp64 loops of the naive ops (same structure; MXFP4 dims multiples of 32).
+MINI = replace(
+    TINY_TP8,
+    kda=KdaDims(hidden=48, heads=2, head_dim=16),
+    mla=MlaDims(hidden=48, heads=3, q_lora=24, kv_lora=32, qk_nope=16, qk_rope=8, v_head=16),
+    moe=MoeDims(hidden=48, latent=32, experts=8, top_k=3, intermediate=32, shared_intermediate=24),
+    attn_res_block=4,
+)
+
+
+def naive_ops() -> DecodeOps:
+    """An op set written independently of the reference ops (fp64 loops; MLA computed the prefill way): the
+    composition must give the stock layer's result with any correct ops plugged in."""
+
+    def kda_step(x, w, state, d):
+        out, new = naive.kda_decode_step(x, w, state, d)
+        return out.float(), type(new)(conv=new.conv.float(), recurrent=new.recurrent.float())
+
+    return DecodeOps(
+        name="naive",
+        kda_step=kda_step,
+        mla_decode=mla_decode_unabsorbed,
+        latent_moe=lambda x, w, d: naive.latent_moe(x, w, d).float(),
+    )
+
+
+def assert_close(a, b, tol: float) -> None:
+    assert rel_err(a, b) < tol, rel_err(a, b)
+
+
+OPS_AND_DIMS = pytest.mark.parametrize(
+    ("ops", "d"), [(naive_ops, MINI), (None, TINY_TP8)], ids=["naive-ops", "reference-ops-tiny-config"]
+)
+
+
+@pytest.mark.parametrize("layer", [1, 4], ids=["mid-block", "block-start"])
+@OPS_AND_DIMS
+def test_kda_moe_paths_agree(gen, layer, ops, d):
+    executor = build_executor(H200_TP8)
+    if ops is not None:
+        executor.specialized = ComposedPath(ops())
+    w = random_kda_moe_layer(d.kda, d.moe, gen)
+    batch = StepBatch.decode([7, 1, 30])
+    state = random_kda_state(d.kda, batch.num_seqs, gen)
+    stream = random_residual_stream(batch.num_seqs, d.kda.hidden, d.max_blocks, gen)
+    delta = torch.randn(batch.num_seqs, d.kda.hidden, generator=gen)
+    pos = LayerPosition(layer, block_size=d.attn_res_block)
+    before = (delta.clone(), stream.prefix.clone(), state.recurrent.clone())
+
+    fast = executor.kda_moe(batch, delta, stream, w, state, pos, d)
+    assert executor.summary() == {f"{SPECIALIZED}: decode batch inside the support matrix": 1}
+    prefill_like = StepBatch(query_lens=(1, 1, 1), context_lens=(0, 0, 0))  # same rows, routed to stock
+    slow = executor.kda_moe(prefill_like, delta, stream, w, state, pos, d)
+    assert executor.decisions[executor.decide(prefill_like)] == 1
+
+    out_f, stream_f, state_f = fast
+    out_s, stream_s, state_s = slow
+    assert_close(out_f, out_s, 1e-5)
+    assert_close(stream_f.prefix, stream_s.prefix, 1e-5)
+    assert_close(stream_f.blocks, stream_s.blocks, 1e-5)
+    assert_close(state_f.recurrent, state_s.recurrent, 1e-5)
+    assert_close(state_f.conv, state_s.conv, 1e-5)
+    # Both paths are pure: the caller's tensors are untouched.
+    assert all(torch.equal(x, y) for x, y in zip(before, (delta, stream.prefix, state.recurrent)))
+
+
+@OPS_AND_DIMS
+def test_mla_moe_paths_agree(gen, ops, d):
+    executor = build_executor(Deployment(arch="sm_90", tp=8, max_batch=4))
+    if ops is not None:
+        executor.specialized = ComposedPath(ops())
+    w = random_mla_moe_layer(d.mla, d.moe, gen)
+    seq_lens = [5, 17, 1]
+    cache = random_paged_cache(d.mla, seq_lens, page_size=4, gen=gen)
+    batch = StepBatch.decode([n - 1 for n in seq_lens[:2]] + [1])
+    stream = random_residual_stream(3, d.mla.hidden, d.max_blocks, gen)
+    delta = torch.randn(3, d.mla.hidden, generator=gen)
+    pos = LayerPosition(3, block_size=d.attn_res_block)
+
+    out_f, stream_f, cache_f = executor.mla_moe(batch, delta, stream, w, cache, pos, d)
+    too_big = DecodeExecutor(Deployment(arch="sm_90", tp=8, max_batch=2), executor.specialized, executor.stock)
+    out_s, stream_s, cache_s = too_big.mla_moe(batch, delta, stream, w, cache, pos, d)
+    assert list(too_big.summary()) == ["reference: decode batch of 3 exceeds max_batch 2"]
+    assert list(executor.summary()) == [f"{SPECIALIZED}: decode batch inside the support matrix"]
+
+    assert_close(out_f, out_s, 1e-5)
+    assert_close(stream_f.prefix, stream_s.prefix, 1e-5)
+    assert_close(cache_f.pages, cache_s.pages, 1e-6)
+    assert not torch.equal(cache_f.pages, cache.pages)  # the decoded rows were written (to a copy)
+
+
+def test_the_default_paths_name_themselves():
+    executor = build_executor(H200_TP8)
+    assert executor.specialized.name == f"{SPECIALIZED}[reference]"
+    assert isinstance(executor.stock, ReferenceLayers) and executor.stock.name == "reference"
