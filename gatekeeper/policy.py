@@ -10,10 +10,10 @@ import hashlib
 import re
 from enum import Enum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gatekeeper.errors import InputError
 from gatekeeper.verdict import CHECK_IDS, CheckId
@@ -26,6 +26,24 @@ DEFAULT_AGENT_IDENTITIES = (
     "Moonshot", "Jules", "Amp", "Windsurf", "Codeium", "Cline", "Roo", "OpenHands", "SWE-agent", "Sweep",
     "Tabnine", "Qodo", "Augment", "Factory", "Goose", "Junie",
 )
+
+
+def _checked_glob(glob: str) -> str:
+    """A repository glob (see gatekeeper.paths) that can match something and cannot climb out of the root."""
+    if not glob:
+        raise ValueError("empty glob")
+    if not glob.isprintable():
+        raise ValueError(f"glob {glob!r} contains control or invisible characters")
+    if glob.startswith("/"):
+        raise ValueError(f"glob {glob!r}: globs are relative to the repository root; drop the leading '/'")
+    if glob.endswith("/"):
+        raise ValueError(f"glob {glob!r} ends in '/' and matches no file; write '{glob}**' for every file below it")
+    if any(segment in ("", ".", "..") for segment in glob.split("/")):
+        raise ValueError(f"glob {glob!r} has an empty, '.' or '..' segment")
+    return glob
+
+
+Glob = Annotated[str, AfterValidator(_checked_glob)]
 
 
 class _Strict(BaseModel):
@@ -58,7 +76,7 @@ class AgentDetection(_Strict):
 class Touchpoint(_Strict):
     """A file outside the owned paths that the contribution may edit, within a budget of lines."""
 
-    path: str
+    path: Glob  # usually one file; a glob shares one budget among the files it matches
     max_added: int = Field(ge=0)
     max_removed: int = Field(ge=0)
     reason: str = ""
@@ -127,14 +145,14 @@ class ChangedPathTestsSettings(_Strict):
     max_uncovered_lines_per_file: int | None = Field(default=None, ge=0)
     timeout_s: float = Field(default=1800.0, gt=0)
     # JUnit + coverage reports from a GPU run, committed in the PR: they count, labelled self-reported.
-    gpu_report_globs: tuple[str, ...] = ()
+    gpu_report_globs: tuple[Glob, ...] = ()
     # Changed files the rule does not ask to be covered: the tests themselves (globs, see gatekeeper.paths).
-    exclude_paths: tuple[str, ...] = ("tests/**", "**/tests/**", "**/test_*.py", "**/conftest.py")
+    exclude_paths: tuple[Glob, ...] = ("tests/**", "**/tests/**", "**/test_*.py", "**/conftest.py")
 
 
 class PerfMatrixSettings(_Strict):
     enabled: bool = True
-    evidence_globs: tuple[str, ...] = ()     # files in the PR holding perf evidence
+    evidence_globs: tuple[Glob, ...] = ()     # files in the PR holding perf evidence
     body_fence: str = "gatekeeper-perf"      # ```gatekeeper-perf fenced JSON in the PR body
     extra_axes: dict[str, tuple[Any, ...]] = Field(default_factory=dict)  # e.g. layer: [kda_moe, mla_moe]
     metric: str = "latency"
@@ -158,7 +176,7 @@ class Policy(_Strict):
     version: Literal[1]
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._ -]*$")
     description: str = ""
-    owned_paths: tuple[str, ...] = Field(min_length=1)
+    owned_paths: tuple[Glob, ...] = Field(min_length=1)
     touchpoints: tuple[Touchpoint, ...] = ()
     agent_detection: AgentDetection = AgentDetection()
     default_mode_checks: tuple[CheckId, ...] = ("changed_path_tests",)

@@ -60,6 +60,13 @@ def test_minimal_policy_and_its_hash_is_of_the_text():
         (MINIMAL + "agent_detection:\n  on_signal: lenient\n", 6, "agent_detection.on_signal: Input should be 'strict' or 'default'"),
         (MINIMAL + "max_files: 5000\n", 5, "max_files: Input should be less than or equal to 3000"),
         ("- just\n- a list\n", 1, "a policy must be a YAML mapping"),
+        (MINIMAL + "  - ../etc/**\n", 5, "owned_paths.1: Value error, glob '../etc/**' has an empty, '.' or '..' segment"),
+        (MINIMAL + "  - /abs/**\n", 5, "drop the leading '/'"),
+        (MINIMAL + "  - docs/\n", 5, "write 'docs/**' for every file below it"),
+        (MINIMAL + "  - ''\n", 5, "empty glob"),
+        (MINIMAL + "touchpoints:\n  - {path: \"a\\u202e.py\", max_added: 1, max_removed: 0}\n", 6,
+         "contains control or invisible characters"),
+        (MINIMAL + "checks:\n  perf_matrix:\n    evidence_globs: [a//b]\n", 7, "empty, '.' or '..' segment"),
     ],
 )
 def test_errors_name_the_yaml_line_and_field(text, line, reason):
