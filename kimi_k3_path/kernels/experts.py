@@ -222,7 +222,10 @@ def experts_gemm1_situ(x_lat, w13, s13, plan, top_k: int, a, y_lat, stream) -> N
         return ExpertsGemm1Situ(experts, latent, inter, top_k), args
 
     fn = compile_cached(("experts_gemm1_situ", experts, latent, inter, top_k), build)
-    fn(*(to_cute(t) for t in (x_lat, w13, s13, *plan, a, y_lat)), cu_stream(stream))
+    fn(
+        to_cute(x_lat, True), to_cute(w13), to_cute(s13), *(to_cute(t) for t in plan),
+        to_cute(a, True), to_cute(y_lat, True), cu_stream(stream),
+    )
 
 
 def experts_gemm2_combine(a, w2, s2, plan, topk_w, y_lat, stream) -> None:
@@ -256,4 +259,7 @@ def experts_gemm2_combine(a, w2, s2, plan, topk_w, y_lat, stream) -> None:
         return ExpertsGemm2Combine(experts, latent, inter, top_k), args
 
     fn = compile_cached(("experts_gemm2_combine", experts, latent, inter, top_k), build)
-    fn(*(to_cute(t) for t in (a, w2, s2, *plan, topk_w, y_lat)), cu_stream(stream))
+    fn(
+        to_cute(a, True), to_cute(w2), to_cute(s2), *(to_cute(t) for t in plan),
+        to_cute(topk_w, True), to_cute(y_lat, True), cu_stream(stream),
+    )

@@ -109,7 +109,7 @@ def latent_rms_norm(y_lat, gamma, normed, eps: float, stream) -> None:
         return LatentRmsNorm(latent, eps), args
 
     fn = compile_cached(("latent_rms_norm", latent, eps), build)
-    fn(to_cute(y_lat), to_cute(gamma), to_cute(normed), cu_stream(stream))
+    fn(to_cute(y_lat, True), to_cute(gamma), to_cute(normed, True), cu_stream(stream))
 
 
 def up_proj_shared_add(normed, w_up, a_sh, w_sh2, out, stream) -> None:
@@ -138,7 +138,7 @@ def up_proj_shared_add(normed, w_up, a_sh, w_sh2, out, stream) -> None:
         return UpProjSharedAdd(hidden, latent, inter, mt), args
 
     fn = compile_cached(("up_proj_shared_add", hidden, latent, inter, mt), build)
-    fn(to_cute(normed), to_cute(w_up), to_cute(a_sh), to_cute(w_sh2), to_cute(out), cu_stream(stream))
+    fn(to_cute(normed, True), to_cute(w_up), to_cute(a_sh, True), to_cute(w_sh2), to_cute(out, True), cu_stream(stream))
 
 
 def finalize(y_lat, gamma, normed, w_up, a_sh, w_sh2, out, eps: float, stream) -> None:

@@ -133,7 +133,7 @@ def skinny_gemm(x, w, out, stream) -> None:
     expect("w", w, (n, k), "bfloat16")
     expect("out", out, (m, n), "bfloat16")
     fn = _compile_skinny_gemm(n, k, token_tile(m))
-    fn(to_cute(x), to_cute(w), to_cute(out), cu_stream(stream))
+    fn(to_cute(x, True), to_cute(w), to_cute(out, True), cu_stream(stream))
 
 
 def down_proj_sharded(x, w_down, out, rank: int, tp: int, stream) -> None:

@@ -15,6 +15,7 @@ largest batch and sliced per call.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -25,7 +26,6 @@ from .gemv import skinny_gemm
 from .router import MAX_TOKENS, router_topk
 from .shared import shared_gate_up_situ
 
-LAUNCHES = 7
 
 
 @dataclass(frozen=True)
@@ -118,17 +118,74 @@ class MoeWorkspace:
         self.normed = torch.empty(m, w.latent, **bf16)
 
 
-def latent_moe_decode(x: torch.Tensor, w: MoeKernelWeights, ws: MoeWorkspace, out: torch.Tensor, stream) -> None:
-    """out[M, H] (bf16) = the latent MoE block of this rank on x[M, H] (bf16), M in 1..64, launched on `stream`."""
+@dataclass(frozen=True)
+class Step:
+    """One launch of the block: its name, how to launch it on a stream, and the weight bytes it reads."""
+
+    name: str
+    launch: Callable[[object], None]
+    weight_bytes: Callable[[], int]  # evaluated after a run (the experts' bytes depend on the routing)
+
+
+def decode_steps(x: torch.Tensor, w: MoeKernelWeights, ws: MoeWorkspace, out: torch.Tensor) -> list[Step]:
+    """The launches of `latent_moe_decode`, in order (the bench times them one by one)."""
     m = x.shape[0]
     if not 1 <= m <= MAX_TOKENS:
         raise ValueError(f"latent_moe_decode: decode batch M={m} must be in 1..{MAX_TOKENS}")
-    k = w.top_k
-    router_topk(x, w.router, w.router_bias, k, w.routed_scaling_factor, ws.logits, ws.counter,
-                ws.ids[:m], ws.weights[:m], ws.plan, stream)
-    skinny_gemm(x, w.down, ws.x_lat[:m], stream)
-    shared_gate_up_situ(x, w.shared13, ws.a_sh[:m], stream)
-    experts_gemm1_situ(ws.x_lat[:m], w.w13_packed, w.w13_scales, ws.plan, k, ws.a[: m * k], ws.y_lat[:m], stream)
-    experts_gemm2_combine(ws.a[: m * k], w.w2_packed, w.w2_scales, ws.plan, ws.weights[:m], ws.y_lat[:m], stream)
-    latent_rms_norm(ws.y_lat[:m], w.latent_norm, ws.normed[:m], w.eps, stream)
-    up_proj_shared_add(ws.normed[:m], w.up, ws.a_sh[:m], w.shared2, out, stream)
+    k, e, h, lat, i, s = w.top_k, w.experts, w.hidden, w.latent, w.intermediate, w.shared_intermediate
+
+    def active() -> int:
+        return int(ws.plan[0][0])
+
+    return [
+        Step("router_topk", lambda st: router_topk(x, w.router, w.router_bias, k, w.routed_scaling_factor, ws.logits,
+                                                   ws.counter, ws.ids[:m], ws.weights[:m], ws.plan, st),
+             lambda: e * h * 2 + e * 4),
+        Step("down_proj", lambda st: skinny_gemm(x, w.down, ws.x_lat[:m], st), lambda: lat * h * 2),
+        Step("shared_gate_up_situ", lambda st: shared_gate_up_situ(x, w.shared13, ws.a_sh[:m], st),
+             lambda: 2 * s * h * 2),
+        Step("experts_gemm1_situ", lambda st: experts_gemm1_situ(ws.x_lat[:m], w.w13_packed, w.w13_scales, ws.plan, k,
+                                                                 ws.a[: m * k], ws.y_lat[:m], st),
+             lambda: active() * (2 * i * lat // 2 + 2 * i * lat // 32)),
+        Step("experts_gemm2_combine", lambda st: experts_gemm2_combine(ws.a[: m * k], w.w2_packed, w.w2_scales,
+                                                                       ws.plan, ws.weights[:m], ws.y_lat[:m], st),
+             lambda: active() * (lat * i // 2 + lat * i // 32)),
+        Step("latent_rms_norm", lambda st: latent_rms_norm(ws.y_lat[:m], w.latent_norm, ws.normed[:m], w.eps, st),
+             lambda: lat * 4),
+        Step("up_proj_shared_add", lambda st: up_proj_shared_add(ws.normed[:m], w.up, ws.a_sh[:m], w.shared2, out, st),
+             lambda: h * lat * 2 + h * s * 2),
+    ]
+
+
+def latent_moe_decode(x: torch.Tensor, w: MoeKernelWeights, ws: MoeWorkspace, out: torch.Tensor, stream) -> None:
+    """out[M, H] (bf16) = the latent MoE block of this rank on x[M, H] (bf16), M in 1..64, launched on `stream`."""
+    for step in decode_steps(x, w, ws, out):
+        step.launch(stream)
+
+
+def random_weights(d, device, gen: torch.Generator):
+    """A fresh random reference `MoeWeights` for dims `d`, made on `device` (a real-size rank's weights are GBs):
+    bf16 matrices scaled 1/sqrt(K), MXFP4 experts with uniform random nibbles and E8M0 scales 2^-8..2^-5 (the
+    range real expert weights land in), fp32 correction bias and latent-norm gamma."""
+    from kimi_k3_path.reference import MoeWeights
+
+    def lin(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=gen, device=device) / shape[-1] ** 0.5).to(torch.bfloat16)
+
+    def mx(*shape: int) -> tuple[torch.Tensor, torch.Tensor]:
+        packed = torch.randint(0, 256, (*shape[:-1], shape[-1] // 2), generator=gen, device=device, dtype=torch.uint8)
+        scales = torch.randint(119, 123, (*shape[:-1], shape[-1] // 32), generator=gen, device=device, dtype=torch.uint8)
+        return packed, scales
+
+    w13_packed, w13_scales = mx(d.experts, 2 * d.intermediate, d.latent)
+    w2_packed, w2_scales = mx(d.experts, d.latent, d.intermediate)
+    return MoeWeights(
+        router=lin(d.experts, d.hidden),
+        router_bias=torch.randn(d.experts, generator=gen, device=device) * 0.01,
+        down=lin(d.latent, d.hidden),
+        w13_packed=w13_packed, w13_scales=w13_scales, w2_packed=w2_packed, w2_scales=w2_scales,
+        latent_norm=1.0 + 0.1 * torch.randn(d.latent, generator=gen, device=device),
+        up=lin(d.hidden, d.latent),
+        shared13=lin(2 * d.shared_intermediate, d.hidden),
+        shared2=lin(d.hidden, d.shared_intermediate),
+    )

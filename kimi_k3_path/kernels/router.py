@@ -259,5 +259,7 @@ def router_topk(x, w, bias, top_k: int, scaling: float, logits, counter, ids, we
         return RouterTopK(experts, hidden, top_k, scaling, mt), args
 
     fn = compile_cached(("router_topk", experts, hidden, top_k, scaling, mt), build)
-    tensors = (x, w, bias, logits, counter, ids, weights, n_active, slot_expert, slot_count, slot_pairs)
-    fn(*(to_cute(t) for t in tensors), cu_stream(stream))
+    fn(
+        to_cute(x, True), to_cute(w), to_cute(bias), to_cute(logits, True), to_cute(counter),
+        to_cute(ids, True), to_cute(weights, True), *(to_cute(t) for t in plan), cu_stream(stream),
+    )

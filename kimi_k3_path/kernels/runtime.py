@@ -59,8 +59,11 @@ def cute_dtype(t: Any) -> type:
     return _DTYPES[str(t.dtype)]
 
 
-def to_cute(t: Any) -> Any:
-    return from_dlpack(t, assumed_align=ALIGN)
+def to_cute(t: Any, dynamic_rows: bool = False) -> Any:
+    """A CuTe view of torch tensor `t`; dynamic_rows must match the fake tensor it was compiled with (a dyn()
+    leading dimension), so the runtime descriptor has the layout the compiled code expects."""
+    view = from_dlpack(t, assumed_align=ALIGN)
+    return view.mark_compact_shape_dynamic(mode=0) if dynamic_rows else view
 
 
 def cu_stream(stream: Any) -> Any:

@@ -68,7 +68,7 @@ def shared_gate_up_situ(x, w13, a, stream) -> None:
         return SharedGateUpSitu(inter, h, mt), args
 
     fn = compile_cached(("shared_gate_up_situ", inter, h, mt), build)
-    fn(to_cute(x), to_cute(w13), to_cute(a), cu_stream(stream))
+    fn(to_cute(x, True), to_cute(w13), to_cute(a, True), cu_stream(stream))
 
 
 def shared_experts(x, w13, w2, a, out, stream) -> None:

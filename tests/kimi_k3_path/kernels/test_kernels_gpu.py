@@ -1,0 +1,237 @@
+"""GPU correctness of every latent-MoE kernel and of `latent_moe_decode` against the fp32 references, at the
+TP8 and TP16 per-rank shapes and M = 1, 7, 64: fresh random inputs each run (seed printed), outputs poisoned
+with NaN before each launch, routing where every token picks the same experts, exact ties, NaN logits.
+Relative error bound for bf16 outputs: 1e-2 (see kimi_k3_path.reference.rel_err)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (the [kernels] extra)")
+pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed (the [kernels] extra)")
+
+pytestmark = pytest.mark.gpu
+
+from kimi_k3_path.reference import latent_moe, rel_err, rms_norm, route, routed_experts, shared_experts  # noqa: E402
+
+TOL = 1e-2
+BATCHES = [1, 7, 64]
+KEY_TIE = 1e-5  # fp32 logits from two summation orders differ by ~1e-7; closer keys may legitimately swap
+
+
+@pytest.fixture
+def gen(seed):
+    return torch.Generator(device="cuda").manual_seed(seed)
+
+
+_WEIGHTS: dict = {}
+
+
+def weights(dims, tp, gen):
+    """Fresh random weights per test; the kernel copy is built from them (bf16/uint8 tensors are shared)."""
+    from kimi_k3_path.kernels.moe import MoeWorkspace, prepare_weights, random_weights
+
+    d = dims(tp)
+    ref = random_weights(d, "cuda", gen)
+    kw = prepare_weights(ref, d.top_k, d.routed_scaling_factor, d.eps, "cuda")
+    return d, ref, kw, MoeWorkspace(kw, "cuda")
+
+
+def poisoned(*shape, dtype):
+    return torch.full(shape, float("nan"), device="cuda", dtype=dtype)
+
+
+def stream():
+    return torch.cuda.current_stream()
+
+
+def run_router(x, kw, ws):
+    from kimi_k3_path.kernels.router import router_topk
+
+    m = x.shape[0]
+    ids = torch.full((m, kw.top_k), -1, device="cuda", dtype=torch.int32)
+    wts = poisoned(m, kw.top_k, dtype=torch.float32)
+    for t in ws.plan:
+        t.fill_(-1)
+    router_topk(x, kw.router, kw.router_bias, kw.top_k, kw.routed_scaling_factor, ws.logits, ws.counter, ids, wts,
+                ws.plan, stream())
+    torch.cuda.synchronize()
+    return ids, wts
+
+
+def assert_same_selection(ids, ref_ids, keys):
+    """Identical selection and order, except that experts whose reference keys are within KEY_TIE may swap."""
+    ids, ref_ids = ids.long().cpu(), ref_ids.cpu()
+    keys = keys.double().cpu()
+    for t in range(ids.shape[0]):
+        got, want = ids[t], ref_ids[t]
+        if torch.equal(got, want):
+            continue
+        got_keys, want_keys = keys[t, got], keys[t, want]
+        assert torch.allclose(got_keys, want_keys, atol=KEY_TIE, rtol=0), f"token {t}: {got.tolist()} != {want.tolist()}"
+        assert len(set(got.tolist())) == len(got), f"token {t}: an expert chosen twice: {got.tolist()}"
+
+
+def assert_plan_matches(ids, ws, m):
+    """The plan groups every (token, slot) pair under its expert, experts ascending, tokens ascending."""
+    n_active, slot_expert, slot_count, slot_pairs = (t.cpu() for t in ws.plan)
+    ids = ids.long().cpu()
+    experts = sorted(set(ids.flatten().tolist()))
+    assert int(n_active[0]) == len(experts)
+    assert slot_expert[: len(experts)].tolist() == experts
+    k = ids.shape[1]
+    for s, e in enumerate(experts):
+        pairs = [t * k + j for t in range(m) for j in range(k) if ids[t, j] == e]
+        assert int(slot_count[s]) == len(pairs)
+        assert slot_pairs[s, : len(pairs)].tolist() == pairs
+
+
+@pytest.mark.parametrize("m", BATCHES)
+def test_skinny_gemm_and_sharded_down_projection(m, gen, dims):
+    from kimi_k3_path.kernels.gemv import down_proj_sharded, skinny_gemm
+
+    d = dims(8)
+    x = torch.randn(m, d.hidden, generator=gen, device="cuda").to(torch.bfloat16)
+    w = (torch.randn(d.latent, d.hidden, generator=gen, device="cuda") / d.hidden**0.5).to(torch.bfloat16)
+    ref = x.float() @ w.float().T
+    out = poisoned(m, d.latent, dtype=torch.bfloat16)
+    skinny_gemm(x, w, out, stream())
+    torch.cuda.synchronize()
+    assert rel_err(out, ref) < TOL
+    tp, rank = 8, 3
+    cols = d.latent // tp
+    shard = poisoned(m, cols, dtype=torch.bfloat16)
+    down_proj_sharded(x, w, shard, rank, tp, stream())
+    torch.cuda.synchronize()
+    assert rel_err(shard, ref[:, rank * cols : (rank + 1) * cols]) < TOL
+
+
+@pytest.mark.parametrize("m", BATCHES)
+def test_router_matches_reference(m, gen, dims):
+    d, ref, kw, ws = weights(dims, 8, gen)
+    x = torch.randn(m, d.hidden, generator=gen, device="cuda").to(torch.bfloat16)
+    ids, wts = run_router(x, kw, ws)
+    ref_ids, ref_w = route(x, ref, d)
+    keys = torch.sigmoid(x.float() @ ref.router.float().T) + ref.router_bias
+    assert_same_selection(ids, ref_ids, keys)
+    scores = torch.sigmoid(x.float() @ ref.router.float().T).gather(1, ids.long())
+    assert rel_err(wts, scores / scores.sum(-1, keepdim=True) * d.routed_scaling_factor) < 1e-5
+    assert rel_err(wts.gather(1, torch.argsort(ids.long(), 1)), ref_w.gather(1, torch.argsort(ref_ids, 1))) < 1e-4
+    assert_plan_matches(ids, ws, m)
+    assert int(ws.counter[0]) == 0, "the router must leave its arrival counter at zero for the next launch"
+
+
+def test_router_ties_go_to_the_lower_index_and_nan_is_never_preferred(gen, dims):
+    d, ref, kw, ws = weights(dims, 8, gen)
+    m = 7
+    x = torch.randn(m, d.hidden, generator=gen, device="cuda").to(torch.bfloat16)
+    favourites = list(range(100, 100 + d.top_k - 1))  # 15 sure picks
+    low, high, nan_row = 40, 700, 3  # low and high tie exactly for the 16th place
+    bias = torch.zeros(d.experts, device="cuda")
+    bias[favourites] = 10.0
+    bias[[low, high]] = 5.0
+    bias[nan_row] = 20.0
+    kw.router[high] = kw.router[low]
+    kw.router[nan_row] = float("nan")
+    kw.router_bias.copy_(bias)
+    ids, wts = run_router(x, kw, ws)
+    for t in range(m):
+        chosen = ids[t].tolist()
+        assert set(chosen) == set(favourites) | {low}, f"token {t}: {chosen}"
+        assert chosen[-1] == low
+    assert torch.isfinite(wts).all()
+    assert_plan_matches(ids, ws, m)
+
+
+@pytest.mark.parametrize("tp", [8, 16])
+@pytest.mark.parametrize("m", BATCHES)
+def test_experts_match_reference(tp, m, gen, dims):
+    from kimi_k3_path.kernels.experts import experts_gemm1_situ, experts_gemm2_combine
+
+    d, ref, kw, ws = weights(dims, tp, gen)
+    x = torch.randn(m, d.hidden, generator=gen, device="cuda").to(torch.bfloat16)
+    ids, wts = run_router(x, kw, ws)
+    x_lat = torch.randn(m, d.latent, generator=gen, device="cuda").to(torch.bfloat16)
+    a = poisoned(m * d.top_k, d.intermediate, dtype=torch.bfloat16)
+    y_lat = poisoned(m, d.latent, dtype=torch.float32)
+    experts_gemm1_situ(x_lat, kw.w13_packed, kw.w13_scales, ws.plan, d.top_k, a, y_lat, stream())
+    experts_gemm2_combine(a, kw.w2_packed, kw.w2_scales, ws.plan, wts, y_lat, stream())
+    torch.cuda.synchronize()
+    assert rel_err(y_lat, routed_experts(x_lat, ids.long(), wts, ref)) < TOL
+
+
+@pytest.mark.parametrize("tp", [8, 16])
+@pytest.mark.parametrize("m", BATCHES)
+def test_shared_experts_match_reference(tp, m, gen, dims):
+    from kimi_k3_path.kernels.shared import shared_experts as shared_kernel
+
+    d, ref, kw, ws = weights(dims, tp, gen)
+    x = torch.randn(m, d.hidden, generator=gen, device="cuda").to(torch.bfloat16)
+    a = poisoned(m, d.shared_intermediate, dtype=torch.bfloat16)
+    out = poisoned(m, d.hidden, dtype=torch.bfloat16)
+    shared_kernel(x, kw.shared13, kw.shared2, a, out, stream())
+    torch.cuda.synchronize()
+    assert rel_err(out, shared_experts(x, ref)) < TOL
+
+
+@pytest.mark.parametrize("tp", [8, 16])
+@pytest.mark.parametrize("m", BATCHES)
+def test_finalize_matches_reference(tp, m, gen, dims):
+    from kimi_k3_path.kernels.finalize import finalize
+
+    d, ref, kw, ws = weights(dims, tp, gen)
+    y_lat = torch.randn(m, d.latent, generator=gen, device="cuda") * 3.0
+    a_sh = torch.randn(m, d.shared_intermediate, generator=gen, device="cuda").to(torch.bfloat16)
+    normed = poisoned(m, d.latent, dtype=torch.bfloat16)
+    out = poisoned(m, d.hidden, dtype=torch.bfloat16)
+    finalize(y_lat, kw.latent_norm, normed, kw.up, a_sh, kw.shared2, out, d.eps, stream())
+    torch.cuda.synchronize()
+    want = rms_norm(y_lat, ref.latent_norm, d.eps) @ ref.up.float().T + a_sh.float() @ ref.shared2.float().T
+    assert rel_err(out, want) < TOL
+
+
+@pytest.mark.parametrize("same_experts", [False, True])
+@pytest.mark.parametrize("tp", [8, 16])
+@pytest.mark.parametrize("m", BATCHES)
+def test_latent_moe_decode_matches_reference(tp, m, same_experts, gen, dims):
+    from kimi_k3_path.kernels.moe import latent_moe_decode
+
+    d, ref, kw, ws = weights(dims, tp, gen)
+    if same_experts:  # every token routes to the same 16 experts: one slot each, m tokens per slot
+        kw.router_bias[torch.randperm(d.experts, generator=gen, device="cuda")[: d.top_k]] += 10.0
+        ref = dataclasses.replace(ref, router_bias=kw.router_bias.clone())
+    x = torch.randn(m, d.hidden, generator=gen, device="cuda").to(torch.bfloat16)
+    for t in (ws.x_lat, ws.a_sh, ws.a, ws.y_lat, ws.normed, ws.logits):
+        t.fill_(float("nan"))
+    out = poisoned(m, d.hidden, dtype=torch.bfloat16)
+    latent_moe_decode(x, kw, ws, out, stream())
+    torch.cuda.synchronize()
+    if same_experts:
+        assert int(ws.plan[0][0]) == d.top_k and ws.plan[2][: d.top_k].eq(m).all()
+    assert rel_err(out, latent_moe(x, ref, d)) < TOL
+
+
+def test_latent_moe_decode_replays_in_a_cuda_graph(gen, dims):
+    """Captured once, replayed on new inputs in the same buffers: each replay matches the reference."""
+    from kimi_k3_path.kernels.moe import latent_moe_decode
+
+    d, ref, kw, ws = weights(dims, 8, gen)
+    m = 4
+    x = torch.randn(m, d.hidden, generator=gen, device="cuda").to(torch.bfloat16)
+    out = poisoned(m, d.hidden, dtype=torch.bfloat16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        latent_moe_decode(x, kw, ws, out, side)  # compile + warm up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        latent_moe_decode(x, kw, ws, out, torch.cuda.current_stream())
+    for _ in range(2):
+        x.copy_(torch.randn(m, d.hidden, generator=gen, device="cuda").to(torch.bfloat16))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert rel_err(out, latent_moe(x, ref, d)) < TOL
