@@ -58,3 +58,19 @@ def test_any_failure_fails_even_with_undecided_checks():
     verdict = evaluate(POLICY, OUTSIDE, ASSISTED)
     assert [c.status for c in verdict.checks if c.status is not Status.skipped] == [Status.failed, Status.neutral]
     assert verdict.verdict == "fail"
+
+
+def test_evaluate_does_no_io(monkeypatch):
+    evaluate(POLICY, OUTSIDE, ASSISTED)  # the first call imports the check modules; that is the only I/O allowed
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError(f"evaluate did I/O: {args!r}")
+
+    import builtins
+    import socket
+    import subprocess
+
+    monkeypatch.setattr(builtins, "open", forbidden)
+    monkeypatch.setattr(subprocess, "Popen", forbidden)
+    monkeypatch.setattr(socket, "socket", forbidden)
+    assert evaluate(POLICY, OUTSIDE, ASSISTED).verdict == "fail"
