@@ -19,8 +19,8 @@ from gatekeeper.verdict import CheckResult, Status, Verdict
 
 # GitHub rejects a check-run summary or a comment longer than this many characters.
 GITHUB_TEXT_LIMIT = 65535
-# How many findings per check a report shows before it starts cutting (then fewer, see render_markdown).
-_FINDING_LIMITS = (None, 200, 50, 10, 0)
+# How many findings per check, and signals, a report shows at each step of cutting it to size.
+_LIMITS = ((None, None), (200, 100), (50, 20), (10, 5), (0, 0))
 
 STATUS_ICONS = {"pass": "✅", "fail": "❌", "neutral": "⚪", "skipped": "⏭️"}
 SEVERITY_ICONS = {"error": "❌", "warning": "⚠️", "notice": "ℹ️"}
@@ -53,20 +53,23 @@ def render_markdown(
 ) -> str:
     """The verdict as Markdown of at most `max_chars` characters.
 
-    When the full text is too long, findings are cut per check (200, 50, 10, then none) and the report says
-    how many are not shown; as a last resort the text is cut and says so.
+    When the full text is too long, findings are cut per check (200, 50, 10, then none) and signals too
+    (100, 20, 5, none), and the report says how many are not shown; as a last resort the text is cut and
+    says so.
     """
     jinja_template = _ENV.get_template(f"{template}.md.j2")
     text = ""
-    for limit in _FINDING_LIMITS:
-        text = jinja_template.render(**_context(verdict, details_url, limit))
+    for finding_limit, signal_limit in _LIMITS:
+        text = jinja_template.render(**_context(verdict, details_url, finding_limit, signal_limit))
         if len(text) <= max_chars:
             return text
     note = "\n\n… report truncated to fit GitHub's limit; run `gatekeeper check --format json` for all of it.\n"
     return text[: max(max_chars - len(note), 0)] + note[: max_chars]
 
 
-def _context(verdict: Verdict, details_url: str | None, finding_limit: int | None) -> dict[str, Any]:
+def _context(
+    verdict: Verdict, details_url: str | None, finding_limit: int | None, signal_limit: int | None
+) -> dict[str, Any]:
     checks = []
     for check in verdict.checks:
         shown = check.findings if finding_limit is None else check.findings[:finding_limit]
@@ -78,8 +81,11 @@ def _context(verdict: Verdict, details_url: str | None, finding_limit: int | Non
         })
     counts = {s.value: sum(1 for c in verdict.checks if c.status is s) for s in Status}
     undecided = [c.id for c in verdict.checks if c.status is Status.neutral]
+    signals = verdict.signals if signal_limit is None else verdict.signals[:signal_limit]
     return {
         "verdict": verdict,
+        "signals": signals,
+        "signals_hidden": len(verdict.signals) - len(signals),
         "checks": checks,
         "counts": counts,
         "undecided": undecided,

@@ -88,3 +88,14 @@ def test_a_checks_own_markdown_is_shown_with_hidden_characters_and_mentions_defu
     text = render_markdown(verdict.model_copy(update={"checks": (check,)}))
     assert "| probe | got |\n|---|---|\n| tp4 | rejected: tp=4 @\u2060ops\\u{202E} |" in text
     assert "**probes**" not in text  # the raw rows behind the table are not rendered twice
+
+
+def test_many_signals_are_cut_too(verdict):
+    signals = tuple(
+        Signal(kind="trailer", source=f"commit {i:012x}", detail="Assisted-by: Claude " + "x" * 200) for i in range(3000)
+    )
+    text = render_markdown(verdict.model_copy(update={"signals": signals}))
+    assert len(text) <= 65535
+    assert len(re.findall(r"^- \*\*trailer\*\*", text, re.MULTILINE)) == 100
+    assert "… and 2900 more signals not shown" in text
+    assert "Agent-assisted: 3000 signals found." in text
