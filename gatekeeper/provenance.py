@@ -79,8 +79,10 @@ def parse_trailers(message: str, known_tokens: Iterable[str] = ()) -> tuple[tupl
     start = len(lines)
     while start > 0 and lines[start - 1].strip():
         start -= 1
-    if start == 0 or not any(line.strip() for line in lines[:start]):
-        return ()  # the only paragraph is the title
+    # As git does: the title runs to the first blank line, and the trailer block must begin after it.
+    title_end = next((i for i, line in enumerate(lines) if not line.strip()), len(lines))
+    if start <= title_end:
+        return ()
     block = lines[start:]
 
     known = {t.casefold() for t in known_tokens}

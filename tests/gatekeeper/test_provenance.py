@@ -97,6 +97,7 @@ MESSAGES_FOR_GIT = [
     "Subject\n\nbody\n\n(cherry picked from commit 0123456789abcdef0123456789abcdef01234567)\nFoo: bar\n",
     "Subject\n\nToken : spaced separator\n",
     "Subject\r\n\r\nAssisted-by: Claude\r\n",
+    "\nAssisted-by: Claude\n",  # a leading blank line leaves an empty title: git reads the trailer (found by hypothesis)
 ]
 
 
@@ -226,7 +227,7 @@ _LINES = st.sampled_from([
 ])
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(_LINES, min_size=1, max_size=10))
 def test_trailer_parsing_agrees_with_git_on_generated_messages(lines):
     test_trailer_parsing_agrees_with_git_interpret_trailers("\n".join(lines) + "\n")
