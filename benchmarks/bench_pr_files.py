@@ -129,7 +129,10 @@ def main() -> int:
             cpus.append(cpu)
             peaks.append(peak)
 
-    what = "gatekeeper check --pr-files (end to end)" if end_to_end else "changes_from_pr_files only (CLI not ready)"
+    if end_to_end:
+        what = "gatekeeper check --pr-files (end to end)"
+    else:
+        what = "changes_from_pr_files only" + ("" if args.loader_only else " (`gatekeeper check --pr-files` not ready)")
     print(f"{what}: {args.files} files ({size_mb:.1f} MB JSON), {args.runs} runs, "
           f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
     print(f"wall s: median {statistics.median(walls):.3f}  min {min(walls):.3f}  max {max(walls):.3f}")
