@@ -50,10 +50,6 @@ class UnsupportedDeployment(ValueError):
         return tuple(problem.field for problem in self.problems)
 
 
-def _spelled(values: tuple[Any, ...]) -> str:
-    return ", ".join("none" if value is None else str(value) for value in values)
-
-
 def unsupported_fields(d: Deployment, matrix: SupportMatrix = SUPPORT_MATRIX) -> tuple[Unsupported, ...]:
     """Every field of `d` outside `matrix`, in Deployment field order; empty when `d` is admitted."""
     problems: list[Unsupported] = []
@@ -61,14 +57,11 @@ def unsupported_fields(d: Deployment, matrix: SupportMatrix = SUPPORT_MATRIX) ->
         value = getattr(d, field)
         if field == "max_batch":
             if value > matrix.max_batch:
-                problems.append(
-                    Unsupported(field, value, f"1..{matrix.max_batch}", "larger decode batches are not validated")
-                )
-            continue
-        admitted = matrix.admitted(field)
-        if value not in admitted:
+                reason = "larger decode batches are not validated"
+                problems.append(Unsupported(field, value, matrix.supported_text(field), reason))
+        elif value not in matrix.admitted(field):
             reason = matrix.unvalidated_arch.get(value, "") if field == "arch" else ""
-            problems.append(Unsupported(field, value, _spelled(admitted), reason))
+            problems.append(Unsupported(field, value, matrix.supported_text(field), reason))
     return tuple(problems)
 
 

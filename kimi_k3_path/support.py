@@ -18,6 +18,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 _ARCH = re.compile(r"^(sm_[0-9]{2,3}[a-z]?|cpu|rocm|xpu|tpu|unknown)$")
 
 
+def _spelled(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, tuple):
+        return "/".join(str(part) for part in value)
+    return str(value)
+
+
 def spec_label(method: str | None, tokens: int) -> str:
     """The perf-matrix `spec` axis value: 'none', or 'method:tokens' (e.g. 'dspark:3')."""
     return "none" if method is None else f"{method}:{tokens}"
@@ -119,6 +127,12 @@ class SupportMatrix(BaseModel):
         if field not in self.discrete_fields():
             raise KeyError(f"{field!r} is not a discrete Deployment field")
         return getattr(self, field)
+
+    def supported_text(self, field: str) -> str:
+        """The admitted values of a Deployment field as an operator would type them (guard messages, README)."""
+        if field == "max_batch":
+            return f"1..{self.max_batch}"
+        return ", ".join(_spelled(value) for value in self.admitted(field))
 
     def perf_axes(self) -> dict[str, tuple]:
         """The axes the perf-matrix evidence must cover, every combination of them one row (per layer)."""

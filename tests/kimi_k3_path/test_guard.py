@@ -39,7 +39,7 @@ def test_blackwell_is_rejected_for_lack_of_evidence(arch):
         ("expert_quant", "nvfp4", "mxfp4"),
         ("pp", 2, "1"),
         ("expert_parallel", True, "False"),
-        ("kda_state_dtypes", ("bfloat16", "bfloat16"), "('bfloat16', 'float32')"),
+        ("kda_state_dtypes", ("bfloat16", "bfloat16"), "bfloat16/float32"),
     ],
 )
 def test_each_unsupported_field_is_named_with_the_supported_values(field, value, supported):

@@ -102,3 +102,19 @@ def test_the_pure_modules_import_without_torch_or_vllm():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+def test_the_readme_table_matches_the_matrix():
+    """The scope doc beside the code lists exactly what SUPPORT_MATRIX admits."""
+    import re
+    from pathlib import Path
+
+    import kimi_k3_path
+
+    readme = (Path(kimi_k3_path.__file__).parent / "README.md").read_text()
+    section = readme.split("## Supported deployments", 1)[1].split("\n## ", 1)[0]
+    rows = dict(re.findall(r"^\| `(\w+)` \|[^|\n]*\| ([^|\n]*?) \|$", section, flags=re.M))
+    assert set(rows) == set(Deployment.model_fields)
+    for field, supported in rows.items():
+        assert supported == SUPPORT_MATRIX.supported_text(field), field
+    assert "no evidence from that hardware exists yet" in section
