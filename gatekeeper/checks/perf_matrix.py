@@ -50,10 +50,17 @@ def run(ctx: CheckContext) -> CheckResult:
         findings.append(Finding(message=axes_problem))
     parse_errors = [f for f in findings if f.severity is Severity.error]
     if axes is None or not submissions:
-        why = "the support matrix axes are unknown (not recorded by `gatekeeper collect`, and no extra_axes)" if axes is None else (
-            "no performance evidence (collector artifact, PR file or PR body block)")
+        details = {}
+        if axes is None:
+            why = "the support matrix axes are unknown (not recorded by `gatekeeper collect`, and no extra_axes)"
+        else:
+            # Show the author every row to measure.
+            gaps = [v for combo in required_rows(axes) for v in row_verdicts(combo, [], settings)]
+            details = {"axes": {n: list(vs) for n, vs in axes.items()}, "rows": [_row_detail(v) for v in gaps],
+                       "markdown": _table(list(axes), gaps)}
+            why = f"no performance evidence (collector artifact, PR file or PR body block) for the {len(gaps)} required row(s)"
         status = Status.failed if parse_errors else Status.neutral
-        return _result(status, ("Failed" if parse_errors else "Not decided") + f": {why}.", findings)
+        return _result(status, ("Failed" if parse_errors else "Not decided") + f": {why}.", findings, details)
 
     head = _head_sha(ctx)
     allowed = _allowed_commits(ctx, head, settings.commit_window)

@@ -14,6 +14,7 @@ from fnmatch import fnmatchcase
 
 from gatekeeper.checks import CheckContext
 from gatekeeper.evidence import GuardProbeRun, ProbeResult
+from gatekeeper.paths import matches_any
 from gatekeeper.policy import GuardProbe, StartupGuardSettings
 from gatekeeper.snapshot import Snapshot
 from gatekeeper.verdict import CheckResult, Finding, Severity, Status
@@ -32,7 +33,7 @@ def run(ctx: CheckContext) -> CheckResult:
     if ctx.snapshot is None:
         undecided.append("no snapshot of the head to read the guard's source from")
     else:
-        findings += static_findings(ctx.snapshot, settings)
+        findings += static_findings(ctx.snapshot, settings, ctx.policy.policy.owned_paths)
     probe_rows: list[dict[str, str]] = []
     if settings.probes:
         run_ = ctx.evidence.guard_probes if ctx.evidence is not None else None
@@ -61,10 +62,14 @@ def _result(status: Status, summary: str, findings: list[Finding], details: dict
 # --- static -------------------------------------------------------------------------------------------
 
 
-def static_findings(snapshot: Snapshot, settings: StartupGuardSettings) -> list[Finding]:
+def static_findings(snapshot: Snapshot, settings: StartupGuardSettings, owned: tuple[str, ...] = ()) -> list[Finding]:
     findings: list[Finding] = []
     guard_module, guard_name = _split(settings.guard)
     guard_src = _load_module(snapshot, guard_module, findings, "guard")
+    if guard_src is not None and owned and not matches_any(guard_src.path, owned):
+        findings.append(Finding(path=guard_src.path, severity=Severity.warning, message=(
+            "the guard lives outside the owned paths: the contribution does not own the code that bounds it"
+        )))
     if guard_src is not None:
         guard_fn = guard_src.functions.get(guard_name)
         if guard_fn is None:

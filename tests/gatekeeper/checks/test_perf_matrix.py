@@ -153,7 +153,9 @@ def test_hostile_pr_file_is_an_error_naming_the_file():
 
 
 def test_without_evidence_or_axes_the_rule_is_neutral():
-    assert check(None).status is Status.neutral
+    nothing = check(None)
+    assert nothing.status is Status.neutral and "for the 4 required row(s)" in nothing.summary
+    assert nothing.details["markdown"].count("❌ gap") == 4
     # No support matrix in this policy: the extra axes alone (layer) are the matrix.
     assert check(perf(), axes=None).status is Status.passed
 

@@ -89,10 +89,23 @@ def test_guard_removed():
     assert "check_deployment() is not defined in tiny.guard" in messages(result)
 
 
-def test_guard_module_missing():
-    result = check(guard="")
-    files_result = messages(result)
-    assert "check_deployment() is not defined" in files_result
+def test_a_guard_outside_the_owned_paths_is_warned_about():
+    policy = POLICY.replace('owned_paths: ["tiny/**"]', 'owned_paths: ["tiny/backend.py"]')
+    files = {"tiny/guard.py": textwrap.dedent(GUARD), "tiny/backend.py": textwrap.dedent(BACKEND)}
+    ctx = CheckContext(load_policy_text(policy.format(trusted="[]"), "policy.yaml"), ChangeSet(source="git", files=()),
+                       Provenance(), Mode.strict, Evidence(guard_probes=GuardProbeRun(origin=TRUSTED, guard="g", results=GOOD_PROBES)),
+                       DictSnapshot(files))
+    result = run(ctx)
+    assert result.status is Status.passed
+    assert [f.message for f in result.findings] == ["the guard lives outside the owned paths: the contribution does not own the code that bounds it"]
+
+
+def test_empty_or_missing_guard_module():
+    assert "check_deployment() is not defined in tiny.guard" in messages(check(guard=""))
+    policy = load_policy_text(POLICY.format(trusted="[]"), "policy.yaml")
+    ctx = CheckContext(policy, ChangeSet(source="git", files=()), Provenance(), Mode.strict, None,
+                       DictSnapshot({"tiny/backend.py": textwrap.dedent(BACKEND)}))
+    assert "the guard module tiny.guard is not in the head of the repository" in messages(run(ctx))
 
 
 def test_guard_not_called_from_the_entry_point():
