@@ -27,7 +27,7 @@ _NO_MODE = "000000"
 _CONFIG = ("-c", "core.quotePath=true", "-c", "diff.noprefix=false", "-c", "diff.mnemonicPrefix=false",
            "-c", "core.fsmonitor=false", "-c", "log.showSignature=false")
 _DIFF_OPTIONS = ("--no-color", "--no-ext-diff", "--no-textconv", "--no-relative", "--full-index",
-                 "--submodule=short", "--diff-algorithm=myers", "-M", "-C", "--src-prefix=a/", "--dst-prefix=b/")
+                 "--submodule=short", "--ignore-submodules=none", "--diff-algorithm=myers", "-M", "-C", "--src-prefix=a/", "--dst-prefix=b/")
 # Environment variables that would point git at another repository or index than the one asked for.
 _GIT_LOCATION_VARS = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_COMMON_DIR")
 

@@ -55,15 +55,18 @@ def test_range_is_read_like_a_pull_request_from_the_merge_base(repo):
 
 def test_user_config_cannot_change_what_is_parsed(repo):
     repo.write("a.txt", "1\n2\n3\n")
+    repo.submodule("sub", "1" * 40)
     base = repo.commit("base")
     repo.write("a.txt", "1\nTWO\n3\n")
+    repo.submodule("sub", "2" * 40)
     repo.commit("edit")
-    for key, value in [("diff.noprefix", "true"), ("diff.mnemonicPrefix", "true"), ("color.ui", "always"),
+    for key, value in [("diff.ignoreSubmodules", "all"), ("submodule.sub.ignore", "all"),("diff.noprefix", "true"), ("diff.mnemonicPrefix", "true"), ("color.ui", "always"),
                        ("diff.external", "false"), ("diff.submodule", "log"), ("diff.relative", "true"),
                        ("core.quotePath", "false"), ("log.showSignature", "true")]:
         repo.git("config", key, value)
-    (change,) = changes_from_git(repo.root, base).files
+    change, sub = changes_from_git(repo.root, base).files
     assert (change.path, change.added_lines, change.removed_lines) == ("a.txt", (2,), (2,))
+    assert sub.path == "sub" and sub.is_submodule  # a submodule bump cannot be configured out of sight
 
 
 def test_empty_range_and_commit_messages_kept_whole(repo):
