@@ -25,7 +25,7 @@ from gatekeeper.sources.diff import parse_git_diff
 _NO_MODE = "000000"
 # Pinned so that config cannot change what git prints (see the module docstring).
 _CONFIG = ("-c", "core.quotePath=true", "-c", "diff.noprefix=false", "-c", "diff.mnemonicPrefix=false",
-           "-c", "core.fsmonitor=false", "-c", "log.showSignature=false")
+           "-c", "core.fsmonitor=false", "-c", "log.showSignature=false", "-c", "i18n.logOutputEncoding=UTF-8")
 _DIFF_OPTIONS = ("--no-color", "--no-ext-diff", "--no-textconv", "--no-relative", "--full-index",
                  "--submodule=short", "--ignore-submodules=none", "--diff-algorithm=myers", "-M", "-C", "--src-prefix=a/", "--dst-prefix=b/")
 # Environment variables that would point git at another repository or index than the one asked for.
