@@ -202,12 +202,17 @@ class Store:
                 (time.time() + delay_s, error, delivery_id),
             )
 
-    def fail(self, delivery_id: str, error: str) -> None:
+    def fail(self, delivery_id: str, error: str, repo: str | None = None, pr: int | None = None,
+             head_sha: str | None = None, **audit_fields: Any) -> None:
+        """Give up on a delivery; its audit row commits with it, so no reader sees one without the other."""
+        now = time.time()
         with self._tx() as db:
             db.execute(
                 "UPDATE deliveries SET status = 'failed', error = ?, finished_at = ? WHERE id = ?",
-                (error, time.time(), delivery_id),
+                (error, now, delivery_id),
             )
+            self._audit(db, "error", repo, pr, head_sha, at=now, reason=error, delivery_id=delivery_id,
+                        **audit_fields)
 
     def requeue_interrupted(self) -> int:
         """At start-up: whatever was running belonged to a process that is gone; run it again."""

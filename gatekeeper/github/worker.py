@@ -82,7 +82,6 @@ class Worker:
             reported = report_undecided(self._ctx, progress, reason)
         except Exception as report_exc:  # noqa: BLE001 - GitHub may be the very thing that is down
             reason += f"; and the neutral check could not be posted: {describe(report_exc)}"
-        store.fail(job.delivery_id, reason)
-        store.audit("error", progress.repo, progress.pr, progress.head_sha, conclusion="neutral" if reported else None,
-                    reason=reason, check_run_id=progress.check_run_id, delivery_id=job.delivery_id)
+        store.fail(job.delivery_id, reason, progress.repo, progress.pr, progress.head_sha,
+                   conclusion="neutral" if reported else None, check_run_id=progress.check_run_id)
         log.error("delivery %s (%s) failed: %s", job.delivery_id, job.event, reason)

@@ -1,0 +1,157 @@
+"""The App's pure parts and its store, without servers."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from app_harness import APP_ID, make_config
+
+from gatekeeper.cli import main
+from gatekeeper.errors import InputError
+from gatekeeper.github import signature
+from gatekeeper.github.checkrun import SUMMARY_LIMIT, truncate, verdict_report
+from gatekeeper.github.client import GitHubApp, InstallationTokens
+from gatekeeper.github.config import load_config
+from gatekeeper.github.overrides import may_override, parse_override
+from gatekeeper.github.store import EvaluationKey, Override, Store
+from gatekeeper.verdict import CheckResult, Finding, PolicyRef, Severity, Status, Verdict
+
+
+def test_signature_round_trip_and_rejections():
+    body = b'{"zen": "Keep it logically awesome."}'
+    header = signature.sign("s3cret", body)
+    assert header.startswith("sha256=") and signature.verify("s3cret", body, header)
+    assert not signature.verify("other", body, header)
+    assert not signature.verify("s3cret", body + b"\n", header)
+    assert not signature.verify("s3cret", body, None)
+    assert not signature.verify("s3cret", body, header.replace("sha256=", "sha1="))
+
+
+@pytest.mark.parametrize("body, reason", [
+    ("/gatekeeper override upstream owns this hook", "upstream owns this hook"),
+    ("LGTM\n/gatekeeper override  hotfix for release  \nthanks", "hotfix for release"),
+    ("/gatekeeper override", None),
+])
+def test_override_commands(body, reason):
+    request = parse_override(body)
+    assert request is not None and request.reason == reason and request.valid == (reason is not None)
+
+
+@pytest.mark.parametrize("body", ["> /gatekeeper override quoted", "please /gatekeeper override this", "", None])
+def test_text_that_is_not_an_override(body):
+    assert parse_override(body) is None
+
+
+def test_write_permission_is_needed():
+    assert may_override("admin") and may_override("write") and may_override("maintain")
+    assert not may_override("read") and not may_override("triage") and not may_override("none")
+
+
+def _verdict(findings: int = 0, verdict: str = "fail") -> Verdict:
+    status = {"fail": Status.failed, "pass": Status.passed, "neutral": Status.neutral}[verdict]
+    found = tuple(Finding(path=f"x/{i}.py", line=i or None, severity=Severity.error, message=f"bad {i}")
+                  for i in range(findings))
+    return Verdict(verdict=verdict, policy=PolicyRef(name="p", sha256="0" * 64), agent_assisted=True,
+                   checks=(CheckResult(id="confinement", status=status, summary="s", findings=found),))
+
+
+def test_verdict_report_conclusions_annotations_and_override():
+    report = verdict_report(_verdict(findings=120), "summary")
+    assert report.conclusion == "failure" and report.title == "Failed: confinement"
+    assert [len(b) for b in report.annotation_batches()] == [50, 50, 20]
+    assert report.annotations[0]["start_line"] == 1 and report.annotations[5]["start_line"] == 5
+    overridden = verdict_report(_verdict(findings=1), "summary", Override("alice", "known issue"))
+    assert overridden.conclusion == "neutral" and overridden.title == "Overridden by @alice (was failure)"
+    assert overridden.summary.startswith("> **Overridden** by @alice: known issue")
+    assert verdict_report(_verdict(verdict="pass"), "ok", Override("alice", "x")).conclusion == "success"
+
+
+def test_summary_truncation_stays_under_githubs_limit_and_says_so():
+    text = truncate("x" * (SUMMARY_LIMIT + 10))
+    assert len(text) <= SUMMARY_LIMIT and "truncated" in text
+    assert truncate("short") == "short"
+    long_override = verdict_report(_verdict(), "y" * SUMMARY_LIMIT, Override("bob", "r"))
+    assert len(long_override.summary) <= SUMMARY_LIMIT
+
+
+def test_config_environment_overrides_file_and_errors_hide_the_secret(tmp_path):
+    path = tmp_path / "gatekeeper.yml"
+    path.write_text("app_id: 1\nprivate_key_path: /k.pem\nwebhook_secret: from-file\nworkers: 3\n")
+    config = load_config(path, {"GATEKEEPER_APP_ID": "42", "GATEKEEPER_WEBHOOK_SECRET": "from-env",
+                                "GATEKEEPER_GITHUB_API_URL": "http://127.0.0.1:1"})
+    assert (config.app_id, config.workers, config.github_api_url) == (42, 3, "http://127.0.0.1:1")
+    assert config.webhook_secret.get_secret_value() == "from-env" and "from-env" not in repr(config)
+    with pytest.raises(InputError) as error:
+        load_config(path, {"GATEKEEPER_APP_ID": "not-a-number", "GATEKEEPER_WEBHOOK_SECRET": "hunter2"})
+    assert "app_id" in str(error.value) and "GATEKEEPER_APP_ID" in str(error.value)
+    path.write_text("app_id: [1\n")
+    with pytest.raises(InputError) as error:
+        load_config(path, {})
+    assert error.value.line == 2 and error.value.source == str(path)
+
+
+def test_queue_deduplicates_orders_and_survives_a_crash(tmp_path):
+    store = Store(tmp_path / "q.sqlite3")
+    assert store.enqueue("a", "pull_request", "opened", b"{}", now=1.0)
+    assert not store.enqueue("a", "pull_request", "opened", b"{}", now=2.0)  # a redelivery
+    assert store.enqueue("b", "pull_request", "opened", b"{}", now=3.0)
+    first = store.claim(now=10.0)
+    assert first.delivery_id == "a" and first.attempts == 1
+    store.retry_later("a", delay_s=3600, error="502")
+    assert store.claim().delivery_id == "b"  # "a" waits for its backoff
+    assert store.claim() is None
+    store.close()
+    reopened = Store(tmp_path / "q.sqlite3")  # "b" was running when the process died
+    assert reopened.requeue_interrupted() == 1
+    again = reopened.claim()
+    assert again.delivery_id == "b" and again.attempts == 2
+
+
+def test_decisions_are_idempotent_and_audited(tmp_path):
+    store = Store(tmp_path / "a.sqlite3")
+    key = EvaluationKey("o/r", 1, "a" * 40, "p" * 64, "i" * 64)
+    assert not store.evaluation_done(key)
+    store.record_decision(key, 7, "failure", "e" * 64, "d1", "Failed: confinement")
+    assert store.evaluation_done(key)
+    assert not store.evaluation_done(EvaluationKey("o/r", 1, "a" * 40, "q" * 64, "i" * 64))
+    [entry] = store.audit_log()
+    assert (entry["kind"], entry["conclusion"], entry["evidence_sha256"]) == ("decision", "failure", "e" * 64)
+
+
+def test_installation_tokens_are_cached_until_shortly_before_expiry(fake, rsa_keys, tmp_path):
+    app = GitHubApp(make_config(rsa_keys, fake, tmp_path))
+    now = [time.time()]
+    tokens = InstallationTokens(app.integration, margin_s=300, clock=lambda: now[0])
+    first = tokens.get(1)
+    assert tokens.get(1) == first and fake.tokens_issued == 1
+    now[0] += 3600 - 299  # inside the renewal margin of a one-hour token
+    assert tokens.get(1) != first and fake.tokens_issued == 2
+    tokens.invalidate(1)
+    tokens.get(1)
+    assert fake.tokens_issued == 3
+
+
+def test_audit_command_lists_entries_as_json_and_table(tmp_path, capsys):
+    db = tmp_path / "audit.sqlite3"
+    store = Store(db)
+    store.record_decision(EvaluationKey("o/r", 1, "a" * 40, "p" * 64, "i" * 64), 7, "failure", None, "d1", "t")
+    store.add_override("o/r", 1, "a" * 40, "alice", "known", "d2")
+    store.record_decision(EvaluationKey("x/y", 2, "b" * 40, "p" * 64, "i" * 64), 8, "success", None, "d3", "t")
+    assert main(["audit", "--db", str(db), "--repo", "o/r", "--format", "json"]) == 0
+    entries = json.loads(capsys.readouterr().out)
+    assert [(e["kind"], e["actor"]) for e in entries] == [("decision", None), ("override", "alice")]
+    assert main(["audit", "--db", str(db)]) == 0
+    assert "x/y" in capsys.readouterr().out
+    assert main(["audit", "--db", str(tmp_path / "missing.sqlite3")]) == 2
+    assert "no gatekeeper database" in capsys.readouterr().err
+
+
+def test_serve_refuses_a_bad_configuration_without_echoing_secrets(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("GATEKEEPER_WEBHOOK_SECRET", "hunter2")
+    monkeypatch.setenv("GATEKEEPER_APP_ID", str(APP_ID))
+    monkeypatch.setenv("GATEKEEPER_PRIVATE_KEY_PATH", str(tmp_path / "absent.pem"))
+    assert main(["serve", "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "absent.pem" in err and "cannot read the App private key" in err and "hunter2" not in err
