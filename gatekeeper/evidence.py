@@ -155,6 +155,7 @@ class TestRun(_Strict):
     command: str = ""
     exit_code: int | None = None
     error: str | None = Field(default=None, max_length=MAX_MESSAGE_CHARS)  # crashed, hung, unreadable reports
+    notes: tuple[str, ...] = ()          # what the collector left out of this run, and why (shown as warnings)
     tests: tuple[TestCase, ...] = ()
     contexts: tuple[str, ...] = ()       # test ids that executed code; "(collection)" is import time
     files: tuple[FileCoverage, ...] = ()

@@ -80,6 +80,7 @@ def run_findings(runs: tuple[TestRun, ...]) -> list[Finding]:
     findings: list[Finding] = []
     for run_ in runs:
         where = f"{run_.label} ({run_.origin.trust.replace('_', '-')})"
+        findings += [Finding(severity=Severity.warning, message=f"{where}: {note}") for note in run_.notes]
         if run_.error is not None:
             findings.append(Finding(message=f"test run {where} did not complete: {run_.error}"))
         failing = [t for t in run_.tests if t.outcome in ("failed", "error")]

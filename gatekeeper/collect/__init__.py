@@ -8,12 +8,12 @@ ancestry: one `Evidence` document for `gatekeeper check --evidence`.
 from __future__ import annotations
 
 import os
-import subprocess
 import tempfile
 from pathlib import Path
 
 from rich.console import Console
 
+from gatekeeper.collect.git import ancestors
 from gatekeeper.collect.gpu_reports import load_gpu_reports
 from gatekeeper.collect.probes import run_probes
 from gatekeeper.collect.testrun import run_tests
@@ -48,7 +48,7 @@ def collect(loaded: LoadedPolicy, repo: Path, base: str, perf_files: tuple[Path,
             _say(console, run.error is None and all(t.outcome in ("passed", "skipped") for t in run.tests),
                  f"tests: {len(run.tests)} ran, {sum(t.outcome in ('failed', 'error') for t in run.tests)} failed"
                  + (f"; {run.error.splitlines()[0]}" if run.error else ""))
-            reports = load_gpu_reports(repo, head, settings.gpu_report_globs, paths)
+            reports = load_gpu_reports(repo, head, head.sha, settings.gpu_report_globs, paths)
             tests.extend(reports)
             if reports:
                 console.print(f"attached {len(reports)} GPU report(s), labelled self-reported")
@@ -88,13 +88,6 @@ def measured_paths(repo: Path, base: str, head: GitSnapshot, owned: tuple[str, .
         changed = list(head.paths())
     return sorted(p for p in changed if p.endswith(".py") and matches_any(p, owned) and not matches_any(p, exclude)
                   and (repo / p).is_file())
-
-
-def ancestors(repo: Path, sha: str, count: int) -> tuple[str, ...]:
-    """The `count` nearest ancestors of `sha`, newest first (fewer in a shallow clone)."""
-    listing = subprocess.run(["git", "rev-list", f"--max-count={count + 1}", sha], cwd=repo,
-                             capture_output=True, text=True, check=False)
-    return tuple(listing.stdout.split()[1:]) if listing.returncode == 0 else ()
 
 
 def _say(console: Console, ok: bool, message: str) -> None:

@@ -1,6 +1,12 @@
 """GPU test reports committed in the pull request (`gpu_report_globs`): lines only a GPU executes may be
-covered by them. Each directory of matching files is one run: its `*.xml` files are JUnit reports, its
-`*.json` files `coverage json --show-contexts` reports. Labelled self-reported: nobody here saw them run."""
+covered by them. Labelled self-reported: nobody here saw them run. Two formats:
+
+- an evidence file written by `gatekeeper collect` on the GPU machine (the easy way: same tool, same
+  per-test contexts). It records the commit it ran at, so coverage of files changed since is dropped
+  (its line numbers no longer describe the head) and the run says so;
+- a directory of `*.xml` JUnit reports and `*.json` `coverage json --show-contexts` reports (one run per
+  directory). Their line numbers are taken as describing the head: nothing records where they were made.
+"""
 
 from __future__ import annotations
 
@@ -8,25 +14,69 @@ from collections import defaultdict
 from pathlib import Path, PurePosixPath
 
 from gatekeeper.collect.coverage_map import ContextTable, from_coverage_json
+from gatekeeper.collect.git import changed_since
 from gatekeeper.collect.junit import junit_key, parse_junit
 from gatekeeper.errors import InputError
-from gatekeeper.evidence import Origin, TestRun
+from gatekeeper.evidence import Origin, TestRun, load_evidence
 from gatekeeper.paths import matches_any
 from gatekeeper.snapshot import Snapshot
 
 
-def load_gpu_reports(repo: Path, head: Snapshot, globs: tuple[str, ...], paths: list[str]) -> list[TestRun]:
+def load_gpu_reports(repo: Path, head: Snapshot, head_sha: str, globs: tuple[str, ...], paths: list[str]) -> list[TestRun]:
     if not globs:
         return []
     groups: dict[str, list[str]] = defaultdict(list)
+    runs: list[TestRun] = []
     for path in head.paths():
-        if matches_any(path, globs):
+        if not matches_any(path, globs):
+            continue
+        if path.endswith(".json") and _is_evidence(repo / path):
+            runs += _from_evidence(repo, path, head_sha, paths)
+        else:
             groups[str(PurePosixPath(path).parent)].append(path)
-    return [_load_group(repo, directory, sorted(files), paths) for directory, files in sorted(groups.items())]
+    runs += [_from_junit_and_coverage(repo, directory, sorted(files), paths) for directory, files in sorted(groups.items())]
+    return runs
 
 
-def _load_group(repo: Path, directory: str, files: list[str], paths: list[str]) -> TestRun:
-    origin = Origin(trust="self_reported", source=f"GPU report {directory}/ in the pull request")
+def _origin(what: str) -> Origin:
+    return Origin(trust="self_reported", source=f"GPU report {what} in the pull request")
+
+
+def _is_evidence(path: Path) -> bool:
+    """An evidence document starts with its schema_version; a coverage report with its meta."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            start = handle.read(200)
+    except (OSError, UnicodeDecodeError):
+        return False
+    return '"schema_version"' in start and '"meta"' not in start
+
+
+def _from_evidence(repo: Path, path: str, head_sha: str, paths: list[str]) -> list[TestRun]:
+    try:
+        evidence = load_evidence(repo / path)
+    except InputError as exc:
+        return [TestRun(origin=_origin(path), label=path, error=f"unusable GPU report: {exc}")]
+    if not evidence.tests:
+        return [TestRun(origin=_origin(path), label=path, error="the evidence file holds no test run")]
+    made_at = evidence.head.sha if evidence.head is not None else None
+    stale = changed_since(repo, made_at, head_sha) if made_at is not None else None
+    runs = []
+    for index, run in enumerate(evidence.tests):
+        label = path if len(evidence.tests) == 1 else f"{path}#{index}"
+        if stale is None:
+            notes = ("its commit is unknown here, so none of its coverage is used",)
+            files = ()
+        else:
+            dropped = sorted(f.path for f in run.files if f.path in stale)
+            notes = (f"coverage of {', '.join(dropped)} dropped: changed since the report's commit {made_at[:12]}",) if dropped else ()
+            files = tuple(f for f in run.files if f.path in paths and f.path not in stale)
+        runs.append(run.model_copy(update={"origin": _origin(label), "label": label, "files": files, "notes": run.notes + notes}))
+    return runs
+
+
+def _from_junit_and_coverage(repo: Path, directory: str, files: list[str], paths: list[str]) -> TestRun:
+    origin = _origin(f"{directory}/")
     table = ContextTable()
     try:
         coverage = [c for f in files if f.endswith(".json") for c in from_coverage_json(repo / f, repo, paths, table)]

@@ -43,6 +43,7 @@ checks:
     enabled: true
     command: [python, -m, pytest, tests/tiny, -q, -p, no:cacheprovider, -p, no:hypothesispytest]
     timeout_s: TIMEOUT
+    gpu_report_globs: ["tiny/evidence/*.json"]
   perf_matrix: {enabled: true, min_runs: 5}
 """
 
@@ -258,3 +259,54 @@ def test_cli_writes_evidence_that_check_can_load(repo, tmp_path, capsys):
     assert load_evidence(out).head.sha == git(repo, "rev-parse", "HEAD")
     assert main(["collect", "--policy", str(policy), "--base", "base", "--repo", str(tmp_path), "--out", str(out)]) == 2
     assert "not a git repository" in capsys.readouterr().err
+
+
+GPU_FILES = {
+    "tiny/kernels.py": """
+        def fused(x):
+            # Only a GPU runs this in the real contribution.
+            return [v * 2 for v in x]
+    """,
+    "tests/tiny/test_kernels.py": """
+        import os
+
+        import pytest
+
+        from tiny.kernels import fused
+
+
+        @pytest.mark.skipif(not os.environ.get("FAKE_GPU"), reason="needs a GPU")
+        def test_fused():
+            assert fused([1, 2]) == [2, 4]
+    """,
+}
+
+
+def test_gpu_report_covers_gpu_only_lines_until_the_file_changes(repo, monkeypatch):
+    write(repo, GPU_FILES)
+    commit(repo, "a GPU-only kernel")
+    _, checks = run_collect(repo)
+    assert "tiny/kernels.py:3: 1 of 2 changed executable line(s) never ran" in errors(checks["changed_path_tests"])
+
+    # On the "GPU machine": the same collector, with the GPU test enabled; its evidence is committed.
+    monkeypatch.setenv("FAKE_GPU", "1")
+    gpu_evidence, _ = run_collect(repo)
+    monkeypatch.delenv("FAKE_GPU")
+    (repo / "tiny/evidence").mkdir()
+    (repo / "tiny/evidence/gpu.json").write_text(gpu_evidence.model_dump_json())
+    commit(repo, "GPU test evidence")
+    evidence, checks = run_collect(repo)
+    result = checks["changed_path_tests"]
+    assert result.status is Status.passed, errors(result)
+    kernels = next(row for row in result.details["files"] if row["path"] == "tiny/kernels.py")
+    assert kernels["sources"] == ["tests (trusted)", "tiny/evidence/gpu.json (self-reported)"]
+    assert "tests/tiny/test_kernels.py::test_fused" in kernels["tests"]
+
+    # Once the kernel changes, the report's line numbers no longer describe it: its coverage is dropped.
+    write(repo, {"tiny/kernels.py": GPU_FILES["tiny/kernels.py"].replace("v * 2", "v + v")})
+    commit(repo, "change the kernel after the GPU run")
+    _, checks = run_collect(repo)
+    result = checks["changed_path_tests"]
+    assert result.status is Status.failed
+    warnings = [f.message for f in result.findings if f.severity is Severity.warning]
+    assert any("coverage of tiny/kernels.py dropped: changed since the report's commit" in w for w in warnings)

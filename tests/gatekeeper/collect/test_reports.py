@@ -98,7 +98,7 @@ def test_gpu_reports_are_self_reported_runs_and_bad_ones_say_why(tmp_path):
     (tmp_path / "tiny/evidence/broken").mkdir()
     (tmp_path / "tiny/evidence/broken/junit.xml").write_text("<nope")
     head = DictSnapshot({p.relative_to(tmp_path).as_posix(): "" for p in tmp_path.rglob("*") if p.is_file()})
-    good, broken = sorted(load_gpu_reports(tmp_path, head, ("tiny/evidence/**",), ["tiny/ops.py"]), key=lambda r: r.label, reverse=True)
+    good, broken = sorted(load_gpu_reports(tmp_path, head, "0" * 40, ("tiny/evidence/**",), ["tiny/ops.py"]), key=lambda r: r.label, reverse=True)
     assert good.origin.trust == "self_reported" and good.label == "tiny/evidence/gpu"
     assert good.files[0].covered[2] and good.tests[0].id == "tests/tiny/test_gpu.py::test_kernel[8]"
     assert broken.error.startswith("unusable GPU report") and broken.origin.trust == "self_reported"
