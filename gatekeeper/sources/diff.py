@@ -231,7 +231,7 @@ def _status_and_paths(header: _Header, source: str) -> tuple[FileStatus, str | N
             return status, moves[f"{kind} from"], moves[f"{kind} to"]
     old, new = _git_line_paths(header.git_line, source, header.line_no)
     if old != new:
-        raise InputError(source, f"'diff --git' names two paths but the header has no rename or copy", header.line_no)
+        raise InputError(source, "'diff --git' names two paths but the header has no rename or copy", header.line_no)
     if "new file mode" in header.modes:
         return FileStatus.added, None, new
     if "deleted file mode" in header.modes:
@@ -266,8 +266,11 @@ def _symlink_target(patched: PatchedFile) -> str | None:
 def _git_line_paths(git_line: str, source: str, line_no: int) -> tuple[str, str]:
     """The two paths of `diff --git a/X b/Y`. Unquoted names with spaces are ambiguous unless X == Y."""
     rest = git_line[len(_GIT_HEADER):]
-    if rest.startswith('"') or rest.endswith('"'):
-        old, new = _split_quoted_pair(rest, source, line_no)
+    if rest.startswith('"'):  # git quotes both names or neither when they are the same path
+        end = _closing_quote(rest, source, line_no)
+        if rest[end + 1 : end + 2] != " ":
+            raise InputError(source, f"expected a space after the first path of {git_line!r}", line_no)
+        old, new = _unquote(rest[: end + 1], source, line_no), _unquote(rest[end + 2 :], source, line_no)
     else:
         half = (len(rest) - 1) // 2
         old, new = rest[:half], rest[half + 1 :]
@@ -276,18 +279,6 @@ def _git_line_paths(git_line: str, source: str, line_no: int) -> tuple[str, str]
     if not old.startswith("a/") or not new.startswith("b/"):
         raise InputError(source, f"expected 'a/' and 'b/' path prefixes in {git_line!r}", line_no)
     return old[2:], new[2:]
-
-
-def _split_quoted_pair(rest: str, source: str, line_no: int) -> tuple[str, str]:
-    if rest.startswith('"'):
-        end = _closing_quote(rest, source, line_no)
-        first, second = rest[: end + 1], rest[end + 1 :]
-    else:
-        start = rest.rfind(' "')
-        first, second = rest[:start], rest[start:]
-    if not second.startswith(" "):
-        raise InputError(source, f"expected a space between the two paths of 'diff --git {rest}'", line_no)
-    return _unquote(first, source, line_no), _unquote(second[1:], source, line_no)
 
 
 def _closing_quote(text: str, source: str, line_no: int) -> int:

@@ -147,6 +147,9 @@ def test_crlf_content_lines_count_like_any_other():
         ('diff --git "a/\\377" "b/\\377"\nold mode 100644\nnew mode 100755\n', 1, "not valid UTF-8"),
         ('diff --git "a/x b/x\nold mode 100644\nnew mode 100755\n', 1, "unterminated"),
         ("diff --git a/x y b/x z\nold mode 100644\nnew mode 100755\n", 1, "cannot tell the two paths apart"),
+        ('diff --git a/x "b/x"\nold mode 100644\nnew mode 100755\n', 1, "cannot tell the two paths apart"),
+        ('diff --git "a/x" "b/y"\nold mode 100644\nnew mode 100755\n', 1, "two paths but the header has no rename"),
+        ('diff --git "a/x y""b/x"\nold mode 100644\nnew mode 100755\n', 1, "expected a space after the first path"),
     ],
 )
 def test_malformed_diffs_are_errors_with_their_line(text, line, reason):

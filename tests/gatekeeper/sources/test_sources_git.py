@@ -4,7 +4,8 @@ import pytest
 
 from gatekeeper.changes import FileStatus
 from gatekeeper.errors import InputError
-from gatekeeper.sources.git import GitSnapshot, changes_from_git
+from gatekeeper.changes import FileChange
+from gatekeeper.sources.git import GitSnapshot, _complete_from_raw, _Git, _parse_raw, changes_from_git
 
 
 def _error(*args) -> InputError:
@@ -96,16 +97,19 @@ def test_snapshot_reads_the_commit_not_the_work_tree(repo):
     repo.symlink("link", "a.txt")
     repo.submodule("vendor/lib", "4" * 40)
     repo.write("dir/inner.txt", "i\n")
+    repo.write("latin1.txt", "caf\u00e9\n".encode("latin-1"))
     repo.commit("base")
     repo.write("a.txt", "uncommitted\n")
     snapshot = GitSnapshot(repo.root, "HEAD")
     assert snapshot.read("a.txt") == "committed\n"
     assert snapshot.read("link") == "a.txt"  # a symlink's blob text is its target
     assert snapshot.read("bin.dat") is None
+    assert snapshot.read("latin1.txt") is None  # not UTF-8: not text the checks can read
     assert snapshot.read("missing.txt") is None
     assert snapshot.read("dir") is None  # a tree, not a file
     assert snapshot.read("vendor/lib") is None  # a gitlink, not a file
-    assert list(snapshot.paths()) == ["a.txt", "bin.dat", "dir/inner.txt", "link", "vendor/lib"]
+    assert list(snapshot.paths()) == ["a.txt", "bin.dat", "dir/inner.txt", "latin1.txt", "link", "vendor/lib"]
+    assert snapshot.paths() is snapshot.paths()  # listed once
     with pytest.raises(InputError, match="does not name a commit"):
         GitSnapshot(repo.root, "no-such-branch")
 
@@ -119,3 +123,21 @@ def test_removed_symlink_has_no_target(repo):
     assert (change.status, change.old_mode, change.new_mode, change.symlink_target) == (
         FileStatus.removed, "120000", None, None)
     assert change.is_symlink
+
+
+def test_patch_text_and_raw_listing_must_agree(repo):
+    """The cross-check that guarantees no file goes missing between git's two outputs."""
+    repo.write("a", "a\n")
+    repo.commit("one")
+    git = _Git(repo.root)
+    raw = _parse_raw(":100644 100644 " + "1" * 40 + " " + "2" * 40 + " M\0a\0", git.source)
+    seen = FileChange(path="a", status=FileStatus.modified, old_mode="100644", new_mode="100644")
+    assert _complete_from_raw([seen], raw, git) == [seen]
+    with pytest.raises(InputError, match=r"disagree about \['a', 'b'\]"):
+        _complete_from_raw([seen.model_copy(update={"path": "b"})], raw, git)
+    with pytest.raises(InputError, match="disagree about duplicate entries"):
+        _complete_from_raw([seen, seen], raw, git)
+    with pytest.raises(InputError, match="the patch says mode 100755, git says 100644"):
+        _complete_from_raw([seen.model_copy(update={"new_mode": "100755"})], raw, git)
+    with pytest.raises(InputError, match="unexpected `git diff --raw` record"):
+        _parse_raw(":100644 100644 x y Q\0a\0", git.source)
