@@ -27,18 +27,24 @@ _NO_MODE = "000000"
 _CONFIG = ("-c", "core.quotePath=true", "-c", "diff.noprefix=false", "-c", "diff.mnemonicPrefix=false",
            "-c", "core.fsmonitor=false", "-c", "log.showSignature=false", "-c", "i18n.logOutputEncoding=UTF-8")
 _DIFF_OPTIONS = ("--no-color", "--no-ext-diff", "--no-textconv", "--no-relative", "--full-index",
-                 "--submodule=short", "--ignore-submodules=none", "--diff-algorithm=myers", "-M", "-C", "--src-prefix=a/", "--dst-prefix=b/")
+                 "--submodule=short", "--ignore-submodules=none", "--diff-algorithm=myers", "-M", "-C",
+                 "--src-prefix=a/", "--dst-prefix=b/")
 # Environment variables that would point git at another repository or index than the one asked for.
 _GIT_LOCATION_VARS = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_COMMON_DIR")
 
 
 def changes_from_git(repo: str | Path, base: str, head: str = "HEAD") -> ChangeSet:
-    """The change `base...head` in the repository at `repo`. Not a repository, a bad ref, or histories
-    without a common ancestor: InputError naming the repository and the ref."""
+    """The change `base...head` in the repository at `repo`; its base_sha is the merge base, the commit
+    the diff is taken against. Not a repository, a bad ref, or histories without a common ancestor:
+    InputError naming the repository and the ref."""
     git = _Git(repo)
     base_sha = git.commit_sha(base)
     head_sha = git.commit_sha(head)
-    merge_base = git.run("merge-base", base_sha, head_sha, what=f"merge base of {base} and {head}").strip()
+    merge_base = git.run_bytes_or_none("merge-base", base_sha, head_sha)
+    if not merge_base:
+        raise InputError(git.source, f"{base} and {head} share no history (no merge base)")
+    merge_base = merge_base.decode().strip()
+    # -U0: only the + and - lines matter, and without context the text to parse is smallest.
     patch_text = git.run("diff", *_DIFF_OPTIONS, "-U0", merge_base, head_sha, "--", what="git diff")
     files = parse_git_diff(patch_text, f"git diff {base}...{head}")
     raw = git.run("diff", "--raw", "-z", "--no-abbrev", *_DIFF_OPTIONS, merge_base, head_sha, "--",

@@ -36,7 +36,7 @@ def test_unrelated_histories_have_no_merge_base(repo):
     repo.git("checkout", "-q", "--orphan", "other")
     repo.write("b", "b\n")
     repo.commit("two")
-    assert "merge base of main and other failed" in _error(repo.root, "main", "other").reason
+    assert "main and other share no history (no merge base)" in _error(repo.root, "main", "other").reason
 
 
 def test_range_is_read_like_a_pull_request_from_the_merge_base(repo):
