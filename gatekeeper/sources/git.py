@@ -40,10 +40,10 @@ def changes_from_git(repo: str | Path, base: str, head: str = "HEAD") -> ChangeS
     git = _Git(repo)
     base_sha = git.commit_sha(base)
     head_sha = git.commit_sha(head)
-    merge_base = git.run_bytes_or_none("merge-base", base_sha, head_sha)
-    if not merge_base:
+    found = git.run_bytes_or_none("merge-base", base_sha, head_sha)
+    if not found:
         raise InputError(git.source, f"{base} and {head} share no history (no merge base)")
-    merge_base = merge_base.decode().strip()
+    merge_base = found.decode().strip()
     # -U0: only the + and - lines matter, and without context the text to parse is smallest.
     patch_text = git.run("diff", *_DIFF_OPTIONS, "-U0", merge_base, head_sha, "--", what="git diff")
     files = parse_git_diff(patch_text, f"git diff {base}...{head}")
