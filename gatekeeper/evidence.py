@@ -29,6 +29,11 @@ MAX_PERF_BYTES = 2 * 1024 * 1024
 MAX_MESSAGE_CHARS = 4000
 
 
+def clip(message: str) -> str:
+    """A message cut to what evidence may hold, keeping its end (where a traceback says what went wrong)."""
+    return message if len(message) <= MAX_MESSAGE_CHARS else "…" + message[-(MAX_MESSAGE_CHARS - 1):]
+
+
 class _Strict(BaseModel):
     # NaN and infinity are never a measurement; unknown keys are typos until proven otherwise.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)

@@ -43,7 +43,7 @@ def collect(loaded: LoadedPolicy, repo: Path, base: str, perf_files: tuple[Path,
         settings = policy.checks.changed_path_tests
         if settings.enabled:
             with console.status(f"Running {' '.join(settings.command)} under coverage ({len(paths)} file(s) measured)…"):
-                run = run_tests(settings.command, repo, work, paths, settings.timeout_s, origin)
+                run = run_tests(settings.command, repo, work, paths, settings.timeout_s, origin, loaded.source)
             tests.append(run)
             _say(console, run.error is None and all(t.outcome in ("passed", "skipped") for t in run.tests),
                  f"tests: {len(run.tests)} ran, {sum(t.outcome in ('failed', 'error') for t in run.tests)} failed"

@@ -43,7 +43,7 @@ def parse_junit(path: Path, nodeids: dict[str, str] | None = None) -> tuple[Test
             raise InputError(str(path), "a <testcase> has no name")
         key = f"{case.get('classname', '')}::{name}"
         outcome, message = _outcome(case)
-        cases.append(TestCase(id=nodeids.get(key, key), outcome=outcome, message=message[:MAX_MESSAGE_CHARS]))
+        cases.append(TestCase(id=nodeids.get(key, key), outcome=outcome, message=message[:MAX_MESSAGE_CHARS]))  # the assertion comes first
     return tuple(cases)
 
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from gatekeeper.collect.process import run_limited
-from gatekeeper.evidence import GuardProbeRun, Origin, ProbeResult, SupportAxes
+from gatekeeper.evidence import GuardProbeRun, Origin, ProbeResult, SupportAxes, clip
 from gatekeeper.policy import StartupGuardSettings
 
 
@@ -54,4 +54,4 @@ def run_probes(settings: StartupGuardSettings, repo: Path, work: Path, origin: O
 
 
 def _cap(message: str | None) -> str | None:
-    return None if message is None else message[-4000:]
+    return None if message is None else clip(message)

@@ -17,14 +17,14 @@ from gatekeeper.collect.coverage_map import ContextTable, from_coverage_data
 from gatekeeper.collect.junit import junit_key, parse_junit
 from gatekeeper.collect.process import run_limited
 from gatekeeper.errors import InputError
-from gatekeeper.evidence import Origin, TestRun
+from gatekeeper.evidence import Origin, TestRun, clip
 
 PLUGIN_MODULE = "gatekeeper_pytest_contexts"
 _PYTEST_NAMES = ("pytest", "py.test")
 _BARE_PYTHONS = ("python", "python3")
 
 
-def coverage_command(command: tuple[str, ...], rcfile: Path, junit: Path) -> list[str]:
+def coverage_command(command: tuple[str, ...], rcfile: Path, junit: Path, policy_source: str = "policy") -> list[str]:
     """`pytest ARGS` or `PYTHON -m pytest ARGS` -> the same tests under `coverage run`, with our context plugin
     and a JUnit report. Any other command cannot be measured per test: InputError."""
     if command and Path(command[0]).name in _PYTEST_NAMES:
@@ -34,7 +34,7 @@ def coverage_command(command: tuple[str, ...], rcfile: Path, junit: Path) -> lis
         python = sys.executable if command[0] in _BARE_PYTHONS else command[0]
         args = list(command[3:])
     else:
-        raise InputError("policy", f"checks.changed_path_tests.command must run pytest, got {shlex.join(command)!r}")
+        raise InputError(policy_source, f"checks.changed_path_tests.command must run pytest, got {shlex.join(command)!r}")
     return [python, "-m", "coverage", "run", f"--rcfile={rcfile}", "-m", "pytest", "-p", PLUGIN_MODULE,
             f"--junitxml={junit}", "-o", "junit_family=xunit1", *args]
 
@@ -54,20 +54,20 @@ def write_rcfile(work: Path) -> Path:
 
 
 def run_tests(command: tuple[str, ...], repo: Path, work: Path, paths: list[str], timeout_s: float,
-              origin: Origin) -> TestRun:
+              origin: Origin, policy_source: str = "policy") -> TestRun:
     """Run the tests in `repo`, and record outcomes and per-test coverage of `paths`."""
     rcfile = write_rcfile(work)
     junit = work / "junit.xml"
-    argv = coverage_command(command, rcfile, junit)
+    argv = coverage_command(command, rcfile, junit, policy_source)
     plugin_dir = Path(__file__).parent / "plugin"
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(plugin_dir), str(repo), env.get("PYTHONPATH")) if p)
     run = run_limited(argv, cwd=repo, env=env, timeout_s=timeout_s, log=work / "tests.log")
     record = {"origin": origin, "label": "tests", "command": " ".join(command), "exit_code": run.returncode}
     if run.timed_out:
-        return TestRun(**record, error=f"timed out after {timeout_s:g} s; last output:\n{run.tail}"[-4000:])
+        return TestRun(**record, error=clip(f"timed out after {timeout_s:g} s; last output:\n{run.tail}"))
     if not junit.exists():
-        return TestRun(**record, error=f"exited with status {run.returncode} without a JUnit report:\n{run.tail}"[-4000:])
+        return TestRun(**record, error=clip(f"exited with status {run.returncode} without a JUnit report:\n{run.tail}"))
     cov = coverage.Coverage(config_file=str(rcfile))
     cov.load()
     table = ContextTable()
@@ -76,5 +76,5 @@ def run_tests(command: tuple[str, ...], repo: Path, work: Path, paths: list[str]
         # Every test that ran measured code, not only those that ran the measured paths, gets its node id.
         tests = parse_junit(junit, {junit_key(name): name for name in cov.get_data().measured_contexts() if name})
     except InputError as exc:
-        return TestRun(**record, error=f"unreadable JUnit report: {exc}"[-4000:])
+        return TestRun(**record, error=clip(f"unreadable JUnit report: {exc}"))
     return TestRun(**record, tests=tests, contexts=table.names, files=files)

@@ -13,7 +13,7 @@ import json
 import sys
 import traceback
 
-MAX_MESSAGE = 4000
+MAX_MESSAGE = 4000  # gatekeeper.evidence.MAX_MESSAGE_CHARS (this script imports nothing of the gatekeeper)
 
 
 def resolve(ref: str):
