@@ -6,8 +6,12 @@
   pull     "Get a pull request": the pull request object.
 
 What GitHub's PR files cannot show, and what that means here:
-  * no file modes: a symlink, a submodule bump or a mode change looks like any other file, so old_mode,
-    new_mode and symlink_target stay None (unknown). Read the change from git when those matter.
+  * no file modes: a symlink or a mode change looks like any other file, so old_mode, new_mode and
+    symlink_target stay None (unknown). Read the change from git when those matter.
+    Submodules are the one exception, inferred (fail-closed, so a false alarm is possible, a miss is not
+    meant to be): GitHub sends `blob_url` and `raw_url` as null for a gitlink (github/rest-api-description
+    issue 1945), and its patch is nothing but `Subproject commit <sha>` lines. Either sign records mode
+    160000 on the side(s) the status says exist.
   * no binary flag: a binary file comes without a `patch`, like a diff too large to show.
   * without a `patch` (binary, too large, or a pure rename) the changed lines are unknown: has_patch=False
     and no line numbers. The confinement check reports such a file; it never counts it as a pass.
@@ -20,11 +24,12 @@ error hiding which files were seen.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gatekeeper.changes import ChangeSet, Commit, FileChange, FileStatus
+from gatekeeper.changes import SUBMODULE_MODE, ChangeSet, Commit, FileChange, FileStatus
 from gatekeeper.errors import InputError
 from gatekeeper.provenance import PullRequestInfo
 from gatekeeper.sources.diff import hunk_line_numbers, parse_hunks
@@ -36,7 +41,10 @@ class _Edge(BaseModel):
 
 
 class DiffEntry(_Edge):
-    sha: str | None = None  # GitHub sends null for some entries (e.g. a submodule), though its schema says string
+    # GitHub sends null for these on some entries (submodules: the URLs), though its schema says string.
+    sha: str | None = None
+    blob_url: str | None = None
+    raw_url: str | None = None
     filename: str
     status: Literal["added", "removed", "modified", "renamed", "copied", "changed", "unchanged"]
     additions: int = Field(ge=0)
@@ -156,14 +164,30 @@ def _file_change(entry: DiffEntry, source: str, index: int) -> FileChange:
         if (len(added), len(removed)) != (entry.additions, entry.deletions):
             raise InputError(source, f"{where}: additions/deletions say {entry.additions}/{entry.deletions}, "
                                      f"the patch shows {len(added)}/{len(removed)}")
+    gitlink = SUBMODULE_MODE if _looks_like_submodule(entry) else None
     return FileChange(
         path=entry.filename,
         old_path=entry.previous_filename,
         status=status,
         added_lines=added,
         removed_lines=removed,
+        old_mode=None if status == FileStatus.added else gitlink,
+        new_mode=None if status == FileStatus.removed else gitlink,
         has_patch=entry.patch is not None,
     )
+
+
+_SUBPROJECT_LINE = re.compile(r"[+-]Subproject commit [0-9a-f]{40,64}")
+
+
+def _looks_like_submodule(entry: DiffEntry) -> bool:
+    urls_null = {"blob_url", "raw_url"} <= entry.model_fields_set and entry.blob_url is entry.raw_url is None
+    if urls_null:
+        return True
+    if entry.patch is None:
+        return False
+    changed = [line for line in entry.patch.split("\n") if line[:1] in ("+", "-")]
+    return bool(changed) and all(_SUBPROJECT_LINE.fullmatch(line) for line in changed)
 
 
 def _commit(entry: _PullCommit) -> Commit:

@@ -106,6 +106,9 @@ class GitRepo:
                 "contents_url": f"https://api.github.com/repos/octo-org/hello/contents/{filename}?ref={head_sha}",
             }
             entry["changes"] = entry["additions"] + entry["deletions"]
+            if "160000" in (old_mode, new_mode):
+                # What GitHub sends for a gitlink (github/rest-api-description issue 1945).
+                entry["blob_url"] = entry["raw_url"] = None
             if old_mode != new_mode and status[0] == "M" and entry["changes"] == 0:
                 entry["status"] = "changed"  # GitHub's word for a mode-only change
             hunks = sections.pop(0)

@@ -18,10 +18,12 @@ BASE_LINES = "".join(f"line {i}\n" for i in range(1, 21))
 
 
 def github_view(change: FileChange) -> FileChange:
-    """What GitHub's PR files can show: no modes, no symlink target, no binary flag, and a patch only when
-    there are changed lines."""
+    """What GitHub's PR files can show: no modes (but submodules can be inferred), no symlink target, no
+    binary flag, and a patch only when there are changed lines."""
     return change.model_copy(update={
-        "old_mode": None, "new_mode": None, "symlink_target": None, "binary": False,
+        "old_mode": change.old_mode if change.is_submodule else None,
+        "new_mode": change.new_mode if change.is_submodule else None,
+        "symlink_target": None, "binary": False,
         "has_patch": bool(change.added_lines or change.removed_lines),
     })
 

@@ -216,3 +216,24 @@ def test_pull_request_with_null_body_and_bad_shape():
     with pytest.raises(InputError) as info:
         pull_request_from_json("{\n\n  'single quotes'}", "pull.json")
     assert info.value.line == 3
+
+
+SUBPROJECT = "@@ -1 +1 @@\n-Subproject commit " + "1" * 40 + "\n+Subproject commit " + "2" * 40
+
+
+@pytest.mark.parametrize(
+    ("data", "modes"),
+    [
+        (entry("third_party/lib", patch=SUBPROJECT), ("160000", "160000")),
+        (entry("third_party/lib", patch=None, blob_url=None, raw_url=None), ("160000", "160000")),
+        (entry("third_party/lib", "added", "@@ -0,0 +1 @@\n+Subproject commit " + "3" * 40), (None, "160000")),
+        (entry("third_party/lib", "removed", patch=None, blob_url=None, raw_url=None), ("160000", None)),
+        (entry("notes.txt", patch="@@ -1 +1,2 @@\n-Subproject commit " + "1" * 40 + "\n+a\n+b"), (None, None)),
+        (entry("plain.py", patch=None), (None, None)),
+        ({k: v for k, v in entry("plain.py").items() if k not in ("blob_url", "raw_url")}, (None, None)),
+    ],
+)
+def test_submodules_are_inferred_from_what_github_sends(data, modes):
+    (change,) = _load([data]).files
+    assert (change.old_mode, change.new_mode) == modes
+    assert change.is_submodule == ("160000" in modes)
