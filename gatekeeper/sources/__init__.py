@@ -5,5 +5,6 @@
   github.py  saved GitHub REST responses: PR files, PR commits, the pull request object
 
 They must agree: the same change read from each gives the same ChangeSet, up to what a source cannot see
-(GitHub's PR files carry no file modes, so no symlink, submodule or mode-change facts, and no binary flag).
+(GitHub's PR files carry no file modes, so no symlink or mode-change facts and no binary flag; submodules
+are inferred from what GitHub sends for them, see github.py).
 """
