@@ -44,6 +44,7 @@ from .moe import (
     MoeWeights,
     latent_moe,
     random_moe_weights,
+    random_mxfp4,
     route,
     routed_experts,
     select_experts,
@@ -60,7 +61,7 @@ __all__ = [
     "attn_res_mix", "conv_step", "delta_rule_step", "e2m1_table", "gated_rms_norm", "kda_decode_step", "kda_gate",
     "kda_moe_layer", "l2_normalize", "latent_moe", "mla_decode", "mla_decode_unabsorbed", "mla_moe_layer",
     "mxfp4_pack", "mxfp4_unpack", "random_attn_res_weights", "random_kda_moe_layer", "random_kda_state",
-    "random_kda_weights", "random_layer_norms", "random_mla_moe_layer", "random_mla_weights", "random_moe_weights",
+    "random_kda_weights", "random_layer_norms", "random_mla_moe_layer", "random_mla_weights", "random_moe_weights", "random_mxfp4",
     "random_paged_cache", "random_residual_stream", "rel_err", "rms_norm", "route", "routed_experts", "select_experts", "shared_experts",
     "situ_glu", "situ_glu_packed",
 ]

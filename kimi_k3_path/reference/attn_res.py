@@ -42,8 +42,8 @@ def attn_res_mix(
 
 def random_attn_res_weights(hidden: int, gen: torch.Generator) -> AttnResWeights:
     def around_one() -> torch.Tensor:
-        return 1.0 + 0.1 * torch.randn(hidden, generator=gen)
+        return 1.0 + 0.1 * torch.randn(hidden, generator=gen, device=gen.device)
 
     # A unit-norm query spreads the softmax over the sources instead of picking one.
-    proj = torch.randn(hidden, generator=gen)
+    proj = torch.randn(hidden, generator=gen, device=gen.device)
     return AttnResWeights(res_norm=around_one(), res_proj=proj / proj.norm() * 2.0, out_norm=around_one())

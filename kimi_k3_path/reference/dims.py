@@ -18,6 +18,7 @@ class LayerDims:
     moe: MoeDims
     attn_res_block: int
     num_layers: int
+    stock_intermediate: int  # the expert intermediate per rank as stock vLLM allocates it (zero-padded)
 
     @property
     def max_blocks(self) -> int:
@@ -48,4 +49,5 @@ def layer_dims(config: KimiK3Config, tp: int) -> LayerDims:
         ),
         attn_res_block=t.attn_res_block_size,
         num_layers=t.num_hidden_layers,
+        stock_intermediate=shards.expert_intermediate_stock,
     )

@@ -70,15 +70,15 @@ class KdaState:
 
 def random_kda_weights(d: KdaDims, gen: torch.Generator) -> KdaWeights:
     def lin(rows: int, cols: int) -> torch.Tensor:
-        return torch.randn(rows, cols, generator=gen) / cols**0.5
+        return torch.randn(rows, cols, generator=gen, device=gen.device) / cols**0.5
 
     return KdaWeights(
         in_proj=lin(d.in_proj_rows, d.hidden),
         f_b=lin(d.proj, d.head_dim),
-        conv=torch.randn(3 * d.proj, d.conv_width, generator=gen) / d.conv_width**0.5,
-        a_log=torch.randn(d.heads, generator=gen) * 0.5,
-        dt_bias=torch.randn(d.proj, generator=gen) * 0.5,
-        o_norm=1.0 + 0.1 * torch.randn(d.head_dim, generator=gen),
+        conv=torch.randn(3 * d.proj, d.conv_width, generator=gen, device=gen.device) / d.conv_width**0.5,
+        a_log=torch.randn(d.heads, generator=gen, device=gen.device) * 0.5,
+        dt_bias=torch.randn(d.proj, generator=gen, device=gen.device) * 0.5,
+        o_norm=1.0 + 0.1 * torch.randn(d.head_dim, generator=gen, device=gen.device),
         o_proj=lin(d.hidden, d.proj),
     )
 
@@ -86,8 +86,8 @@ def random_kda_weights(d: KdaDims, gen: torch.Generator) -> KdaWeights:
 def random_kda_state(d: KdaDims, batch: int, gen: torch.Generator) -> KdaState:
     # A state of moderate norm, as after a few hundred tokens of decay-bounded updates.
     return KdaState(
-        conv=torch.randn(batch, 3 * d.proj, d.conv_width - 1, generator=gen),
-        recurrent=torch.randn(batch, d.heads, d.head_dim, d.head_dim, generator=gen) * 0.1,
+        conv=torch.randn(batch, 3 * d.proj, d.conv_width - 1, generator=gen, device=gen.device),
+        recurrent=torch.randn(batch, d.heads, d.head_dim, d.head_dim, generator=gen, device=gen.device) * 0.1,
     )
 
 

@@ -86,7 +86,7 @@ def random_mla_moe_layer(mla: MlaDims, moe: MoeDims, gen: torch.Generator) -> Ml
 
 def random_residual_stream(batch: int, hidden: int, max_blocks: int, gen: torch.Generator) -> ResidualStream:
     return ResidualStream(
-        blocks=torch.randn(batch, max_blocks, hidden, generator=gen), prefix=torch.randn(batch, hidden, generator=gen)
+        blocks=torch.randn(batch, max_blocks, hidden, generator=gen, device=gen.device), prefix=torch.randn(batch, hidden, generator=gen, device=gen.device)
     )
 
 

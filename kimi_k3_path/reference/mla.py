@@ -91,12 +91,12 @@ class PagedLatentCache:
 
 def random_mla_weights(d: MlaDims, gen: torch.Generator) -> MlaWeights:
     def lin(rows: int, cols: int) -> torch.Tensor:
-        return torch.randn(rows, cols, generator=gen) / cols**0.5
+        return torch.randn(rows, cols, generator=gen, device=gen.device) / cols**0.5
 
     return MlaWeights(
         qkv_a=lin(d.qkv_a_rows, d.hidden),
-        q_a_norm=1.0 + 0.1 * torch.randn(d.q_lora, generator=gen),
-        kv_a_norm=1.0 + 0.1 * torch.randn(d.kv_lora, generator=gen),
+        q_a_norm=1.0 + 0.1 * torch.randn(d.q_lora, generator=gen, device=gen.device),
+        kv_a_norm=1.0 + 0.1 * torch.randn(d.kv_lora, generator=gen, device=gen.device),
         q_b=lin(d.heads * d.qk_head, d.q_lora),
         kv_b=lin(d.heads * (d.qk_nope + d.v_head), d.kv_lora),
         o_proj=lin(d.hidden, d.heads * d.v_head),
@@ -112,13 +112,13 @@ def random_paged_cache(
     pages_per_seq = [-(-n // page_size) for n in seq_lens]
     max_pages = max(pages_per_seq)
     total = sum(pages_per_seq) + spare_pages
-    order = torch.randperm(total, generator=gen)
+    order = torch.randperm(total, generator=gen, device=gen.device).cpu()
     table = torch.zeros(len(seq_lens), max_pages, dtype=torch.int32)
     start = 0
     for i, n in enumerate(pages_per_seq):
         table[i, :n] = order[start : start + n].to(torch.int32)
         start += n
-    pages = torch.randn(total, page_size, d.cache_row, generator=gen)
+    pages = torch.randn(total, page_size, d.cache_row, generator=gen, device=gen.device)
     return PagedLatentCache(pages=pages, block_table=table, seq_lens=torch.tensor(seq_lens, dtype=torch.int32))
 
 

@@ -16,12 +16,13 @@ belongs to the communication path); per-rank functions compute exactly the per-r
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 from .activation import situ_glu_packed
-from .mxfp4 import MX_BLOCK, mxfp4_pack, mxfp4_unpack
+from .mxfp4 import E2M1_MAGNITUDES, E8M0_BIAS, MX_BLOCK, mxfp4_unpack
 from .norm import rms_norm
 
 
@@ -59,21 +60,39 @@ class MoeWeights:
     shared2: torch.Tensor  # [H, Ish]
 
 
-def random_moe_weights(d: MoeDims, gen: torch.Generator) -> MoeWeights:
-    def lin(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen) / shape[-1] ** 0.5
+# Mean square of the 16 E2M1 values when every nibble is equally likely.
+_E2M1_MEAN_SQUARE = sum(v * v for v in E2M1_MAGNITUDES) / len(E2M1_MAGNITUDES)
 
-    w13_packed, w13_scales = mxfp4_pack(lin(d.experts, 2 * d.intermediate, d.latent))
-    w2_packed, w2_scales = mxfp4_pack(lin(d.experts, d.latent, d.intermediate))
+
+def random_mxfp4(shape: tuple[int, ...], gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random MXFP4 weights [..., K] on gen.device: uniform nibbles (valid codes by construction, so no fp32
+    master copy is needed even at full size) and E8M0 scales around 1/sqrt(K) / rms(E2M1), +-1 binade."""
+    k = shape[-1]
+    if k % MX_BLOCK:
+        raise ValueError(f"random_mxfp4: K={k} is not a multiple of {MX_BLOCK}")
+    center = E8M0_BIAS + round(math.log2(1.0 / (math.sqrt(_E2M1_MEAN_SQUARE) * math.sqrt(k))))
+    packed = torch.randint(0, 256, (*shape[:-1], k // 2), generator=gen, device=gen.device, dtype=torch.uint8)
+    scales = torch.randint(center - 1, center + 2, (*shape[:-1], k // MX_BLOCK), generator=gen, device=gen.device, dtype=torch.uint8)
+    return packed, scales
+
+
+def random_moe_weights(d: MoeDims, gen: torch.Generator) -> MoeWeights:
+    """fp32 matrices scaled 1/sqrt(fan_in) and random MXFP4 experts, all on gen.device."""
+
+    def lin(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, device=gen.device) / shape[-1] ** 0.5
+
+    w13_packed, w13_scales = random_mxfp4((d.experts, 2 * d.intermediate, d.latent), gen)
+    w2_packed, w2_scales = random_mxfp4((d.experts, d.latent, d.intermediate), gen)
     return MoeWeights(
         router=lin(d.experts, d.hidden),
-        router_bias=torch.randn(d.experts, generator=gen) * 0.1,
+        router_bias=torch.randn(d.experts, generator=gen, device=gen.device) * 0.1,
         down=lin(d.latent, d.hidden),
         w13_packed=w13_packed,
         w13_scales=w13_scales,
         w2_packed=w2_packed,
         w2_scales=w2_scales,
-        latent_norm=1.0 + 0.1 * torch.randn(d.latent, generator=gen),
+        latent_norm=1.0 + 0.1 * torch.randn(d.latent, generator=gen, device=gen.device),
         up=lin(d.hidden, d.latent),
         shared13=lin(2 * d.shared_intermediate, d.hidden),
         shared2=lin(d.hidden, d.shared_intermediate),

@@ -413,8 +413,22 @@ def attn_res(
 def _mm_fp32_out(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """bf16 x bf16 -> fp32 logits in one GEMM (vLLM's GateLinear out_dtype=fp32)."""
     if x.is_cuda:
-        return torch.mm(x, w.t(), out_dtype=torch.float32)
+        try:
+            return torch.mm(x, w.t(), out_dtype=torch.float32)
+        except TypeError:  # torch without mm(out_dtype=): an fp32 GEMM on upcast copies, say so once
+            _warn_once("torch.mm has no out_dtype here: the router GEMM runs in fp32 on upcast copies")
     return x.float() @ w.float().t()
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        import warnings
+
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -504,11 +518,11 @@ def pad_expert_intermediate(w: MoeWeights, inter: int, padded: int) -> MoeWeight
 
     def pad_rows(t: torch.Tensor, fill: int) -> torch.Tensor:
         gate, up = t.split(inter, dim=1)
-        pad = torch.full((t.shape[0], extra, t.shape[2]), fill, dtype=t.dtype)
+        pad = torch.full((t.shape[0], extra, t.shape[2]), fill, dtype=t.dtype, device=t.device)
         return torch.cat([gate, pad, up, pad], dim=1)
 
     def pad_cols(t: torch.Tensor, width: int, fill: int) -> torch.Tensor:
-        return torch.cat([t, torch.full((*t.shape[:2], width), fill, dtype=t.dtype)], dim=2)
+        return torch.cat([t, torch.full((*t.shape[:2], width), fill, dtype=t.dtype, device=t.device)], dim=2)
 
     return MoeWeights(**{
         **{f.name: getattr(w, f.name) for f in fields(w)},
@@ -726,14 +740,30 @@ def _pre_mlp(attn_out: torch.Tensor, s: GpuStream, n: GpuNorms, pos: LayerPositi
     )
 
 
+def kda_attention_part(
+    delta: torch.Tensor, stream: GpuStream, norms: GpuNorms, kda: GpuKda, state: GpuKdaState, pos: LayerPosition,
+    kda_dims: KdaDims,
+) -> torch.Tensor:
+    """A KDA layer up to the MoE input: AttnRes, KDA, AttnRes. Updates `stream` and `state` in place."""
+    h = _pre_attention(delta, stream, norms, pos)
+    return _pre_mlp(kda_attention(h, kda, state, kda_dims), stream, norms, pos)
+
+
+def mla_attention_part(
+    delta: torch.Tensor, stream: GpuStream, norms: GpuNorms, mla: GpuMla, cache: GpuLatentCache, pos: LayerPosition,
+    mla_dims: MlaDims,
+) -> torch.Tensor:
+    """An MLA layer up to the MoE input: AttnRes, MLA, AttnRes. Updates `stream` and `cache` in place."""
+    h = _pre_attention(delta, stream, norms, pos)
+    return _pre_mlp(mla_attention(h, mla, cache, mla_dims), stream, norms, pos)
+
+
 def kda_moe_layer(
     delta: torch.Tensor, stream: GpuStream, norms: GpuNorms, kda: GpuKda, moe: GpuMoe, state: GpuKdaState,
     pos: LayerPosition, kda_dims: KdaDims, moe_dims: MoeDims,
 ) -> torch.Tensor:
     """One KDA + MoE decode layer; updates `stream` and `state` in place and returns the layer output."""
-    h = _pre_attention(delta, stream, norms, pos)
-    h = _pre_mlp(kda_attention(h, kda, state, kda_dims), stream, norms, pos)
-    return latent_moe(h, moe, moe_dims)
+    return latent_moe(kda_attention_part(delta, stream, norms, kda, state, pos, kda_dims), moe, moe_dims)
 
 
 def mla_moe_layer(
@@ -741,9 +771,7 @@ def mla_moe_layer(
     pos: LayerPosition, mla_dims: MlaDims, moe_dims: MoeDims,
 ) -> torch.Tensor:
     """One MLA + MoE decode layer; updates `stream` and `cache` in place and returns the layer output."""
-    h = _pre_attention(delta, stream, norms, pos)
-    h = _pre_mlp(mla_attention(h, mla, cache, mla_dims), stream, norms, pos)
-    return latent_moe(h, moe, moe_dims)
+    return latent_moe(mla_attention_part(delta, stream, norms, mla, cache, pos, mla_dims), moe, moe_dims)
 
 
 def count_kernels(fn: Any) -> int:

@@ -1,0 +1,492 @@
+"""Per-layer decode benchmark of one TP rank: the stock-like path against the specialized path, with the byte
+floor, written as `gatekeeper.evidence.PerfEvidence` (the perf-matrix evidence the gatekeeper checks).
+
+    python -m kimi_k3_path.bench --layer kda_moe,mla_moe --tp 8,16 --batch 1,2,4,8,16,32,64 --out FILE
+    python -m kimi_k3_path.bench --cpu-smoke --out FILE      # the same harness on CPU, tiny dims (CI)
+
+Method (GPU): per (layer, tp) one set of random weights per copy, per batch fresh random inputs and state per
+copy; every variant of every copy captured in its own CUDA graph; replays alternate variants and rotate through
+the copies, so consecutive replays touch disjoint weights and inputs and the L2 (about 60 MB on the H200) never
+serves a replay from the previous one. Each replay is timed with CUDA events; rows report the median, the
+p10-p90 spread and the count. Before timing, the candidate's output is checked against the baseline's.
+
+Variants: `baseline` is `kimi_k3_path.reference.stock` (vLLM's stock op sequence on Hopper). `candidate` is the
+specialized path: the same stock-like layer with its latent MoE replaced by
+`kimi_k3_path.kernels.moe.latent_moe_decode` (`--candidate kernels`), or the stock ops themselves
+(`--candidate stock`: an A/A measurement until kernels land). `auto` takes the kernels when they import.
+
+Byte floor: the bytes one layer step must move (every weight it reads once, only the experts the batch routes
+to and at their unpadded size, the KDA state read and written, the MLA cache rows read, the residual stream)
+over 4.3e12 B/s, the device-to-device copy bandwidth measured on the H200 (see ../shared/gpu/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, fields, is_dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+LAYERS = ("kda_moe", "mla_moe", "moe")
+COPY_BANDWIDTH = 4.3e12  # B/s, device-to-device copy on the H200
+L2_BYTES_DEFAULT = 60 * 2**20
+MAX_COPIES = 8
+# A layer position with the most AttnRes sources (8 completed blocks + prefix) for each attention kind.
+KDA_LAYER, MLA_LAYER = 90, 91
+TINY_KDA_LAYER, TINY_MLA_LAYER = 5, 7  # the tiny config: 8 layers, blocks of 4; MLA at 1-based 4 and 8
+
+
+class BenchError(RuntimeError):
+    """A benchmark that cannot produce trustworthy numbers (bad arguments, failed correctness check)."""
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from exc
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _layer_list(text: str) -> tuple[str, ...]:
+    values = tuple(v.strip() for v in text.split(",") if v.strip())
+    bad = [v for v in values if v not in LAYERS]
+    if not values or bad:
+        raise argparse.ArgumentTypeError(f"unknown layer kind(s) {bad or text!r}; choose from {', '.join(LAYERS)}")
+    return values
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m kimi_k3_path.bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--layer", type=_layer_list, default=("kda_moe", "mla_moe"), help="kda_moe, mla_moe, moe (comma list)")
+    p.add_argument("--tp", type=_int_list, default=(8, 16))
+    p.add_argument("--batch", type=_int_list, default=(1, 2, 4, 8, 16, 32, 64))
+    p.add_argument("--out", type=Path, help="write the PerfEvidence JSON here")
+    p.add_argument("--config", default="kimi_k3", help="a shipped config name (kimi_k3, tiny) or a config.json path")
+    p.add_argument("--context", type=int, default=4096, help="MLA: tokens already in each sequence's cache")
+    p.add_argument("--page", type=int, default=64, help="MLA: latent cache page size (tokens)")
+    p.add_argument("--replays", type=int, default=300, help="timed replays per variant")
+    p.add_argument("--candidate", choices=("auto", "kernels", "stock"), default="auto")
+    p.add_argument("--commit", help="the commit measured (default: git rev-parse HEAD)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cpu-smoke", action="store_true", help="run the harness on CPU with the tiny config (CI)")
+    args = p.parse_args(argv)
+    if args.cpu_smoke:
+        args.config, args.replays = "tiny", min(args.replays, 3)
+        args.context, args.page = min(args.context, 24), min(args.page, 8)
+        args.batch = tuple(b for b in args.batch if b <= 4) or (1,)
+        args.candidate = "stock"
+    if args.replays < 1 or args.context < 1 or args.page < 1:
+        p.error("--replays, --context and --page must be positive")
+    return args
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Timing
+
+
+def measurement_of(samples_us: list[float]) -> dict[str, float | int]:
+    """Median, (p90 - p10) / median in percent, and the count, as gatekeeper.evidence.Measurement wants them."""
+    if not samples_us:
+        raise BenchError("no timing samples")
+    ordered = sorted(samples_us)
+
+    def pct(q: float) -> float:
+        pos = q * (len(ordered) - 1)
+        lo, hi = math.floor(pos), math.ceil(pos)
+        return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+    median = statistics.median(ordered)
+    return {"median": median, "spread_pct": (pct(0.9) - pct(0.1)) / median * 100.0, "runs": len(ordered)}
+
+
+def time_variants(variants: dict[str, list[Callable[[], Any]]], replays: int, device: str) -> dict[str, list[float]]:
+    """Per variant, `replays` timings in microseconds; each variant has one callable per copy."""
+    import torch
+
+    if device == "cpu":
+        samples: dict[str, list[float]] = {name: [] for name in variants}
+        for r in range(replays):
+            for name, fns in variants.items():
+                start = time.perf_counter()
+                fns[r % len(fns)]()
+                samples[name].append((time.perf_counter() - start) * 1e6)
+        return samples
+
+    graphs: dict[str, list[torch.cuda.CUDAGraph]] = {}
+    side = torch.cuda.Stream()
+    for name, fns in variants.items():
+        graphs[name] = []
+        for fn in fns:
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # warm-up compiles the Triton kernels and creates cuBLAS handles
+                fn()
+                fn()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                fn()
+            graphs[name].append(graph)
+    for name in graphs:  # one untimed pass over every graph
+        for graph in graphs[name]:
+            graph.replay()
+    events = {name: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(replays)] for name in graphs}
+    for r in range(replays):
+        for name, gs in graphs.items():
+            start, end = events[name][r]
+            start.record()
+            gs[r % len(gs)].replay()
+            end.record()
+    torch.cuda.synchronize()
+    return {name: [s.elapsed_time(e) * 1e3 for s, e in evs] for name, evs in events.items()}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Workloads
+
+
+def tensor_bytes(obj: Any, skip: tuple[str, ...] = ()) -> int:
+    """Bytes of every tensor field of a dataclass (recursively), except the named fields."""
+    import torch
+
+    total = 0
+    for f in fields(obj):
+        if f.name in skip:
+            continue
+        value = getattr(obj, f.name)
+        if isinstance(value, torch.Tensor):
+            total += value.numel() * value.element_size()
+        elif is_dataclass(value):
+            total += tensor_bytes(value, skip)
+    return total
+
+
+def expert_bytes(latent: int, inter: int) -> int:
+    """One expert's MXFP4 w13 and w2 with their scales, unpadded."""
+    per_matrix = 2 * inter * latent  # w13 elements; w2 has half as many
+    return (per_matrix + per_matrix // 2) // 2 + (per_matrix + per_matrix // 2) // 32
+
+
+@dataclass
+class Case:
+    layer: str
+    tp: int
+    batch: int
+    baseline: list[Callable[[], Any]]
+    candidate: list[Callable[[], Any]]
+    floor_bytes: int
+    note: str
+
+
+class CandidateMoe:
+    """The specialized latent MoE plugged into the candidate layers: the kernel engineer's `latent_moe_decode`."""
+
+    def __init__(self, ref_weights: Any, dims: Any, device: str):
+        import torch
+
+        from kimi_k3_path.kernels import moe as kernels_moe
+
+        self._kernels = kernels_moe
+        self.weights = kernels_moe.prepare_weights(ref_weights, dims.top_k, dims.routed_scaling_factor, dims.eps, device)
+        self.workspace = kernels_moe.MoeWorkspace(self.weights, device)
+        self._torch = torch
+
+    def __call__(self, x: Any) -> Any:
+        out = self._torch.empty_like(x)
+        self._kernels.latent_moe_decode(x, self.weights, self.workspace, out, self._torch.cuda.current_stream().cuda_stream)
+        return out
+
+
+def resolve_candidate(choice: str, device: str) -> tuple[str, str]:
+    """('kernels' | 'stock', why)."""
+    if choice == "stock":
+        return "stock", "candidate = the stock-like ops (A/A: no specialized kernels measured in this run)"
+    if device == "cpu":
+        if choice == "kernels":
+            raise BenchError("--candidate kernels needs a GPU")
+        return "stock", "candidate = the stock-like ops (CPU smoke)"
+    try:
+        from kimi_k3_path.kernels import moe  # noqa: F401
+    except ImportError as exc:
+        if choice == "kernels":
+            raise BenchError(f"--candidate kernels: kimi_k3_path.kernels.moe does not import: {exc}") from exc
+        return "stock", f"candidate = the stock-like ops (kernels not importable: {exc})"
+    return "kernels", "candidate = stock-like layer with kimi_k3_path.kernels.moe.latent_moe_decode"
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, device: str):
+        from kimi_k3_path.config import load_config, named_config
+
+        self.args = args
+        self.device = device
+        self.config = named_config(args.config) if args.config in ("kimi_k3", "tiny") else load_config(args.config)
+        self.candidate_kind, self.candidate_note = resolve_candidate(args.candidate, device)
+        self.l2_bytes = L2_BYTES_DEFAULT
+        if device == "cuda":
+            import torch
+
+            self.l2_bytes = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", L2_BYTES_DEFAULT))
+
+    def generator(self, salt: int) -> Any:
+        import torch
+
+        return torch.Generator(device=self.device).manual_seed(self.args.seed * 1_000_003 + salt)
+
+    def copies_for(self, bytes_per_step: int) -> int:
+        """Enough copies that one cycle through them moves at least 4x the L2."""
+        if self.device == "cpu":
+            return 2
+        return min(MAX_COPIES, max(2, math.ceil(4 * self.l2_bytes / max(bytes_per_step, 1))))
+
+    def cases(self, layer: str, tp: int) -> Iterator[Case]:
+        import torch
+
+        from kimi_k3_path.reference import (
+            LayerPosition, random_kda_state, random_kda_weights, random_layer_norms, random_mla_weights,
+            random_moe_weights, random_paged_cache, random_residual_stream,
+        )
+        from kimi_k3_path.reference import stock
+        from kimi_k3_path.reference.dims import layer_dims
+
+        dims = layer_dims(self.config, tp)
+        tiny = self.args.config == "tiny"
+        pos = LayerPosition(
+            (TINY_KDA_LAYER if tiny else KDA_LAYER) if layer != "mla_moe" else (TINY_MLA_LAYER if tiny else MLA_LAYER),
+            dims.attn_res_block,
+        )
+        expected_kind = {"kda_moe": "kda", "mla_moe": "mla"}.get(layer)
+        if expected_kind is not None and self.config.attention_kind(pos.layer) != expected_kind:
+            raise BenchError(f"layer {pos.layer} (0-based) of this config is not a {expected_kind} layer")
+        sms = torch.cuda.get_device_properties(0).multi_processor_count if self.device == "cuda" else 4
+
+        # Weights: one probe set first to size the copies, then the rest.
+        def make_weights(copy: int) -> dict[str, Any]:
+            gen = self.generator(10_000 * tp + 100 * LAYERS.index(layer) + copy)
+            ref_moe = random_moe_weights(dims.moe, gen)
+            w = {
+                "norms": stock.GpuNorms.from_reference(random_layer_norms(dims.moe.hidden, gen), self.device),
+                "moe": stock.GpuMoe.from_reference(ref_moe, dims.moe, self.device, pad_intermediate=dims.stock_intermediate),
+            }
+            if layer == "kda_moe":
+                w["kda"] = stock.GpuKda.from_reference(random_kda_weights(dims.kda, gen), self.device)
+            if layer == "mla_moe":
+                w["mla"] = stock.GpuMla.from_reference(random_mla_weights(dims.mla, gen), dims.mla, self.device)
+            w["candidate_moe"] = CandidateMoe(ref_moe, dims.moe, self.device) if self.candidate_kind == "kernels" else None
+            return w
+
+        weights = [make_weights(0)]
+        for batch in self.args.batch:
+            inputs: list[dict[str, Any]] = []
+            floor, copies = 0, 1
+            while len(inputs) < copies:
+                c = len(inputs)
+                if c >= len(weights):
+                    weights.append(make_weights(c))
+                gen = self.generator(1_000_000 + 10_000 * tp + 100 * batch + c)
+                item: dict[str, Any] = {"x": torch.randn(batch, dims.moe.hidden, generator=gen, device=self.device).to(torch.bfloat16)}
+                if layer != "moe":
+                    item["stream"] = random_residual_stream(batch, dims.moe.hidden, dims.max_blocks, gen)
+                if layer == "kda_moe":
+                    item["state"] = random_kda_state(dims.kda, batch, gen)
+                if layer == "mla_moe":
+                    item["cache"] = random_paged_cache(dims.mla, [self.args.context + 1] * batch, self.args.page, gen)
+                inputs.append(item)
+                if c == 0:
+                    floor = self.floor_bytes(layer, dims, pos, weights[0], item)
+                    copies = self.copies_for(floor)
+            pairs = list(zip(weights, inputs))
+            base_fns = [self.layer_fn(layer, dims, pos, w, item, None) for w, item in pairs]
+            cand_fns = [self.layer_fn(layer, dims, pos, w, item, w["candidate_moe"]) for w, item in pairs]
+            self.check(layer, dims, pos, weights[0], inputs[0], tp, batch)
+            base_kernels = self.kernel_count(base_fns[0])
+            cand_kernels = self.kernel_count(cand_fns[0])
+            ctx = f"; MLA context {self.args.context} tokens, page {self.args.page}" if layer == "mla_moe" else ""
+            yield Case(layer, tp, batch, base_fns, cand_fns, floor, (
+                f"baseline = stock-like ({base_kernels} kernels); {self.candidate_note} ({cand_kernels} kernels); "
+                f"layer {pos.layer} (0-based); {copies} copies of weights+inputs rotated; "
+                f"floor = {floor} B / 4.3e12 B/s; stock expert intermediate {dims.stock_intermediate}{ctx}"
+            ))
+
+    def layer_fn(self, layer: str, dims: Any, pos: Any, w: dict[str, Any], item: dict[str, Any], cand_moe: Any) -> Callable[[], Any]:
+        """A closure running one decode step of `layer` on copy `item` (its own stream/state/cache)."""
+        from kimi_k3_path.reference import stock
+
+        moe = w["moe"]
+        moe_fn = cand_moe if cand_moe is not None else (lambda h: stock.latent_moe(h, moe, dims.moe))
+        if layer == "moe":
+            x = item["x"]
+            return lambda: moe_fn(x)
+        stream = stock.GpuStream.from_reference(item["stream"], self.device)
+        delta = item["x"]
+        norms = w["norms"]
+        if layer == "kda_moe":
+            state = stock.GpuKdaState.from_reference(item["state"], self.device)
+            return lambda: moe_fn(stock.kda_attention_part(delta, stream, norms, w["kda"], state, pos, dims.kda))
+        cache = stock.GpuLatentCache.from_reference(item["cache"], self.device, sms=self.sms())
+        return lambda: moe_fn(stock.mla_attention_part(delta, stream, norms, w["mla"], cache, pos, dims.mla))
+
+    def sms(self) -> int:
+        import torch
+
+        return torch.cuda.get_device_properties(0).multi_processor_count if self.device == "cuda" else 4
+
+    def check(self, layer: str, dims: Any, pos: Any, w: dict[str, Any], item: dict[str, Any], tp: int, batch: int) -> None:
+        """The candidate computes what the baseline computes, from identical fresh copies of the state."""
+        from kimi_k3_path.reference import rel_err
+
+        if w["candidate_moe"] is None:
+            return
+        base = self.layer_fn(layer, dims, pos, w, item, None)()
+        cand = self.layer_fn(layer, dims, pos, w, item, w["candidate_moe"])()
+        err = rel_err(cand, base)
+        if not err < 2e-2:
+            raise BenchError(f"{layer} tp={tp} batch={batch}: candidate differs from the baseline, rel err {err:.3g}")
+
+    def kernel_count(self, fn: Callable[[], Any]) -> int | str:
+        if self.device != "cuda":
+            return "n/a on CPU"
+        from kimi_k3_path.reference.stock import count_kernels
+
+        return count_kernels(fn)
+
+    def floor_bytes(self, layer: str, dims: Any, pos: Any, w: dict[str, Any], item: dict[str, Any]) -> int:
+        """Bytes one step must move at minimum (module docstring); experts: those this batch routes to."""
+        from kimi_k3_path.reference import stock
+
+        moe = w["moe"]
+        x = item["x"]
+        ids, _ = stock.route(x, moe, dims.moe)
+        active = int(ids.unique().numel())
+        act = x.element_size()
+        total = tensor_bytes(moe, skip=("w13_packed", "w13_scales", "w2_packed", "w2_scales"))
+        total += active * expert_bytes(dims.moe.latent, dims.moe.intermediate)
+        m, h = x.shape
+        total += 2 * m * h * act  # MoE input and output
+        if layer == "moe":
+            return total
+        total += tensor_bytes(w["norms"])
+        # Each AttnRes mix reads its blocks, the prefix and the delta, and writes the prefix and its output.
+        total += (pos.blocks_before_attn + pos.blocks_before_mlp + 8) * m * h * act
+        if layer == "kda_moe":
+            state = item["state"]
+            total += tensor_bytes(w["kda"])
+            total += 2 * state.recurrent.numel() * 4 + 2 * state.conv.numel() * act  # read + write
+        else:
+            cache = item["cache"]
+            total += tensor_bytes(w["mla"])
+            total += int(cache.seq_lens.sum()) * dims.mla.cache_row * act + m * dims.mla.cache_row * act
+        return total
+
+
+def hardware(device: str) -> dict[str, Any]:
+    if device == "cpu":
+        return {"gpu": f"none (CPU smoke run on {platform.machine()})", "count": 1, "driver": "none", "arch": None}
+    import torch
+
+    name = torch.cuda.get_device_name(0)
+    driver = "unknown"
+    count = torch.cuda.device_count()
+    try:
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout.strip().splitlines()
+        name, driver = (part.strip() for part in smi[0].split(",", 1))
+        count = len(smi)
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
+        print(f"warning: nvidia-smi unavailable ({exc}); hardware from torch", file=sys.stderr)
+    major, minor = torch.cuda.get_device_capability(0)
+    return {"gpu": name, "count": count, "driver": driver, "arch": f"sm_{major}{minor}"}
+
+
+def software() -> dict[str, str]:
+    import torch
+    import triton
+
+    info = {"python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__}
+    if torch.version.cuda:
+        info["cuda"] = torch.version.cuda
+    return info
+
+
+def current_commit(explicit: str | None) -> str:
+    if explicit:
+        return explicit
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise BenchError(f"cannot read the commit with git ({exc}); pass --commit") from exc
+
+
+def run(args: argparse.Namespace) -> Any:
+    from gatekeeper.evidence import PerfEvidence
+    from kimi_k3_path.support import SUPPORT_MATRIX, spec_label
+
+    import torch
+
+    device = "cpu" if args.cpu_smoke else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise BenchError("no CUDA GPU here; use --cpu-smoke to exercise the harness on CPU")
+    hw = hardware(device)
+    bench = Bench(args, device)
+    rows = []
+    print(f"{'layer':8} {'tp':>3} {'batch':>5} {'baseline us':>12} {'spread%':>8} {'candidate us':>13} {'spread%':>8} {'floor us':>9} {'base/floor':>10}")
+    for layer in args.layer:
+        for tp in args.tp:
+            for case in bench.cases(layer, tp):
+                samples = time_variants({"baseline": case.baseline, "candidate": case.candidate}, args.replays, device)
+                base, cand = measurement_of(samples["baseline"]), measurement_of(samples["candidate"])
+                floor_us = case.floor_bytes / COPY_BANDWIDTH * 1e6
+                print(f"{layer:8} {tp:>3} {case.batch:>5} {base['median']:>12.1f} {base['spread_pct']:>8.1f} "
+                      f"{cand['median']:>13.1f} {cand['spread_pct']:>8.1f} {floor_us:>9.1f} {base['median'] / floor_us:>10.2f}", flush=True)
+                rows.append({
+                    "axes": {
+                        "arch": hw["arch"] or "cpu", "tp": tp, "dcp": 1, "batch": case.batch,
+                        "spec": spec_label(None, 0), "layer": layer,
+                    },
+                    "metric": "latency", "unit": "us", "candidate": cand, "baseline": base,
+                    "floor": floor_us, "note": case.note,
+                })
+                del case
+                if device == "cuda":
+                    torch.cuda.empty_cache()
+    if device == "cuda" and hw["arch"] not in SUPPORT_MATRIX.arch:
+        print(f"warning: measured on {hw['arch']}, which the support matrix does not admit", file=sys.stderr)
+    command = "python -m kimi_k3_path.bench " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("bench.py") else " ".join(sys.argv)
+    return PerfEvidence(
+        commit=current_commit(args.commit), command=command, created=datetime.now(timezone.utc),
+        hardware=hw, software=software(), rows=tuple(rows),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.cpu_smoke:
+        # The stock path's Triton kernels run in Triton's CPU interpreter; it is read when they are defined.
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        evidence = run(args)
+    except BenchError as exc:
+        print(f"bench: error: {exc}", file=sys.stderr)
+        return 2
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(evidence.model_dump_json(indent=2) + "\n")
+        print(f"wrote {len(evidence.rows)} rows to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""The bench harness on CPU: argument checks, the statistics, the byte floor, and one --cpu-smoke run end to end
+(tiny config, the stock-like Triton kernels in Triton's CPU interpreter) whose JSON must load as PerfEvidence."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch", reason="the bench needs the [kernels] extra")
+pytest.importorskip("triton", reason="the bench needs Triton (installed with torch on Linux)")
+
+from gatekeeper.evidence import PerfEvidence  # noqa: E402
+from kimi_k3_path import bench  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_measurement_median_spread_runs():
+    m = bench.measurement_of([10.0, 11.0, 12.0, 13.0, 14.0, 15.0, 16.0, 17.0, 18.0, 19.0, 20.0])
+    assert m["median"] == 15.0 and m["runs"] == 11
+    assert m["spread_pct"] == pytest.approx((19.0 - 11.0) / 15.0 * 100)
+    with pytest.raises(bench.BenchError):
+        bench.measurement_of([])
+
+
+def test_expert_bytes_counts_mxfp4_payload_and_scales():
+    # TP8: w13 768x3584 and w2 3584x384 at 4 bits, plus one byte per 32 elements.
+    elements = 768 * 3584 + 3584 * 384
+    assert bench.expert_bytes(3584, 384) == elements // 2 + elements // 32
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--layer", "attention"], "unknown layer"),
+    (["--tp", "8,x"], "comma-separated integers"),
+    (["--batch", "0"], "positive integers"),
+])
+def test_bad_arguments_are_rejected_with_a_reason(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.parse_args(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cpu_smoke_limits_itself_to_tiny_work():
+    args = bench.parse_args(["--cpu-smoke", "--batch", "1,2,64"])
+    assert (args.config, args.batch, args.candidate) == ("tiny", (1, 2), "stock")
+    assert args.replays <= 3
+
+
+@pytest.mark.slow
+def test_cpu_smoke_writes_valid_perf_evidence(tmp_path):
+    out = tmp_path / "smoke.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "kimi_k3_path.bench", "--cpu-smoke", "--layer", "kda_moe", "--tp", "16", "--batch", "1",
+         "--replays", "1", "--commit", "0123abc", "--out", str(out)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "kda_moe" in proc.stdout and "wrote 1 rows" in proc.stdout
+    evidence = PerfEvidence.model_validate_json(out.read_text())
+    (row,) = evidence.rows
+    assert row.axes == {"arch": "cpu", "tp": 16, "dcp": 1, "batch": 1, "spec": "none", "layer": "kda_moe"}
+    assert row.baseline is not None and row.baseline.runs == 1 and row.candidate.runs == 1
+    assert row.floor is not None and row.floor > 0
+    assert "stock-like" in row.note and evidence.commit == "0123abc"
+    assert evidence.command.startswith("python -m kimi_k3_path.bench --cpu-smoke")
+
+
+def test_missing_gpu_is_a_clear_error(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert bench.main(["--layer", "moe", "--tp", "8", "--batch", "1"]) == 2
+    assert "no CUDA GPU" in capsys.readouterr().err
