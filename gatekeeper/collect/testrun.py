@@ -39,13 +39,16 @@ def coverage_command(command: tuple[str, ...], rcfile: Path, junit: Path, policy
             f"--junitxml={junit}", "-o", "junit_family=xunit1", *args]
 
 
-def write_rcfile(work: Path) -> Path:
+def write_rcfile(work: Path, repo: Path, paths: list[str]) -> Path:
+    """Measure exactly the files the check judges: tracing the whole repository (a virtualenv inside it,
+    torch included) would cost far more than the tests."""
+    files = [_literal(str((repo / p).resolve())) for p in paths] or [str(work / "nothing-to-measure")]
     rcfile = work / "coveragerc"
     rcfile.write_text(
         "[run]\n"
         f"data_file = {work / 'coverage.sqlite'}\n"
         "relative_files = true\n"
-        "source = .\n"
+        "include =\n" + "".join(f"    {f}\n" for f in files) +
         # Contexts are switched by our plugin; sys.monitoring does not support them.
         "core = ctrace\n",
         encoding="utf-8",
@@ -53,15 +56,21 @@ def write_rcfile(work: Path) -> Path:
     return rcfile
 
 
+def _literal(path: str) -> str:
+    """A file name as a pattern of coverage's `include` (fnmatch) that matches only itself."""
+    return "".join(f"[{c}]" if c in "*?[]" else c for c in path)
+
+
 def run_tests(command: tuple[str, ...], repo: Path, work: Path, paths: list[str], timeout_s: float,
               origin: Origin, policy_source: str = "policy") -> TestRun:
     """Run the tests in `repo`, and record outcomes and per-test coverage of `paths`."""
-    rcfile = write_rcfile(work)
-    junit = work / "junit.xml"
+    rcfile = write_rcfile(work, repo, paths)
+    junit, nodeid_list = work / "junit.xml", work / "nodeids.txt"
     argv = coverage_command(command, rcfile, junit, policy_source)
     plugin_dir = Path(__file__).parent / "plugin"
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(plugin_dir), str(repo), env.get("PYTHONPATH")) if p)
+    env["GATEKEEPER_NODEIDS"] = str(nodeid_list)
     run = run_limited(argv, cwd=repo, env=env, timeout_s=timeout_s, log=work / "tests.log")
     record = {"origin": origin, "label": "tests", "command": " ".join(command), "exit_code": run.returncode}
     if run.timed_out:
@@ -73,8 +82,8 @@ def run_tests(command: tuple[str, ...], repo: Path, work: Path, paths: list[str]
     table = ContextTable()
     files = from_coverage_data(cov, repo, paths, table)
     try:
-        # Every test that ran measured code, not only those that ran the measured paths, gets its node id.
-        tests = parse_junit(junit, {junit_key(name): name for name in cov.get_data().measured_contexts() if name})
+        nodeids = nodeid_list.read_text(encoding="utf-8").splitlines() if nodeid_list.exists() else []
+        tests = parse_junit(junit, {junit_key(name): name for name in nodeids})
     except InputError as exc:
         return TestRun(**record, error=clip(f"unreadable JUnit report: {exc}"))
     return TestRun(**record, tests=tests, contexts=table.names, files=files)
