@@ -242,35 +242,38 @@ def _moe_w4a16_kernel(
     p = tl.program_id(0)
     expert = tl.load(sorted_expert_ptr + p)
     previous = tl.load(sorted_expert_ptr + tl.maximum(p - 1, 0))
-    if (p > 0) & (previous == expert):
-        return
-    rows = p + tl.arange(0, BLOCK_M)
-    row_ok = rows < pairs
-    row_ok = row_ok & (tl.load(sorted_expert_ptr + rows, mask=row_ok, other=-1) == expert)
-    pair = tl.load(sorted_pair_ptr + rows, mask=row_ok, other=0).to(tl.int64)
-    a_row = pair // TOP_K if A_PER_TOKEN else pair
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < n
-    kb = tl.arange(0, BLOCK_K // 2)
-    e64 = expert.to(tl.int64)
-    w_rows = w_ptr + (e64 * n + cols[:, None]) * (k // 2)
-    s_rows = s_ptr + (e64 * n + cols[:, None]) * (k // 32)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, k, BLOCK_K):
-        byte = k0 // 2 + kb
-        packed = tl.load(w_rows + byte[None, :], mask=col_ok[:, None], other=0).to(tl.int32)
-        scale = tl.exp2(tl.load(s_rows + (byte // 16)[None, :], mask=col_ok[:, None], other=127).to(tl.float32) - 127.0)
-        w_even = (_e2m1(packed & 15) * scale).to(DOT)
-        w_odd = (_e2m1(packed >> 4) * scale).to(DOT)
-        a_base = a_ptr + a_row[:, None] * a_stride + 2 * byte[None, :]
-        a_even = tl.load(a_base, mask=row_ok[:, None], other=0.0).to(DOT)
-        a_odd = tl.load(a_base + 1, mask=row_ok[:, None], other=0.0).to(DOT)
-        acc += tl.dot(a_even, tl.trans(w_even))
-        acc += tl.dot(a_odd, tl.trans(w_odd))
-    if MUL_WEIGHT:
-        acc *= tl.load(pair_weight_ptr + pair, mask=row_ok, other=0.0)[:, None]
-    tl.store(out_ptr + pair[:, None] * out_stride + cols[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=row_ok[:, None] & col_ok[None, :])
+    # Only the program at the first pair of an expert's run works; the others have nothing to do.
+    if (p == 0) | (previous != expert):
+        rows = p + tl.arange(0, BLOCK_M)
+        row_ok = rows < pairs
+        row_ok = row_ok & (tl.load(sorted_expert_ptr + rows, mask=row_ok, other=-1) == expert)
+        pair = tl.load(sorted_pair_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+        if A_PER_TOKEN:
+            a_row = pair // TOP_K
+        else:
+            a_row = pair
+        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = cols < n
+        kb = tl.arange(0, BLOCK_K // 2)
+        e64 = expert.to(tl.int64)
+        w_rows = w_ptr + (e64 * n + cols[:, None]) * (k // 2)
+        s_rows = s_ptr + (e64 * n + cols[:, None]) * (k // 32)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, k, BLOCK_K):
+            byte = k0 // 2 + kb
+            packed = tl.load(w_rows + byte[None, :], mask=col_ok[:, None], other=0).to(tl.int32)
+            scale = tl.exp2(tl.load(s_rows + (byte // 16)[None, :], mask=col_ok[:, None], other=127).to(tl.float32) - 127.0)
+            w_even = (_e2m1(packed & 15) * scale).to(DOT)
+            w_odd = (_e2m1(packed >> 4) * scale).to(DOT)
+            a_base = a_ptr + a_row[:, None] * a_stride + 2 * byte[None, :]
+            a_even = tl.load(a_base, mask=row_ok[:, None], other=0.0).to(DOT)
+            a_odd = tl.load(a_base + 1, mask=row_ok[:, None], other=0.0).to(DOT)
+            acc += tl.dot(a_even, tl.trans(w_even))
+            acc += tl.dot(a_odd, tl.trans(w_odd))
+        if MUL_WEIGHT:
+            acc *= tl.load(pair_weight_ptr + pair, mask=row_ok, other=0.0)[:, None]
+        tl.store(out_ptr + pair[:, None] * out_stride + cols[None, :], acc.to(out_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & col_ok[None, :])
 
 
 @triton.jit
