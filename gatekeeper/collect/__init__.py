@@ -18,7 +18,7 @@ from gatekeeper.collect.gpu_reports import load_gpu_reports
 from gatekeeper.collect.probes import run_probes
 from gatekeeper.collect.testrun import run_tests
 from gatekeeper.errors import InputError
-from gatekeeper.evidence import Evidence, HeadInfo, Origin, PerfSubmission, load_perf_evidence
+from gatekeeper.evidence import Evidence, HeadInfo, Origin, PerfSubmission, TestRun, load_perf_evidence
 from gatekeeper.paths import matches_any
 from gatekeeper.policy import LoadedPolicy
 from gatekeeper.sources.git import GitSnapshot, changes_from_git
@@ -35,31 +35,18 @@ def collect(loaded: LoadedPolicy, repo: Path, base: str, perf_files: tuple[Path,
     repo = repo.resolve()
     origin = collector_origin()
     head = GitSnapshot(repo, "HEAD")
-    paths = measured_paths(repo, base, head, policy.owned_paths, policy.checks.changed_path_tests.exclude_paths, console)
-    evidence: dict = {"head": HeadInfo(sha=head.sha, ancestors=ancestors(repo, head.sha, max(policy.checks.perf_matrix.commit_window, MIN_ANCESTORS)))}
+    window = max(policy.checks.perf_matrix.commit_window, MIN_ANCESTORS)
+    evidence: dict = {"head": HeadInfo(sha=head.sha, ancestors=ancestors(repo, head.sha, window))}
     with tempfile.TemporaryDirectory(prefix="gatekeeper-collect-") as tmp:
-        work = Path(tmp)
-        tests = []
-        settings = policy.checks.changed_path_tests
-        if settings.enabled:
-            with console.status(f"Running {' '.join(settings.command)} under coverage ({len(paths)} file(s) measured)…"):
-                run = run_tests(settings.command, repo, work, paths, settings.timeout_s, origin, loaded.source)
-            tests.append(run)
-            _say(console, run.error is None and all(t.outcome in ("passed", "skipped") for t in run.tests),
-                 f"tests: {len(run.tests)} ran, {sum(t.outcome in ('failed', 'error') for t in run.tests)} failed"
-                 + (f"; {run.error.splitlines()[0]}" if run.error else ""))
-            reports = load_gpu_reports(repo, head, head.sha, settings.gpu_report_globs, paths)
-            tests.extend(reports)
-            if reports:
-                console.print(f"attached {len(reports)} GPU report(s), labelled self-reported")
-        evidence["tests"] = tuple(tests)
-        guard = policy.checks.startup_guard
-        if guard.enabled:
+        if policy.checks.changed_path_tests.enabled:
+            evidence["tests"] = _test_runs(loaded, repo, base, head, Path(tmp), origin, console)
+        if policy.checks.startup_guard.enabled:
             with console.status("Running the guard probes in a child process…"):
-                probes, axes = run_probes(guard, repo, work, origin)
+                probes, axes = run_probes(policy.checks.startup_guard, repo, Path(tmp), origin)
             evidence["guard_probes"], evidence["support_axes"] = probes, axes
             if probes is not None:
-                _say(console, probes.error is None, f"guard probes: {len(probes.results)} ran" + (f"; {probes.error.splitlines()[-1]}" if probes.error else ""))
+                _say(console, probes.error is None, f"guard probes: {len(probes.results)} ran"
+                     + (f"; {probes.error.splitlines()[-1]}" if probes.error else ""))
             if axes is not None:
                 _say(console, axes.error is None, f"support matrix axes: {axes.error or ', '.join(axes.axes)}")
     evidence["perf"] = tuple(
@@ -67,6 +54,23 @@ def collect(loaded: LoadedPolicy, repo: Path, base: str, perf_files: tuple[Path,
         for path in perf_files
     )
     return Evidence(**evidence)
+
+
+def _test_runs(loaded: LoadedPolicy, repo: Path, base: str, head: GitSnapshot, work: Path, origin: Origin,
+               console: Console) -> tuple[TestRun, ...]:
+    """The collector's own test run, then the GPU reports the pull request attaches."""
+    policy = loaded.policy
+    settings = policy.checks.changed_path_tests
+    paths = measured_paths(repo, base, head, policy.owned_paths, settings.exclude_paths, console)
+    with console.status(f"Running {' '.join(settings.command)} under coverage ({len(paths)} file(s) measured)…"):
+        run = run_tests(settings.command, repo, work, paths, settings.timeout_s, origin, loaded.source)
+    failed = sum(t.outcome in ("failed", "error") for t in run.tests)
+    _say(console, run.error is None and not failed,
+         f"tests: {len(run.tests)} ran, {failed} failed" + (f"; {run.error.splitlines()[0]}" if run.error else ""))
+    reports = load_gpu_reports(repo, head, head.sha, settings.gpu_report_globs, paths)
+    if reports:
+        console.print(f"attached {len(reports)} GPU report(s), labelled self-reported")
+    return (run, *reports)
 
 
 def collector_origin() -> Origin:
