@@ -430,7 +430,9 @@ def current_commit(explicit: str | None) -> str:
         raise BenchError(f"cannot read the commit with git ({exc}); pass --commit") from exc
 
 
-def run(args: argparse.Namespace) -> Any:
+def run(args: argparse.Namespace, on_rows: Callable[[Any], None] | None = None) -> Any:
+    """Measure every case; `on_rows` gets the PerfEvidence so far after each row (a long run killed part-way
+    still leaves valid evidence for the rows it finished)."""
     from gatekeeper.evidence import PerfEvidence
     from kimi_k3_path.support import SUPPORT_MATRIX, spec_label
 
@@ -441,7 +443,13 @@ def run(args: argparse.Namespace) -> Any:
         raise BenchError("no CUDA GPU here; use --cpu-smoke to exercise the harness on CPU")
     hw = hardware(device)
     bench = Bench(args, device)
-    rows = []
+    rows: list[dict[str, Any]] = []
+    command = "python -m kimi_k3_path.bench " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("bench.py") else " ".join(sys.argv)
+    commit, sw, created = current_commit(args.commit), software(), datetime.now(timezone.utc)
+
+    def evidence(rows_so_far: list[dict[str, Any]]) -> Any:
+        return PerfEvidence(commit=commit, command=command, created=created, hardware=hw, software=sw, rows=tuple(rows_so_far))
+
     print(f"{'layer':8} {'tp':>3} {'batch':>5} {'baseline us':>12} {'spread%':>8} {'candidate us':>13} {'spread%':>8} {'floor us':>9} {'base/floor':>10}")
     for layer in args.layer:
         for tp in args.tp:
@@ -462,13 +470,11 @@ def run(args: argparse.Namespace) -> Any:
                 del case
                 if device == "cuda":
                     torch.cuda.empty_cache()
+                if on_rows is not None:
+                    on_rows(evidence(rows))
     if device == "cuda" and hw["arch"] not in SUPPORT_MATRIX.arch:
         print(f"warning: measured on {hw['arch']}, which the support matrix does not admit", file=sys.stderr)
-    command = "python -m kimi_k3_path.bench " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("bench.py") else " ".join(sys.argv)
-    return PerfEvidence(
-        commit=current_commit(args.commit), command=command, created=datetime.now(timezone.utc),
-        hardware=hw, software=software(), rows=tuple(rows),
-    )
+    return evidence(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -476,14 +482,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.cpu_smoke:
         # The stock path's Triton kernels run in Triton's CPU interpreter; it is read when they are defined.
         os.environ["TRITON_INTERPRET"] = "1"
+
+    def write(evidence: Any) -> None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.out.with_suffix(args.out.suffix + ".tmp")
+        tmp.write_text(evidence.model_dump_json(indent=2) + "\n")
+        tmp.replace(args.out)
+
     try:
-        evidence = run(args)
+        evidence = run(args, write if args.out else None)
     except BenchError as exc:
         print(f"bench: error: {exc}", file=sys.stderr)
         return 2
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(evidence.model_dump_json(indent=2) + "\n")
+        write(evidence)
         print(f"wrote {len(evidence.rows)} rows to {args.out}")
     return 0
 
