@@ -237,3 +237,12 @@ def test_submodules_are_inferred_from_what_github_sends(data, modes):
     (change,) = _load([data]).files
     assert (change.old_mode, change.new_mode) == modes
     assert change.is_submodule == ("160000" in modes)
+
+
+def test_hostile_filenames_are_kept_verbatim_for_the_checks_to_judge():
+    from gatekeeper.paths import path_problem
+
+    names = ["../outside.py", "/etc/passwd", "a\\b.py", "kimi_k3_path/\u202egnp.py", "x\x00y"]
+    changes = _load([entry(name) for name in names] + [entry("ok.py", "renamed", None, previous_filename="../../up.py")])
+    assert [f.path for f in changes.files] == names + ["ok.py"]
+    assert all(path_problem(p) for p in names) and path_problem(changes.files[-1].old_path)
