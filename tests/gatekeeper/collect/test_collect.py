@@ -13,7 +13,6 @@ import pytest
 from rich.console import Console
 
 from gatekeeper.collect import collect
-from gatekeeper.commands.collect import register  # noqa: F401  (the CLI is exercised below through main)
 from gatekeeper.cli import main
 from gatekeeper.evaluate import evaluate
 from gatekeeper.evidence import load_evidence
