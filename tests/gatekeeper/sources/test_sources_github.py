@@ -6,6 +6,7 @@ import pytest
 
 from gatekeeper.changes import FileStatus
 from gatekeeper.errors import InputError
+from gatekeeper.paths import path_problem
 from gatekeeper.sources.github import (
     changes_from_pr_file_entries,
     changes_from_pr_files,
@@ -240,8 +241,6 @@ def test_submodules_are_inferred_from_what_github_sends(data, modes):
 
 
 def test_hostile_filenames_are_kept_verbatim_for_the_checks_to_judge():
-    from gatekeeper.paths import path_problem
-
     names = ["../outside.py", "/etc/passwd", "a\\b.py", "kimi_k3_path/\u202egnp.py", "x\x00y"]
     changes = _load([entry(name) for name in names] + [entry("ok.py", "renamed", None, previous_filename="../../up.py")])
     assert [f.path for f in changes.files] == names + ["ok.py"]
