@@ -13,13 +13,25 @@ per-op implementations (`DecodeOps`): a kernel where one exists for this device,
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import torch
+
 from kimi_k3_path.guard import UnsupportedDeployment, check_deployment
-from kimi_k3_path.reference import kda_decode_step, kda_moe_layer, latent_moe, mla_decode, mla_moe_layer
+from kimi_k3_path.reference import (
+    KdaState,
+    PagedLatentCache,
+    ResidualStream,
+    kda_decode_step,
+    kda_moe_layer,
+    latent_moe,
+    mla_decode,
+    mla_moe_layer,
+)
 from kimi_k3_path.reference.layers import pre_attention, pre_mlp
 from kimi_k3_path.support import SUPPORT_MATRIX, Deployment, SupportMatrix
 
@@ -119,6 +131,73 @@ class ReferenceLayers:
         return mla_moe_layer(delta, stream, weights, cache, pos, dims.mla, dims.moe)
 
 
+class StockLikeLayers:
+    """The stock-like op sequence (`reference.stock`: cuBLAS GEMMs + Triton kernels, bf16, what vLLM's stock decode
+    launches on Hopper) behind the reference signatures. Inputs are copied to `device` in the stock layouts and
+    results come back as fp32 reference types on the caller's device, so this is the stock path for correctness
+    (tests; on CPU under TRITON_INTERPRET=1), not for speed. Weights are converted once per weights object."""
+
+    name = "stock-like"
+
+    def __init__(self, device: str = "cuda"):
+        self.device = device
+        self._converted: dict[int, tuple[Any, tuple]] = {}
+
+    # `reference.stock` imports Triton and fixes its dot dtype at import, so it is imported only when used.
+    def _weights(self, weights: Any, attention: str, dims: Any) -> tuple:
+        from kimi_k3_path.reference import stock
+
+        held = self._converted.get(id(weights))
+        if held is None or held[0] is not weights:  # an id can be reused once its object is gone
+            attn = (
+                stock.GpuKda.from_reference(weights.kda, self.device)
+                if attention == "kda"
+                else stock.GpuMla.from_reference(weights.mla, dims.mla, self.device)
+            )
+            converted = (
+                stock.GpuNorms.from_reference(weights.norms, self.device),
+                attn,
+                stock.GpuMoe.from_reference(weights.moe, dims.moe, self.device),
+            )
+            held = self._converted[id(weights)] = (weights, converted)
+        return held[1]
+
+    def kda_moe(self, delta, stream, weights, state, pos, dims):
+        from kimi_k3_path.reference import stock
+
+        norms, kda, moe = self._weights(weights, "kda", dims)
+        gpu_stream = stock.GpuStream.from_reference(stream, self.device)
+        gpu_state = stock.GpuKdaState.from_reference(state, self.device)
+        out = stock.kda_moe_layer(self._act(delta), gpu_stream, norms, kda, moe, gpu_state, pos, dims.kda, dims.moe)
+        back = self._back(delta)
+        return (
+            back(out),
+            ResidualStream(blocks=back(gpu_stream.blocks), prefix=back(gpu_stream.prefix)),
+            KdaState(conv=back(gpu_state.conv), recurrent=back(gpu_state.recurrent)),
+        )
+
+    def mla_moe(self, delta, stream, weights, cache, pos, dims):
+        from kimi_k3_path.reference import stock
+
+        norms, mla, moe = self._weights(weights, "mla", dims)
+        gpu_stream = stock.GpuStream.from_reference(stream, self.device)
+        gpu_cache = stock.GpuLatentCache.from_reference(cache, self.device)
+        out = stock.mla_moe_layer(self._act(delta), gpu_stream, norms, mla, moe, gpu_cache, pos, dims.mla, dims.moe)
+        back = self._back(delta)
+        return (
+            back(out),
+            ResidualStream(blocks=back(gpu_stream.blocks), prefix=back(gpu_stream.prefix)),
+            PagedLatentCache(pages=back(gpu_cache.pages), block_table=cache.block_table, seq_lens=cache.seq_lens),
+        )
+
+    def _act(self, delta: Any) -> Any:
+        return delta.to(device=self.device, dtype=torch.bfloat16).contiguous()
+
+    @staticmethod
+    def _back(like: Any) -> Callable[[Any], Any]:
+        return lambda t: t.to(device=like.device, dtype=torch.float32)
+
+
 def reference_ops() -> DecodeOps:
     """The fp32 reference ops: what the specialized path runs for an op family without a kernel."""
     return DecodeOps(name="reference", kda_step=kda_decode_step, mla_decode=mla_decode, latent_moe=latent_moe)
@@ -186,7 +265,12 @@ class DecodeExecutor:
         return {f"{d.path}: {d.reason}": n for d, n in sorted(self.decisions.items(), key=lambda kv: -kv[1])}
 
 
-def build_executor(deployment: Deployment, matrix: SupportMatrix = SUPPORT_MATRIX) -> DecodeExecutor:
-    """The executor with this machine's paths: specialized = reference ops composed (kernels plug in per op
-    family through `DecodeOps` as they land); stock = the reference layers."""
-    return DecodeExecutor(deployment, ComposedPath(reference_ops()), ReferenceLayers(), matrix)
+def build_executor(
+    deployment: Deployment, device: str = "cpu", matrix: SupportMatrix = SUPPORT_MATRIX
+) -> DecodeExecutor:
+    """The executor for `device`: specialized = the reference ops composed (kernels plug in per op family through
+    `DecodeOps` as they land); stock = the stock-like sequence where Triton can run it (a CUDA device, or any
+    device under TRITON_INTERPRET=1), else the fp32 reference layers."""
+    runs_triton = device.startswith("cuda") or os.environ.get("TRITON_INTERPRET") == "1"
+    stock: LayerPath = StockLikeLayers(device) if runs_triton else ReferenceLayers()
+    return DecodeExecutor(deployment, ComposedPath(reference_ops()), stock, matrix)
