@@ -41,7 +41,8 @@ def parse_junit(path: Path, nodeids: dict[str, str] | None = None) -> tuple[Test
         name = case.get("name")
         if not name:
             raise InputError(str(path), "a <testcase> has no name")
-        key = f"{case.get('classname', '')}::{name}"
+        classname = case.get("classname")
+        key = f"{classname}::{name}" if classname else name  # pytest reports a collection error by module only
         outcome, message = _outcome(case)
         cases.append(TestCase(id=nodeids.get(key, key), outcome=outcome, message=message[:MAX_MESSAGE_CHARS]))  # the assertion comes first
     return tuple(cases)

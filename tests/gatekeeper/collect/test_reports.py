@@ -20,6 +20,7 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?>
   <testcase classname="tests.tiny.test_gpu.TestMore" name="test_fails"><failure message="assert 1 == 2">trace</failure></testcase>
   <testcase classname="tests.tiny.test_gpu" name="test_broken"><error message="fixture exploded"/></testcase>
   <testcase classname="tests.tiny.test_gpu" name="test_skipped"><skipped message="no GPU"/></testcase>
+  <testcase classname="" name="tests.tiny.test_broken_module"><error message="collection failure"/></testcase>
 </testsuite></testsuites>
 """
 
@@ -41,6 +42,7 @@ def test_parse_junit_outcomes_and_node_ids(tmp_path):
         ("tests.tiny.test_gpu.TestMore::test_fails", "failed"),
         ("tests.tiny.test_gpu::test_broken", "error"),
         ("tests.tiny.test_gpu::test_skipped", "skipped"),
+        ("tests.tiny.test_broken_module", "error"),
     ]
     assert cases[1].message == "assert 1 == 2\ntrace"
 
