@@ -204,7 +204,7 @@ class CandidateMoe:
 
     def __call__(self, x: Any) -> Any:
         out = self._torch.empty_like(x)
-        self._kernels.latent_moe_decode(x, self.weights, self.workspace, out, self._torch.cuda.current_stream().cuda_stream)
+        self._kernels.latent_moe_decode(x, self.weights, self.workspace, out, self._torch.cuda.current_stream())
         return out
 
 
