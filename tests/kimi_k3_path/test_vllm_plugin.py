@@ -15,7 +15,6 @@ pytest.importorskip("vllm", reason="the real vllm package is not installed (the 
 pytestmark = pytest.mark.vllm
 
 from vllm.config import DeviceConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig  # noqa: E402
-from vllm.config.speculative import SpeculativeConfig  # noqa: E402
 from vllm.model_executor.models.config import MODELS_CONFIG_MAP  # noqa: E402
 
 from kimi_k3_path import vllm_plugin  # noqa: E402
