@@ -17,7 +17,6 @@ from kimi_k3_path.reference import (
     attn_res_mix,
     kda_decode_step,
     kda_moe_layer,
-    latent_moe,
     mla_decode,
     mla_moe_layer,
     random_attn_res_weights,
