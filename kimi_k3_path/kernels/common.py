@@ -48,6 +48,15 @@ def ld_coherent_f32(addr: Int64) -> Float32:
     return cute.arch.inline_ptx("ld.global.cg.f32 {$w0}, [{$r0}];", write_only_types=[Float32], read_only_args=[addr])
 
 
+def ld_coherent_v4_f32(addr: Int64):
+    """16 bytes (4 fp32) another CTA of the same launch produced (with atomics): read from L2."""
+    return cute.arch.inline_ptx(
+        "ld.global.cg.v4.f32 {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}];",
+        write_only_types=[Float32] * 4,
+        read_only_args=[addr],
+    )
+
+
 def red_add_f32(addr: Int64, value: Float32) -> None:
     cute.arch.inline_ptx("red.global.add.f32 [{$r0}], {$r1};", read_only_args=[addr, value])
 
@@ -104,6 +113,69 @@ def fp4x8_to_f32(word: Int32):
     )
 
 
+def fp4x8_fma_f16x2(word: Int32, x01: Int32, x23: Int32, x45: Int32, x67: Int32, acc0: Int32, acc1: Int32):
+    """(acc0, acc1) + products of eight E2M1 nibbles (times 2^-6, see fp4x8_to_f32) with eight fp16 activations
+    (x01..x67: packed pairs in element order), in packed f16x2 arithmetic: 4 conversions and 4 HFMA2 per 8 values
+    instead of 12 conversions and 8 FFMA. The conversion pairs elements (0,2), (4,6), (1,3), (5,7), so the
+    activations are permuted to match with byte permutes."""
+    return cute.arch.inline_ptx(
+        "{\n"
+        ".reg .b32 lo, hi, t, p0, p1, p2, p3, q0, q1, q2, q3, s0, s1;\n"
+        ".reg .b16 a0, a1, a2, a3;\n"
+        "and.b32 lo, {$r0}, 0x08080808;\n"
+        "shl.b32 lo, lo, 4;\n"
+        "and.b32 t, {$r0}, 0x07070707;\n"
+        "shl.b32 t, t, 2;\n"
+        "or.b32 lo, lo, t;\n"
+        "and.b32 hi, {$r0}, 0x80808080;\n"
+        "shr.b32 t, {$r0}, 2;\n"
+        "and.b32 t, t, 0x1C1C1C1C;\n"
+        "or.b32 hi, hi, t;\n"
+        "mov.b32 {a0, a1}, lo;\n"
+        "mov.b32 {a2, a3}, hi;\n"
+        "cvt.rn.f16x2.e4m3x2 p0, a0;\n"
+        "cvt.rn.f16x2.e4m3x2 p1, a1;\n"
+        "cvt.rn.f16x2.e4m3x2 p2, a2;\n"
+        "cvt.rn.f16x2.e4m3x2 p3, a3;\n"
+        "prmt.b32 q0, {$r1}, {$r2}, 0x5410;\n"
+        "prmt.b32 q2, {$r1}, {$r2}, 0x7632;\n"
+        "prmt.b32 q1, {$r3}, {$r4}, 0x5410;\n"
+        "prmt.b32 q3, {$r3}, {$r4}, 0x7632;\n"
+        "mov.b32 s0, {$r5};\n"
+        "mov.b32 s1, {$r6};\n"
+        "fma.rn.f16x2 s0, p0, q0, s0;\n"
+        "fma.rn.f16x2 s1, p1, q1, s1;\n"
+        "fma.rn.f16x2 s0, p2, q2, s0;\n"
+        "fma.rn.f16x2 s1, p3, q3, s1;\n"
+        "mov.b32 {$w0}, s0;\n"
+        "mov.b32 {$w1}, s1;\n"
+        "}",
+        write_only_types=[Int32, Int32],
+        read_only_args=[word, x01, x23, x45, x67, acc0, acc1],
+    )
+
+
+def f16x2_pair_sum_f32(acc0: Int32, acc1: Int32) -> Float32:
+    """The four fp16 lanes of two packed accumulators, summed in fp32."""
+    return cute.arch.inline_ptx(
+        "{\n"
+        ".reg .b16 l0, h0, l1, h1;\n"
+        ".reg .f32 f0, f1, f2, f3;\n"
+        "mov.b32 {l0, h0}, {$r0};\n"
+        "mov.b32 {l1, h1}, {$r1};\n"
+        "cvt.f32.f16 f0, l0;\n"
+        "cvt.f32.f16 f1, h0;\n"
+        "cvt.f32.f16 f2, l1;\n"
+        "cvt.f32.f16 f3, h1;\n"
+        "add.f32 f0, f0, f1;\n"
+        "add.f32 f2, f2, f3;\n"
+        "add.f32 {$w0}, f0, f2;\n"
+        "}",
+        write_only_types=[Float32],
+        read_only_args=[acc0, acc1],
+    )
+
+
 def e8m0_scale_times_64(s: Int32) -> Float32:
     """2^(s-127) * 2^6 as fp32 (the 2^6 undoes fp4x8_to_f32's offset). Exact for s in 0..248; 255 is E8M0 NaN."""
     return cute.arch.inline_ptx(
@@ -138,6 +210,29 @@ def situ_glu(gate: Float32, up: Float32) -> Float32:
     """4*tanh(g/4)*sigmoid(g) * 25*tanh(u/25), the same formula as kimi_k3_path.reference.situ_glu."""
     soft_gate = Float32(SITU_BETA) * cute.math.tanh(gate * Float32(1.0 / SITU_BETA)) * sigmoid(gate)
     return soft_gate * Float32(SITU_LINEAR_BETA) * cute.math.tanh(up * Float32(1.0 / SITU_LINEAR_BETA))
+
+
+def load_scaled_f32_tokens(x_addr: Int64, row_stride_bytes, m_first, m_count, vec: Int32, mt: int, gamma_addr: Int64):
+    """Like load_bf16_tokens for fp32 rows, each value times gamma[k] (the latent-norm weight folded into x)."""
+    gamma = []
+    for h in range(2):
+        gamma.extend(ld_act_v4_f32(gamma_addr + Int64(vec) * (2 * VEC_BYTES) + h * VEC_BYTES))
+    rows = []
+    for mi in range(mt):
+        m = cutlass.min(m_first + mi, m_count - 1)
+        vals = []
+        for h in range(2):
+            vals.extend(ld_act_v4_f32(x_addr + Int64(m) * row_stride_bytes + Int64(vec) * (2 * VEC_BYTES) + h * VEC_BYTES))
+        rows.append([vals[i] * gamma[i] for i in range(8)])
+    return rows
+
+
+def ld_act_v4_f32(addr: Int64):
+    return cute.arch.inline_ptx(
+        "ld.global.nc.v4.f32 {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}];",
+        write_only_types=[Float32] * 4,
+        read_only_args=[addr],
+    )
 
 
 def load_bf16_tokens(x_addr: Int64, row_stride_bytes, m_first, m_count, vec: Int32, mt: int):

@@ -4,10 +4,16 @@ Grouped by the router's plan: CTA (slot, tile) works on the slot's expert only, 
 registers, then loops over the tokens that chose that expert, so each active expert's weights are read once per
 step however many tokens chose it. CTAs of unused slots (slot >= n_active) exit at once.
 
+Activations are fp16 (x_lat from the front kernel, a from GEMM1): E2M1 values convert exactly to fp16 pairs in one
+instruction, and the products run as packed f16x2 FMAs within each 32-value group (fp32 across groups). fp16 needs
+|x_lat| < 65504 (|a| < 100 holds by SiTU's soft caps).
+
 GEMM1 + SiTU: a half-warp per weight row, the two half-warps of a warp on gate row j and up row I+j, so the
-activation a[pair, j] = situ_glu(gate, up) is formed in registers. a is stored bf16 per (token, slot) pair.
+activation a[pair, j] = situ_glu(gate, up) is formed in registers. a is stored fp16 per (token, slot) pair.
 GEMM2 + combine: `lanes` lanes per row of w2; each row's result times the pair's routing weight is added with one
-fp32 reduction into y_lat[token] (zeroed by GEMM1 of the same step).
+fp32 reduction into y_lat[token] (zeroed by GEMM1 of the same step). The last CTA to finish (a self-resetting
+device counter, as in the router) computes rstd[t] = 1/sqrt(mean(y_lat[t]^2) + eps) for the finalize GEMM, which
+folds the latent RMSNorm into the up-projection.
 """
 
 from __future__ import annotations
@@ -15,17 +21,18 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import BFloat16, Float32, Int32, Int64
+from cutlass import Float16, Float32, Int32, Int64
 
 from .common import (
     FP4_GROUP,
     VEC_BYTES,
     WARP,
-    bf16x2_to_f32,
     e8m0_scale_times_64,
-    fp4x8_to_f32,
+    f16x2_pair_sum_f32,
+    fp4x8_fma_f16x2,
     lane_group_sum,
     ld_act_v4,
+    ld_coherent_v4_f32,
     ld_u8,
     ld_weight_v4,
     red_add_f32,
@@ -37,15 +44,14 @@ GEMM1_LANES_PER_ROW = 16
 
 
 def group_dot(packed, x_addr: Int64) -> Float32:
-    """Unscaled dot (times 2^-6) of one MXFP4 group (4 words of packed nibbles) with 32 bf16 activations."""
-    partial = Float32(0.0)
+    """Unscaled dot (times 2^-6) of one MXFP4 group (4 words of packed nibbles) with 32 fp16 activations: packed
+    f16x2 products within the group (two accumulators of 8 terms each), fp32 from the group sum on."""
+    acc0 = Int32(0)
+    acc1 = Int32(0)
     for q in range(4):
         xw = ld_act_v4(x_addr + Int64(q * VEC_BYTES))
-        wv = fp4x8_to_f32(packed[q])
-        for j in range(4):
-            lo, hi = bf16x2_to_f32(xw[j])
-            partial = partial + wv[2 * j] * lo + wv[2 * j + 1] * hi
-    return partial
+        acc0, acc1 = fp4x8_fma_f16x2(packed[q], xw[0], xw[1], xw[2], xw[3], acc0, acc1)
+    return f16x2_pair_sum_f32(acc0, acc1)
 
 
 def lanes_per_row(groups: int) -> int:
@@ -58,8 +64,8 @@ def lanes_per_row(groups: int) -> int:
 
 class ExpertsGemm1Situ:
     """a[p, j] = situ_glu(x_lat[t] . w13[e, j], x_lat[t] . w13[e, I + j]) for every planned pair p = t*k + slot.
-    Tensors: x_lat [M, L] bf16, w13 [E, 2I, L/2] uint8, s13 [E, 2I, L/32] uint8, plan (n_active [1],
-    slot_expert [S], slot_count [S], slot_pairs [S, 64]) int32, a [M*k, I] bf16, y_lat [M, L] fp32 (zeroed here)."""
+    Tensors: x_lat [M, L] fp16, w13 [E, 2I, L/2] uint8, s13 [E, 2I, L/32] uint8, plan (n_active [1],
+    slot_expert [S], slot_count [S], slot_pairs [S, 64]) int32, a [M*k, I] fp16, y_lat [M, L] fp32 (zeroed here)."""
 
     def __init__(self, experts: int, latent: int, inter: int, top_k: int):
         groups = latent // FP4_GROUP
@@ -115,15 +121,17 @@ class ExpertsGemm1Situ:
                 acc = lane_group_sum(acc, GEMM1_LANES_PER_ROW)
                 up = cute.arch.shuffle_sync_bfly(acc, GEMM1_LANES_PER_ROW)
                 if lane == 0:
-                    a[pair, j] = situ_glu(acc, up).to(BFloat16)
+                    a[pair, j] = situ_glu(acc, up).to(Float16)
 
 
 class ExpertsGemm2Combine:
-    """y_lat[t] += w[p] * (a[p] @ w2[e]^T) for every planned pair p = t*k + slot.
-    Tensors: a [M*k, I] bf16, w2 [E, L, I/2] uint8, s2 [E, L, I/32] uint8, plan, topk weights [M, k] fp32,
-    y_lat [M, L] fp32 (accumulated with fp32 reductions)."""
+    """y_lat[t] += w[p] * (a[p] @ w2[e]^T) for every planned pair p = t*k + slot, then rstd[t] of y_lat.
+    Tensors: a [M*k, I] fp16, w2 [E, L, I/2] uint8, s2 [E, L, I/32] uint8, plan, topk weights [M, k] fp32,
+    y_lat [M, L] fp32 (accumulated with fp32 reductions), counter [1] int32 (zero; left zero), rstd [M] fp32."""
 
-    def __init__(self, experts: int, latent: int, inter: int, top_k: int):
+    def __init__(self, experts: int, latent: int, inter: int, top_k: int, eps: float):
+        if latent % (4 * WARP):
+            raise ValueError(f"ExpertsGemm2Combine: latent={latent} is not a multiple of {4 * WARP} (rstd loads)")
         if inter % FP4_GROUP:
             raise ValueError(f"ExpertsGemm2Combine: intermediate={inter} is not a multiple of {FP4_GROUP}")
         groups = inter // FP4_GROUP
@@ -131,21 +139,25 @@ class ExpertsGemm2Combine:
         self.rows_per_cta = WARPS_PER_CTA * WARP // self.lanes
         if latent % self.rows_per_cta:
             raise ValueError(f"ExpertsGemm2Combine: latent={latent} is not a multiple of {self.rows_per_cta}")
-        self.e, self.l, self.i, self.k = experts, latent, inter, top_k
+        self.e, self.l, self.i, self.k, self.eps = experts, latent, inter, top_k, eps
         self.groups_per_lane = groups // self.lanes
 
     @cute.jit
-    def __call__(self, a, w2, s2, n_active, slot_expert, slot_count, slot_pairs, topk_w, y_lat, stream: cuda.CUstream):
+    def __call__(self, a, w2, s2, n_active, slot_expert, slot_count, slot_pairs, topk_w, y_lat, counter, rstd,
+                 stream: cuda.CUstream):
         m = y_lat.shape[0]
         slots = cutlass.min(m * self.k, self.e)
-        self.kernel(a, w2, s2, n_active, slot_expert, slot_count, slot_pairs, topk_w, y_lat).launch(
-            grid=[slots, self.l // self.rows_per_cta, 1], block=[WARPS_PER_CTA * WARP, 1, 1], stream=stream
+        self.kernel(a, w2, s2, n_active, slot_expert, slot_count, slot_pairs, topk_w, y_lat, counter, rstd, m).launch(
+            grid=[slots, self.l // self.rows_per_cta, 1], block=[WARPS_PER_CTA * WARP, 1, 1], smem=16, stream=stream
         )
 
     @cute.kernel
-    def kernel(self, a, w2, s2, n_active, slot_expert, slot_count, slot_pairs, topk_w, y_lat):
+    def kernel(self, a, w2, s2, n_active, slot_expert, slot_count, slot_pairs, topk_w, y_lat, counter, rstd,
+               m_count: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         slot, tile, _ = cute.arch.block_idx()
+        grid_x, grid_y, _ = cute.arch.grid_dim()
+        flag = cutlass.memory.SmemAllocator().allocate_tensor(Int32, cute.make_layout(4), byte_alignment=16)
         if slot < n_active[0]:
             sub = tidx % self.lanes
             row = tile * self.rows_per_cta + tidx // self.lanes
@@ -172,6 +184,30 @@ class ExpertsGemm2Combine:
                 if sub == 0:
                     weight = topk_w[token, pair % self.k]
                     red_add_f32(y_lat.iterator.toint() + (Int64(token) * self.l + Int64(row)) * 4, acc * weight)
+
+        # Every CTA (empty slots too) counts in; the last one sees all reductions and computes rstd per token.
+        # One release fence by thread 0 after the barrier covers the CTA's reductions (fences are cumulative).
+        cute.arch.sync_threads()
+        if tidx == 0:
+            cute.arch.fence_acq_rel_gpu()
+            arrived = cute.arch.atomic_add(counter.iterator, Int32(1), scope="gpu")
+            flag[0] = Int32(0)
+            if arrived == grid_x * grid_y - 1:
+                flag[0] = Int32(1)
+                counter[0] = Int32(0)
+        cute.arch.sync_threads()
+        if flag[0] == 1:
+            cute.arch.fence_acq_rel_gpu()
+            lane = tidx % WARP
+            for t in cutlass.range(tidx // WARP, m_count, WARPS_PER_CTA):
+                row_addr = y_lat.iterator.toint() + Int64(t) * (self.l * 4)
+                sq = Float32(0.0)
+                for i in cutlass.range_constexpr(self.l // (4 * WARP)):
+                    v = ld_coherent_v4_f32(row_addr + Int64(lane + i * WARP) * VEC_BYTES)
+                    sq = sq + v[0] * v[0] + v[1] * v[1] + v[2] * v[2] + v[3] * v[3]
+                sq = lane_group_sum(sq, WARP)
+                if lane == 0:
+                    rstd[t] = cute.math.rsqrt(sq / Float32(self.l) + Float32(self.eps))
 
 
 def _plan_shapes(plan, experts: int) -> None:
@@ -201,21 +237,21 @@ def experts_gemm1_situ(x_lat, w13, s13, plan, top_k: int, a, y_lat, stream) -> N
     m, latent = x_lat.shape
     experts, two_i, _ = w13.shape
     inter = two_i // 2
-    expect("x_lat", x_lat, (m, latent), "bfloat16")
+    expect("x_lat", x_lat, (m, latent), "float16")
     expect("w13", w13, (experts, 2 * inter, latent // 2), "uint8")
     expect("s13", s13, (experts, 2 * inter, latent // FP4_GROUP), "uint8")
     _plan_shapes(plan, experts)
-    expect("a", a, (m * top_k, inter), "bfloat16")
+    expect("a", a, (m * top_k, inter), "float16")
     expect("y_lat", y_lat, (m, latent), "float32")
 
     def build():
         md, pd = dyn(), dyn()
         args = (
-            fake(BFloat16, (md, latent)),
+            fake(Float16, (md, latent)),
             fake(Uint8, (experts, 2 * inter, latent // 2)),
             fake(Uint8, (experts, 2 * inter, latent // FP4_GROUP)),
             *_fake_plan(experts),
-            fake(BFloat16, (pd, inter)),
+            fake(Float16, (pd, inter)),
             fake(Float32, (md, latent)),
             fake_stream(),
         )
@@ -228,8 +264,9 @@ def experts_gemm1_situ(x_lat, w13, s13, plan, top_k: int, a, y_lat, stream) -> N
     )
 
 
-def experts_gemm2_combine(a, w2, s2, plan, topk_w, y_lat, stream) -> None:
-    """y_lat[t] += sum over t's pairs of weight * (a[pair] @ w2[e]^T); y_lat must be zero (GEMM1 does it)."""
+def experts_gemm2_combine(a, w2, s2, plan, topk_w, y_lat, counter, rstd, eps: float, stream) -> None:
+    """y_lat[t] += sum over t's pairs of weight * (a[pair] @ w2[e]^T) (y_lat must be zero: GEMM1 does it), then
+    rstd[t] = 1/sqrt(mean(y_lat[t]^2) + eps). counter: int32 [1], zero before the first launch (left zero)."""
     from cutlass import Uint8
 
     from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
@@ -238,28 +275,32 @@ def experts_gemm2_combine(a, w2, s2, plan, topk_w, y_lat, stream) -> None:
     experts, _, half_i = w2.shape
     inter = half_i * 2
     top_k = topk_w.shape[1]
-    expect("a", a, (m * top_k, inter), "bfloat16")
+    expect("a", a, (m * top_k, inter), "float16")
     expect("w2", w2, (experts, latent, inter // 2), "uint8")
     expect("s2", s2, (experts, latent, inter // FP4_GROUP), "uint8")
     _plan_shapes(plan, experts)
     expect("topk_w", topk_w, (m, top_k), "float32")
     expect("y_lat", y_lat, (m, latent), "float32")
+    expect("counter", counter, (1,), "int32")
+    expect("rstd", rstd, (m,), "float32")
 
     def build():
         md, pd = dyn(), dyn()
         args = (
-            fake(BFloat16, (pd, inter)),
+            fake(Float16, (pd, inter)),
             fake(Uint8, (experts, latent, inter // 2)),
             fake(Uint8, (experts, latent, inter // FP4_GROUP)),
             *_fake_plan(experts),
             fake(Float32, (md, top_k)),
             fake(Float32, (md, latent)),
+            fake(Int32, (1,)),
+            fake(Float32, (md,)),
             fake_stream(),
         )
-        return ExpertsGemm2Combine(experts, latent, inter, top_k), args
+        return ExpertsGemm2Combine(experts, latent, inter, top_k, eps), args
 
-    fn = compile_cached(("experts_gemm2_combine", experts, latent, inter, top_k), build)
+    fn = compile_cached(("experts_gemm2_combine", experts, latent, inter, top_k, eps), build)
     fn(
         to_cute(a, True), to_cute(w2), to_cute(s2), *(to_cute(t) for t in plan),
-        to_cute(topk_w, True), to_cute(y_lat, True), cu_stream(stream),
+        to_cute(topk_w, True), to_cute(y_lat, True), to_cute(counter), to_cute(rstd, True), cu_stream(stream),
     )

@@ -1,9 +1,12 @@
 """Skinny bf16 GEMM for decode batches (y[M, N] = x[M, K] @ W[N, K]^T): the routed down-projection 7168 -> 3584,
-whole or as this rank's column shard, and the row-dot core the router, shared-expert and finalize kernels reuse.
+whole or as this rank's column shard, and the split-K row-dot core the router, shared-expert and finalize kernels
+reuse.
 
-Mapping: one warp per weight row, lanes stride K in 16-byte vectors (coalesced 512 B per warp load), tokens in
-compile-time tiles of `mt` (1, 2, 4 or 8) with a run-time loop over tiles, fp32 accumulation, one warp reduction
-per (row, token). Weights stream through L2 only; activations stay in L1 because every warp of the SM rereads them.
+Mapping: a CTA of 8 warps owns 8/split weight rows; the `split` warps of a row each take 1/split of K, their lanes
+striding it in 16-byte vectors (coalesced 512 B per warp load); partial sums meet in shared memory. Splitting K
+keeps thousands of warps streaming even when N is small (the router has 896 rows), and many small CTAs balance
+across the 132 SMs. Tokens come in compile-time tiles of `mt` (1, 2, 4 or 8) with a run-time loop over tiles;
+fp32 accumulation. Weights bypass L1 (read once); activations stay in L1 (every warp of the SM rereads them).
 """
 
 from __future__ import annotations
@@ -13,9 +16,20 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64
 
-from .common import BF16_PER_VEC, VEC_BYTES, WARP, dot_bf16x8, lane_group_sum, ld_weight_v4, load_bf16_tokens
+from .common import (
+    BF16_PER_VEC,
+    VEC_BYTES,
+    WARP,
+    dot_bf16x8,
+    lane_group_sum,
+    ld_weight_v4,
+    load_bf16_tokens,
+    load_scaled_f32_tokens,
+)
 
 WARPS_PER_CTA = 8
+MAX_TILE = 8  # largest token tile; shared-memory scratch holds WARPS_PER_CTA x 2 rows x MAX_TILE partials
+GEMV_SPLIT = 4
 
 
 def token_tile(m: int) -> int:
@@ -23,52 +37,96 @@ def token_tile(m: int) -> int:
     for mt in (1, 2, 4):
         if m <= mt:
             return mt
-    return 8
+    return MAX_TILE
 
 
-def check_k(k: int, what: str) -> None:
-    if k % BF16_PER_VEC:
-        raise ValueError(f"{what}: K={k} is not a multiple of {BF16_PER_VEC} (16-byte loads of bf16)")
+def check_k(k: int, split: int, what: str) -> None:
+    if k % (BF16_PER_VEC * split):
+        raise ValueError(f"{what}: K={k} is not a multiple of {BF16_PER_VEC * split} (16-byte loads, {split}-way split)")
 
 
 def unroll_for(steps: int) -> int:
     return 4 if steps % 4 == 0 else (2 if steps % 2 == 0 else 1)
 
 
-def rows_dot_tokens_step(acc, row_addrs, x_addr: Int64, x_row_bytes, vec, m_first, m_count, mt: int) -> None:
-    """acc[r, mi] += dot of the 8 bf16 values at vector `vec` of row r (byte address row_addrs[r]) and of token
-    m_first + mi."""
+def rows_dot_tokens_step(acc, acc_row: int, row_addrs, tokens, vec) -> None:
+    """acc[acc_row + r, mi] += dot of the 8 bf16 weights at vector `vec` of row r with the tokens' 8 values."""
     weights = [ld_weight_v4(addr + Int64(vec) * VEC_BYTES) for addr in row_addrs]
-    tokens = load_bf16_tokens(x_addr, x_row_bytes, m_first, m_count, vec, mt)
     for r in range(len(row_addrs)):
-        for mi in range(mt):
-            acc[r, mi] = dot_bf16x8(weights[r], tokens[mi], acc[r, mi])
+        for mi in range(len(tokens)):
+            acc[acc_row + r, mi] = dot_bf16x8(weights[r], tokens[mi], acc[acc_row + r, mi])
 
 
 @cute.jit
-def accumulate_rows(
+def dot_slice(
     acc: cute.Tensor,
     row0: Int64,
     row1: Int64,
     x_addr: Int64,
+    gamma_addr: Int64,
+    first_vec: Int32,
     lane: Int32,
     m_first: Int32,
     m_count: Int32,
-    k: cutlass.Constexpr,
+    acc_row: cutlass.Constexpr,
+    rows: cutlass.Constexpr,
+    x_elems: cutlass.Constexpr,
+    x_f32: cutlass.Constexpr,
+    n_vec: cutlass.Constexpr,
+    mt: cutlass.Constexpr,
+):
+    """acc[acc_row + r, mi] += this lane's share of the dot of weight row r (1 or 2 rows at byte addresses
+    row0/row1) with token m_first + mi, over the n_vec 16-byte vectors starting at first_vec. x rows hold x_elems
+    values, bf16, or fp32 times gamma[k] when x_f32. The caller reduces across lanes and warps."""
+    row_addrs = [row0, row1][:rows]
+    full: cutlass.Constexpr = n_vec // WARP
+    # Short loops unroll fully so every weight load of the slice is in flight before the first FMA.
+    for step in cutlass.range(full, unroll=full if full <= 8 else unroll_for(full)):
+        vec = first_vec + lane + step * WARP
+        if cutlass.const_expr(x_f32):
+            tokens = load_scaled_f32_tokens(x_addr, x_elems * 4, m_first, m_count, vec, mt, gamma_addr)
+        else:
+            tokens = load_bf16_tokens(x_addr, x_elems * 2, m_first, m_count, vec, mt)
+        rows_dot_tokens_step(acc, acc_row, row_addrs, tokens, vec)
+    if cutlass.const_expr(n_vec % WARP != 0):
+        if lane < n_vec % WARP:
+            vec = first_vec + lane + full * WARP
+            if cutlass.const_expr(x_f32):
+                tokens = load_scaled_f32_tokens(x_addr, x_elems * 4, m_first, m_count, vec, mt, gamma_addr)
+            else:
+                tokens = load_bf16_tokens(x_addr, x_elems * 2, m_first, m_count, vec, mt)
+            rows_dot_tokens_step(acc, acc_row, row_addrs, tokens, vec)
+
+
+@cute.jit
+def split_k_reduce(
+    acc: cute.Tensor,
+    scratch: cute.Tensor,
+    warp: Int32,
+    lane: Int32,
+    split: cutlass.Constexpr,
     rows: cutlass.Constexpr,
     mt: cutlass.Constexpr,
 ):
-    """acc[r, mi] += this lane's share of dot(row r, token m_first + mi) over K=k bf16 values (rows: 1 or 2 weight
-    rows at byte addresses row0/row1; x rows k values apart). Lanes stride K in 16-byte vectors; a K that is not a
-    multiple of 256 ends with a partial warp step. The caller reduces across the warp."""
-    row_addrs = [row0, row1][:rows]
-    vectors: cutlass.Constexpr = k // BF16_PER_VEC
-    full: cutlass.Constexpr = vectors // WARP
-    for step in cutlass.range(full, unroll=unroll_for(full)):
-        rows_dot_tokens_step(acc, row_addrs, x_addr, k * 2, lane + step * WARP, m_first, m_count, mt)
-    if cutlass.const_expr(vectors % WARP != 0):
-        if lane < vectors % WARP:
-            rows_dot_tokens_step(acc, row_addrs, x_addr, k * 2, lane + full * WARP, m_first, m_count, mt)
+    """Sum acc over each warp's lanes and over the `split` consecutive warps sharing a row group; lane 0 of the
+    group's first warp ends with the totals. Every thread of the CTA must call it (it synchronizes)."""
+    for r in cutlass.range_constexpr(rows):
+        for mi in cutlass.range_constexpr(mt):
+            acc[r, mi] = lane_group_sum(acc[r, mi], WARP)
+    if cutlass.const_expr(split > 1):
+        if lane == 0:
+            for r in cutlass.range_constexpr(rows):
+                for mi in cutlass.range_constexpr(mt):
+                    scratch[warp, r * mt + mi] = acc[r, mi]
+        cute.arch.sync_threads()
+        if lane == 0 and warp % split == 0:
+            for r in cutlass.range_constexpr(rows):
+                for mi in cutlass.range_constexpr(mt):
+                    total = Float32(0.0)
+                    for p in cutlass.range_constexpr(split):
+                        total = total + scratch[warp + p, r * mt + mi]
+                    acc[r, mi] = total
+        cute.arch.sync_threads()
 
 
 def zero_acc(rows: int, mt: int):
@@ -79,52 +137,85 @@ def zero_acc(rows: int, mt: int):
     return acc
 
 
-class SkinnyGemm:
-    """y = x @ W^T for bf16 x [M, K] (M dynamic), W [N, K] and y [M, N]; N a multiple of 8, K of 8."""
+def alloc_scratch(smem):
+    return smem.allocate_tensor(
+        Float32, cute.make_layout((WARPS_PER_CTA, 2 * MAX_TILE), stride=(2 * MAX_TILE, 1)), byte_alignment=16
+    )
 
-    def __init__(self, n: int, k: int, mt: int):
-        if n % WARPS_PER_CTA:
-            raise ValueError(f"SkinnyGemm: N={n} is not a multiple of {WARPS_PER_CTA}")
-        check_k(k, "SkinnyGemm")
-        self.n, self.k, self.mt = n, k, mt
+
+SCRATCH_BYTES = WARPS_PER_CTA * 2 * MAX_TILE * 4
+
+
+@cute.jit
+def gemv_part(
+    x: cute.Tensor,
+    w: cute.Tensor,
+    y: cute.Tensor,
+    scratch: cute.Tensor,
+    cta: Int32,
+    warp: Int32,
+    lane: Int32,
+    m_count: Int32,
+    k: cutlass.Constexpr,
+    split: cutlass.Constexpr,
+    mt: cutlass.Constexpr,
+):
+    """CTA `cta` of y = x @ w^T: rows cta*(8/split) .. +8/split."""
+    part = warp % split
+    row = cta * (WARPS_PER_CTA // split) + warp // split
+    n_vec: cutlass.Constexpr = k // BF16_PER_VEC // split
+    row_addr = w.iterator.toint() + Int64(row) * (k * 2)
+    for m_first in cutlass.range(0, m_count, mt, unroll=1):
+        acc = zero_acc(1, mt)
+        dot_slice(acc, row_addr, row_addr, x.iterator.toint(), Int64(0), part * n_vec, lane, m_first, m_count,
+                  0, 1, k, False, n_vec, mt)
+        split_k_reduce(acc, scratch, warp, lane, split, 1, mt)
+        if lane == 0 and part == 0:
+            for mi in cutlass.range_constexpr(mt):
+                if m_first + mi < m_count:
+                    y[m_first + mi, row] = acc[0, mi].to(y.element_type)
+
+
+class SkinnyGemm:
+    """y = x @ W^T for bf16 x [M, K] (M dynamic), W [N, K] and y [M, N]."""
+
+    def __init__(self, n: int, k: int, mt: int, split: int = GEMV_SPLIT):
+        if n % (WARPS_PER_CTA // split):
+            raise ValueError(f"SkinnyGemm: N={n} is not a multiple of {WARPS_PER_CTA // split}")
+        check_k(k, split, "SkinnyGemm")
+        self.n, self.k, self.mt, self.split = n, k, mt, split
+
+    def ctas(self) -> int:
+        return self.n // (WARPS_PER_CTA // self.split)
 
     @cute.jit
     def __call__(self, x: cute.Tensor, w: cute.Tensor, y: cute.Tensor, stream: cuda.CUstream):
         self.kernel(x, w, y, x.shape[0]).launch(
-            grid=[self.n // WARPS_PER_CTA, 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1], stream=stream
+            grid=[self.ctas(), 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1], smem=SCRATCH_BYTES, stream=stream
         )
 
     @cute.kernel
     def kernel(self, x: cute.Tensor, w: cute.Tensor, y: cute.Tensor, m_count: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        lane = tidx % WARP
-        row = bidx * WARPS_PER_CTA + tidx // WARP
-        row_addr = w.iterator.toint() + Int64(row) * (self.k * 2)
-        x_addr = x.iterator.toint()
-        for m_first in cutlass.range(0, m_count, self.mt):
-            acc = zero_acc(1, self.mt)
-            accumulate_rows(acc, row_addr, row_addr, x_addr, lane, m_first, m_count, self.k, 1, self.mt)
-            for mi in cutlass.range_constexpr(self.mt):
-                total = lane_group_sum(acc[0, mi], WARP)
-                if lane == 0 and m_first + mi < m_count:
-                    y[m_first + mi, row] = total.to(BFloat16)
+        scratch = alloc_scratch(cutlass.memory.SmemAllocator())
+        gemv_part(x, w, y, scratch, bidx, tidx // WARP, tidx % WARP, m_count, self.k, self.split, self.mt)
 
 
-def _compile_skinny_gemm(n: int, k: int, mt: int):
-    from cutlass import BFloat16
-
+def _compile_skinny_gemm(n: int, k: int, mt: int, split: int):
     from .runtime import compile_cached, dyn, fake, fake_stream
 
     def build():
         m = dyn()
-        return SkinnyGemm(n, k, mt), (fake(BFloat16, (m, k)), fake(BFloat16, (n, k)), fake(BFloat16, (m, n)), fake_stream())
+        op = SkinnyGemm(n, k, mt, split)
+        return op, (fake(BFloat16, (m, k)), fake(BFloat16, (n, k)), fake(BFloat16, (m, n)), fake_stream())
 
-    return compile_cached(("skinny_gemm", n, k, mt), build)
+    return compile_cached(("skinny_gemm", n, k, mt, split), build)
 
 
-def skinny_gemm(x, w, out, stream) -> None:
-    """out[M, N] = x[M, K] @ w[N, K]^T, all bf16 CUDA tensors, launched on the torch `stream`."""
+def skinny_gemm(x, w, out, stream, split: int = GEMV_SPLIT) -> None:
+    """out[M, N] = x[M, K] @ w[N, K]^T, all bf16 CUDA tensors, launched on the torch `stream` (split: warps per row
+    sharing K, 1..8)."""
     from .runtime import cu_stream, expect, to_cute
 
     m, k = x.shape
@@ -132,7 +223,9 @@ def skinny_gemm(x, w, out, stream) -> None:
     expect("x", x, (m, k), "bfloat16")
     expect("w", w, (n, k), "bfloat16")
     expect("out", out, (m, n), "bfloat16")
-    fn = _compile_skinny_gemm(n, k, token_tile(m))
+    if split not in (1, 2, 4, 8):
+        raise ValueError(f"skinny_gemm: split={split} must be 1, 2, 4 or 8 (warps of a CTA sharing one row)")
+    fn = _compile_skinny_gemm(n, k, token_tile(m), split)
     fn(to_cute(x, True), to_cute(w), to_cute(out, True), cu_stream(stream))
 
 

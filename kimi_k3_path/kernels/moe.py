@@ -1,13 +1,13 @@
-"""`latent_moe_decode`: the whole latent-MoE block of one TP rank for a decode batch (M <= 64), in 7 launches on
+"""`latent_moe_decode`: the whole latent-MoE block of one TP rank for a decode batch (M <= 64), in 4 launches on
 the caller's stream, with no host synchronization and no allocation, so it can be captured in a CUDA graph:
 
-  1 router_topk            logits, sigmoid + bias top-k, weights, expert plan        (x, router weight)
-  2 skinny_gemm            x_lat = x @ W_down^T                                       (x, W_down)
-  3 shared_gate_up_situ    a_sh = situ_glu(x @ W_sh13^T)                              (x, W_sh13)
-  4 experts_gemm1_situ     a[pair] = situ_glu(x_lat[t] @ w13[e]^T); y_lat = 0        (active experts' w13)
-  5 experts_gemm2_combine  y_lat[t] += w * a[pair] @ w2[e]^T                          (active experts' w2)
-  6 latent_rms_norm        normed = rms_norm(y_lat) (bf16)
-  7 up_proj_shared_add     out = normed @ W_up^T + a_sh @ W_sh2^T                     (W_up, W_sh2)
+  1 front           one grid, three CTA ranges over the same input x:                    (router, W_down, W_sh13)
+                      router: logits, sigmoid + bias top-k, weights, expert plan (last router CTA)
+                      down-projection x_lat = x @ W_down^T (stored fp16 for the experts)
+                      shared experts' a_sh = situ_glu(x @ W_sh13^T)
+  2 experts GEMM1   a[pair] = situ_glu(x_lat[t] @ w13[e]^T); y_lat = 0                    (active experts' w13)
+  3 experts GEMM2   y_lat[t] += w * a[pair] @ w2[e]^T; last CTA: rstd[t] of y_lat         (active experts' w2)
+  4 finalize        out = rstd * ((gamma * y_lat) @ W_up^T) + a_sh @ W_sh2^T              (W_up, W_sh2)
 
 Weights are prepared once (`prepare_weights`); the workspace is allocated once per device (`MoeWorkspace`) for the
 largest batch and sliced per call.
@@ -18,14 +18,89 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
 import torch
+from cutlass import BFloat16, Float16, Float32, Int32
 
+from .common import WARP
 from .experts import experts_gemm1_situ, experts_gemm2_combine
-from .finalize import latent_rms_norm, up_proj_shared_add
-from .gemv import skinny_gemm
-from .router import MAX_TOKENS, router_topk
-from .shared import shared_gate_up_situ
+from .finalize import finalize
+from .gemv import GEMV_SPLIT, WARPS_PER_CTA, alloc_scratch, check_k, gemv_part, token_tile
+from .router import MAX_TOKENS, alloc_router_smem, check_router, router_part, router_smem_bytes
+from .shared import check_shared, shared_part
 
+
+class FrontKernel:
+    """The three consumers of x in one launch: CTAs [0, E) route, the next L/(8/split) project down, the last Ish
+    compute the shared experts' activation. Router CTAs come first so the top-k tail overlaps the other streams."""
+
+    def __init__(self, experts: int, hidden: int, latent: int, shared_inter: int, top_k: int, scaling: float, mt: int):
+        check_router(experts, hidden, top_k)
+        check_shared(shared_inter, hidden)
+        check_k(hidden, GEMV_SPLIT, "FrontKernel (down-projection)")
+        rows_per_cta = WARPS_PER_CTA // GEMV_SPLIT
+        if latent % rows_per_cta:
+            raise ValueError(f"FrontKernel: latent={latent} is not a multiple of {rows_per_cta}")
+        self.e, self.h, self.l, self.s, self.k, self.scaling, self.mt = (
+            experts, hidden, latent, shared_inter, top_k, scaling, mt)
+        self.down_ctas = latent // rows_per_cta
+
+    @cute.jit
+    def __call__(self, x, w_router, bias, logits, counter, ids, weights, n_active, slot_expert, slot_count,
+                 slot_pairs, w_down, x_lat, w_sh13, a_sh, stream: cuda.CUstream):
+        self.kernel(x, w_router, bias, logits, counter, ids, weights, n_active, slot_expert, slot_count, slot_pairs,
+                    w_down, x_lat, w_sh13, a_sh, x.shape[0]).launch(
+            grid=[self.e + self.down_ctas + self.s, 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1],
+            smem=router_smem_bytes(self.e, self.k), stream=stream,
+        )
+
+    @cute.kernel
+    def kernel(self, x, w_router, bias, logits, counter, ids, weights, n_active, slot_expert, slot_count, slot_pairs,
+               w_down, x_lat, w_sh13, a_sh, m_count: Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        smem = cutlass.memory.SmemAllocator()
+        state = alloc_router_smem(smem, self.e, self.k)
+        scratch = alloc_scratch(smem)
+        warp, lane = tidx // WARP, tidx % WARP
+        if bidx < self.e:
+            router_part(x, w_router, bias, logits, counter, ids, weights, n_active, slot_expert, slot_count,
+                        slot_pairs, state, scratch, bidx, tidx, m_count, self.e, self.h, self.k, self.scaling, self.mt)
+        elif bidx < self.e + self.down_ctas:
+            gemv_part(x, w_down, x_lat, scratch, bidx - self.e, warp, lane, m_count, self.h, GEMV_SPLIT, self.mt)
+        else:
+            shared_part(x, w_sh13, a_sh, scratch, bidx - self.e - self.down_ctas, warp, lane, m_count, self.s, self.h,
+                        self.mt)
+
+
+def front(x, w, ws, m: int, stream) -> None:
+    """Launch 1 of the block (see FrontKernel) on `stream`."""
+    from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
+
+    e, h, lat, s, k = w.experts, w.hidden, w.latent, w.shared_intermediate, w.top_k
+    expect("x", x, (m, h), "bfloat16")
+    mt = token_tile(m)
+
+    def build():
+        md = dyn()
+        args = (
+            fake(BFloat16, (md, h)), fake(BFloat16, (e, h)), fake(Float32, (e,)), fake(Float32, (md, e)),
+            fake(Int32, (1,)), fake(Int32, (md, k)), fake(Float32, (md, k)),
+            fake(Int32, (1,)), fake(Int32, (e,)), fake(Int32, (e,)), fake(Int32, (e, MAX_TOKENS)),
+            fake(BFloat16, (lat, h)), fake(Float16, (md, lat)), fake(BFloat16, (2 * s, h)), fake(BFloat16, (md, s)),
+            fake_stream(),
+        )
+        return FrontKernel(e, h, lat, s, k, w.routed_scaling_factor, mt), args
+
+    fn = compile_cached(("moe_front", e, h, lat, s, k, w.routed_scaling_factor, mt), build)
+    fn(
+        to_cute(x, True), to_cute(w.router), to_cute(w.router_bias), to_cute(ws.logits[:m], True),
+        to_cute(ws.router_counter), to_cute(ws.ids[:m], True), to_cute(ws.weights[:m], True),
+        *(to_cute(t) for t in ws.plan), to_cute(w.down), to_cute(ws.x_lat[:m], True), to_cute(w.shared13),
+        to_cute(ws.a_sh[:m], True), cu_stream(stream),
+    )
 
 
 @dataclass(frozen=True)
@@ -107,15 +182,18 @@ class MoeWorkspace:
         bf16 = dict(device=device, dtype=torch.bfloat16)
         m, e, k = MAX_TOKENS, w.experts, w.top_k
         self.logits = torch.empty(m, e, **f32)
-        self.counter = torch.zeros(1, **i32)  # the router leaves it at zero after every launch
+        # Arrival counters of the router and of GEMM2 (last-CTA work); each launch leaves its counter at zero.
+        self.router_counter = torch.zeros(1, **i32)
+        self.gemm2_counter = torch.zeros(1, **i32)
         self.ids = torch.empty(m, k, **i32)
         self.weights = torch.empty(m, k, **f32)
         self.plan = (torch.empty(1, **i32), torch.empty(e, **i32), torch.empty(e, **i32), torch.empty(e, m, **i32))
-        self.x_lat = torch.empty(m, w.latent, **bf16)
+        f16 = dict(device=device, dtype=torch.float16)
+        self.x_lat = torch.empty(m, w.latent, **f16)  # fp16: the experts' packed f16x2 arithmetic reads it
         self.a_sh = torch.empty(m, w.shared_intermediate, **bf16)
-        self.a = torch.empty(m * k, w.intermediate, **bf16)
+        self.a = torch.empty(m * k, w.intermediate, **f16)
         self.y_lat = torch.empty(m, w.latent, **f32)
-        self.normed = torch.empty(m, w.latent, **bf16)
+        self.rstd = torch.empty(m, **f32)
 
 
 @dataclass(frozen=True)
@@ -138,22 +216,18 @@ def decode_steps(x: torch.Tensor, w: MoeKernelWeights, ws: MoeWorkspace, out: to
         return int(ws.plan[0][0])
 
     return [
-        Step("router_topk", lambda st: router_topk(x, w.router, w.router_bias, k, w.routed_scaling_factor, ws.logits,
-                                                   ws.counter, ws.ids[:m], ws.weights[:m], ws.plan, st),
-             lambda: e * h * 2 + e * 4),
-        Step("down_proj", lambda st: skinny_gemm(x, w.down, ws.x_lat[:m], st), lambda: lat * h * 2),
-        Step("shared_gate_up_situ", lambda st: shared_gate_up_situ(x, w.shared13, ws.a_sh[:m], st),
-             lambda: 2 * s * h * 2),
+        Step("front (router + down_proj + shared_gate_up)", lambda st: front(x, w, ws, m, st),
+             lambda: e * h * 2 + e * 4 + lat * h * 2 + 2 * s * h * 2),
         Step("experts_gemm1_situ", lambda st: experts_gemm1_situ(ws.x_lat[:m], w.w13_packed, w.w13_scales, ws.plan, k,
                                                                  ws.a[: m * k], ws.y_lat[:m], st),
              lambda: active() * (2 * i * lat // 2 + 2 * i * lat // 32)),
-        Step("experts_gemm2_combine", lambda st: experts_gemm2_combine(ws.a[: m * k], w.w2_packed, w.w2_scales,
-                                                                       ws.plan, ws.weights[:m], ws.y_lat[:m], st),
+        Step("experts_gemm2_combine_rstd",
+             lambda st: experts_gemm2_combine(ws.a[: m * k], w.w2_packed, w.w2_scales, ws.plan, ws.weights[:m],
+                                              ws.y_lat[:m], ws.gemm2_counter, ws.rstd[:m], w.eps, st),
              lambda: active() * (lat * i // 2 + lat * i // 32)),
-        Step("latent_rms_norm", lambda st: latent_rms_norm(ws.y_lat[:m], w.latent_norm, ws.normed[:m], w.eps, st),
-             lambda: lat * 4),
-        Step("up_proj_shared_add", lambda st: up_proj_shared_add(ws.normed[:m], w.up, ws.a_sh[:m], w.shared2, out, st),
-             lambda: h * lat * 2 + h * s * 2),
+        Step("finalize (norm + up_proj + shared down)",
+             lambda st: finalize(ws.y_lat[:m], w.latent_norm, ws.rstd[:m], w.up, ws.a_sh[:m], w.shared2, out, st),
+             lambda: lat * 4 + h * lat * 2 + h * s * 2),
     ]
 
 

@@ -18,198 +18,223 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
 from .common import LOWEST, NEG_INF, WARP, lane_group_sum, ld_coherent_f32, sigmoid
-from .gemv import WARPS_PER_CTA, accumulate_rows, check_k, zero_acc
+from .gemv import BF16_PER_VEC, SCRATCH_BYTES, WARPS_PER_CTA, alloc_scratch, check_k, dot_slice, split_k_reduce, zero_acc
 
 MAX_TOKENS = 64  # the plan stores token sets as 64-bit masks (two 32-bit words)
+ROUTER_SPLIT = 8  # one expert row per CTA, its K split over the 8 warps: 896 CTAs stream the 12.8 MB weight
+
+
+def router_smem_bytes(experts: int, top_k: int) -> int:
+    return (3 * experts + MAX_TOKENS * top_k + 4) * 4 + SCRATCH_BYTES
+
+
+def alloc_router_smem(smem, experts: int, top_k: int):
+    """(mask_lo, mask_hi, slot_of, chosen, flag): the last CTA's selection and plan state."""
+    return (
+        smem.allocate_tensor(Int32, cute.make_layout(experts), byte_alignment=16),
+        smem.allocate_tensor(Int32, cute.make_layout(experts), byte_alignment=16),
+        smem.allocate_tensor(Int32, cute.make_layout(experts), byte_alignment=16),
+        smem.allocate_tensor(Int32, cute.make_layout(MAX_TOKENS * top_k), byte_alignment=16),
+        smem.allocate_tensor(Int32, cute.make_layout(4), byte_alignment=16),
+    )
+
+
+def check_router(experts: int, hidden: int, top_k: int) -> None:
+    if experts % WARP:
+        raise ValueError(f"RouterTopK: experts={experts} is not a multiple of {WARP} (experts per lane in top-k)")
+    if not 0 < top_k <= WARP:
+        raise ValueError(f"RouterTopK: top_k={top_k} must be in 1..{WARP} (one lane per selected expert)")
+    check_k(hidden, ROUTER_SPLIT, "RouterTopK")
+
+
+@cute.jit
+def router_part(
+    x: cute.Tensor,
+    w: cute.Tensor,
+    bias: cute.Tensor,
+    logits: cute.Tensor,
+    counter: cute.Tensor,
+    ids: cute.Tensor,
+    weights: cute.Tensor,
+    n_active: cute.Tensor,
+    slot_expert: cute.Tensor,
+    slot_count: cute.Tensor,
+    slot_pairs: cute.Tensor,
+    state,
+    scratch: cute.Tensor,
+    cta: Int32,
+    tidx: Int32,
+    m_count: Int32,
+    experts: cutlass.Constexpr,
+    hidden: cutlass.Constexpr,
+    top_k: cutlass.Constexpr,
+    scaling: cutlass.Constexpr,
+    mt: cutlass.Constexpr,
+):
+    """CTA `cta` (of `experts` router CTAs) of the router: the logits of expert `cta` for every token; the last
+    router CTA to finish then selects and plans for all tokens."""
+    mask_lo, mask_hi, slot_of, chosen, flag = state
+    lane = tidx % WARP
+    warp = tidx // WARP
+    n_vec: cutlass.Constexpr = hidden // BF16_PER_VEC // ROUTER_SPLIT
+    row_addr = w.iterator.toint() + Int64(cta) * (hidden * 2)
+    for m_first in cutlass.range(0, m_count, mt, unroll=1):
+        acc = zero_acc(1, mt)
+        dot_slice(acc, row_addr, row_addr, x.iterator.toint(), Int64(0), warp * n_vec, lane, m_first, m_count,
+                  0, 1, hidden, False, n_vec, mt)
+        split_k_reduce(acc, scratch, warp, lane, ROUTER_SPLIT, 1, mt)
+        if tidx == 0:
+            for mi in cutlass.range_constexpr(mt):
+                if m_first + mi < m_count:
+                    logits[m_first + mi, cta] = acc[0, mi]
+
+    # Publish the logits, then count this CTA in; the last one to arrive owns the selection. The barrier makes the
+    # CTA's writes visible to thread 0, whose device-scope release fence (cumulative) then covers them all.
+    cute.arch.sync_threads()
+    if tidx == 0:
+        cute.arch.fence_acq_rel_gpu()
+        arrived = cute.arch.atomic_add(counter.iterator, Int32(1), scope="gpu")
+        flag[0] = Int32(0)
+        if arrived == experts - 1:
+            flag[0] = Int32(1)
+            counter[0] = Int32(0)
+    cute.arch.sync_threads()
+    if flag[0] == 1:
+        cute.arch.fence_acq_rel_gpu()
+        for e in cutlass.range(tidx, experts, WARPS_PER_CTA * WARP):
+            mask_lo[e] = Int32(0)
+            mask_hi[e] = Int32(0)
+        cute.arch.sync_threads()
+        select_top_k(logits, bias, ids, weights, mask_lo, mask_hi, chosen, lane, warp, m_count, experts, top_k, scaling)
+        cute.arch.sync_threads()
+        if warp == 0:
+            number_active(mask_lo, mask_hi, slot_of, n_active, slot_expert, slot_count, lane, experts)
+        cute.arch.sync_threads()
+        for p in cutlass.range(tidx, m_count * top_k, WARPS_PER_CTA * WARP):
+            m = p // top_k
+            e = chosen[p]
+            # Rank of token m among the tokens that chose e = set bits of the mask below bit m.
+            below_lo = mask_lo[e] & ((Int32(1) << cutlass.min(m, 31)) - 1)
+            if m >= 32:
+                below_lo = mask_lo[e]
+            below_hi = Int32(0)
+            if m > 32:
+                below_hi = mask_hi[e] & ((Int32(1) << (m - 32)) - 1)
+            rank = cute.arch.popc(below_lo) + cute.arch.popc(below_hi)
+            slot_pairs[slot_of[e], rank] = p
+
+
+@cute.jit
+def select_top_k(
+    logits, bias, ids, weights, mask_lo, mask_hi, chosen, lane, warp, m_count,
+    experts: cutlass.Constexpr, top_k: cutlass.Constexpr, scaling: cutlass.Constexpr,
+):
+    """One warp per token: top-k of sigmoid(logit) + bias over E experts (E/32 per lane), ties to the lower
+    index; renormalized weights; the token's bit in each chosen expert's mask."""
+    per_lane: cutlass.Constexpr = experts // WARP
+    keys = cute.make_rmem_tensor(per_lane, Float32)
+    scores = cute.make_rmem_tensor(per_lane, Float32)
+    for m in cutlass.range(warp, m_count, WARPS_PER_CTA):
+        row_addr = logits.iterator.toint() + Int64(m) * (experts * 4)
+        for j in cutlass.range_constexpr(per_lane):
+            e = lane + j * WARP
+            score = sigmoid(ld_coherent_f32(row_addr + Int64(e) * 4))
+            key = score + bias[e]
+            if key != key:
+                key = Float32(LOWEST)  # NaN ranks below every number
+            scores[j] = score
+            keys[j] = key
+        my_id = Int32(0)
+        my_score = Float32(0.0)
+        for r in cutlass.range(top_k, unroll=1):
+            best = keys[0]
+            best_j = Int32(0)
+            best_score = scores[0]
+            for j in cutlass.range_constexpr(1, per_lane):
+                if keys[j] > best:  # strict: the lower index wins a tie within the lane
+                    best = keys[j]
+                    best_j = Int32(j)
+                    best_score = scores[j]
+            best_e = lane + best_j * WARP
+            for offset in (16, 8, 4, 2, 1):
+                other = cute.arch.shuffle_sync_bfly(best, offset)
+                other_e = cute.arch.shuffle_sync_bfly(best_e, offset)
+                other_score = cute.arch.shuffle_sync_bfly(best_score, offset)
+                if other > best or (other == best and other_e < best_e):
+                    best = other
+                    best_e = other_e
+                    best_score = other_score
+            if lane == best_e % WARP:
+                for j in cutlass.range_constexpr(per_lane):
+                    if best_e // WARP == j:
+                        keys[j] = Float32(NEG_INF)  # taken: below every untaken key, NaN ones included
+            if lane == r:
+                my_id = best_e
+                my_score = best_score
+        if lane >= top_k:
+            my_score = Float32(0.0)
+        total = lane_group_sum(my_score, WARP)
+        if lane < top_k:
+            ids[m, lane] = my_id
+            weights[m, lane] = my_score / total * Float32(scaling)
+            chosen[m * top_k + lane] = my_id
+            if m < 32:
+                cute.arch.atomic_or((mask_lo.iterator + my_id), Int32(1) << m, scope="cta")
+            else:
+                cute.arch.atomic_or((mask_hi.iterator + my_id), Int32(1) << (m - 32), scope="cta")
+
+
+@cute.jit
+def number_active(mask_lo, mask_hi, slot_of, n_active, slot_expert, slot_count, lane, experts: cutlass.Constexpr):
+    """Warp 0: slots for the experts any token chose, in ascending expert order (ballot + prefix count)."""
+    base = Int32(0)
+    for c in cutlass.range_constexpr(experts // WARP):
+        e = c * WARP + lane
+        count = cute.arch.popc(mask_lo[e]) + cute.arch.popc(mask_hi[e])
+        active = count > 0
+        ballot = cute.arch.vote_ballot_sync(active)
+        slot = base + cute.arch.popc(ballot & cute.arch.lanemask_lt())
+        if active:
+            slot_of[e] = slot
+            slot_expert[slot] = e
+            slot_count[slot] = count
+        base = base + cute.arch.popc(ballot)
+    if lane == 0:
+        n_active[0] = base
 
 
 class RouterTopK:
-    """Logits, top-k and expert plan. Tensors (M dynamic, S = E plan slots):
+    """Logits, top-k and expert plan in one launch of E CTAs. Tensors (M dynamic, S = E plan slots):
     x [M, H] bf16, w [E, H] bf16, bias [E] fp32, logits [M, E] fp32 (scratch), counter [1] int32 (zero before the
     first launch; left zero), ids [M, k] int32, weights [M, k] fp32, n_active [1] int32, slot_expert [S] int32,
     slot_count [S] int32, slot_pairs [S, MAX_TOKENS] int32."""
 
     def __init__(self, experts: int, hidden: int, top_k: int, scaling: float, mt: int):
-        if experts % WARP:
-            raise ValueError(f"RouterTopK: experts={experts} is not a multiple of {WARP} (experts per lane in top-k)")
-        if not 0 < top_k <= WARP:
-            raise ValueError(f"RouterTopK: top_k={top_k} must be in 1..{WARP} (one lane per selected expert)")
-        check_k(hidden, "RouterTopK")
+        check_router(experts, hidden, top_k)
         self.e, self.h, self.k, self.scaling, self.mt = experts, hidden, top_k, scaling, mt
 
     @cute.jit
     def __call__(
-        self,
-        x: cute.Tensor,
-        w: cute.Tensor,
-        bias: cute.Tensor,
-        logits: cute.Tensor,
-        counter: cute.Tensor,
-        ids: cute.Tensor,
-        weights: cute.Tensor,
-        n_active: cute.Tensor,
-        slot_expert: cute.Tensor,
-        slot_count: cute.Tensor,
-        slot_pairs: cute.Tensor,
+        self, x, w, bias, logits, counter, ids, weights, n_active, slot_expert, slot_count, slot_pairs,
         stream: cuda.CUstream,
     ):
-        smem_bytes = (3 * self.e + MAX_TOKENS * self.k + 4) * 4
         self.kernel(
             x, w, bias, logits, counter, ids, weights, n_active, slot_expert, slot_count, slot_pairs, x.shape[0]
         ).launch(
-            grid=[self.e // WARPS_PER_CTA, 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1], smem=smem_bytes, stream=stream
+            grid=[self.e, 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1], smem=router_smem_bytes(self.e, self.k),
+            stream=stream,
         )
 
     @cute.kernel
-    def kernel(
-        self,
-        x: cute.Tensor,
-        w: cute.Tensor,
-        bias: cute.Tensor,
-        logits: cute.Tensor,
-        counter: cute.Tensor,
-        ids: cute.Tensor,
-        weights: cute.Tensor,
-        n_active: cute.Tensor,
-        slot_expert: cute.Tensor,
-        slot_count: cute.Tensor,
-        slot_pairs: cute.Tensor,
-        m_count: Int32,
-    ):
+    def kernel(self, x, w, bias, logits, counter, ids, weights, n_active, slot_expert, slot_count, slot_pairs,
+               m_count: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        lane = tidx % WARP
-        warp = tidx // WARP
-        e_count: cutlass.Constexpr = self.e
-        top_k: cutlass.Constexpr = self.k
-
         smem = cutlass.memory.SmemAllocator()
-        mask_lo = smem.allocate_tensor(Int32, cute.make_layout(e_count), byte_alignment=16)
-        mask_hi = smem.allocate_tensor(Int32, cute.make_layout(e_count), byte_alignment=16)
-        slot_of = smem.allocate_tensor(Int32, cute.make_layout(e_count), byte_alignment=16)
-        chosen = smem.allocate_tensor(Int32, cute.make_layout(MAX_TOKENS * top_k), byte_alignment=16)
-        flag = smem.allocate_tensor(Int32, cute.make_layout(4), byte_alignment=16)
-
-        # Phase 1: logits of this CTA's experts (one warp per expert row) for every token.
-        row = bidx * WARPS_PER_CTA + warp
-        row_addr = w.iterator.toint() + Int64(row) * (self.h * 2)
-        x_addr = x.iterator.toint()
-        for m_first in cutlass.range(0, m_count, self.mt):
-            acc = zero_acc(1, self.mt)
-            accumulate_rows(acc, row_addr, row_addr, x_addr, lane, m_first, m_count, self.h, 1, self.mt)
-            for mi in cutlass.range_constexpr(self.mt):
-                total = lane_group_sum(acc[0, mi], WARP)
-                if lane == 0 and m_first + mi < m_count:
-                    logits[m_first + mi, row] = total
-
-        # Publish the logits, then count this CTA in; the last one to arrive owns the selection.
-        cute.arch.fence_acq_rel_gpu()
-        cute.arch.sync_threads()
-        if tidx == 0:
-            arrived = cute.arch.atomic_add(counter.iterator, Int32(1), sem="acq_rel", scope="gpu")
-            flag[0] = Int32(0)
-            if arrived == cute.arch.grid_dim()[0] - 1:
-                flag[0] = Int32(1)
-                counter[0] = Int32(0)
-        cute.arch.sync_threads()
-        if flag[0] == 1:
-            cute.arch.fence_acq_rel_gpu()
-            for e in cutlass.range(tidx, e_count, WARPS_PER_CTA * WARP):
-                mask_lo[e] = Int32(0)
-                mask_hi[e] = Int32(0)
-            cute.arch.sync_threads()
-            self.select(logits, bias, ids, weights, mask_lo, mask_hi, chosen, lane, warp, m_count)
-            cute.arch.sync_threads()
-            if warp == 0:
-                self.number_active(mask_lo, mask_hi, slot_of, n_active, slot_expert, slot_count, lane)
-            cute.arch.sync_threads()
-            for p in cutlass.range(tidx, m_count * top_k, WARPS_PER_CTA * WARP):
-                m = p // top_k
-                e = chosen[p]
-                # Rank of token m among the tokens that chose e = set bits of the mask below bit m.
-                below_lo = mask_lo[e] & ((Int32(1) << cutlass.min(m, 31)) - 1)
-                if m >= 32:
-                    below_lo = mask_lo[e]
-                below_hi = Int32(0)
-                if m > 32:
-                    below_hi = mask_hi[e] & ((Int32(1) << (m - 32)) - 1)
-                rank = cute.arch.popc(below_lo) + cute.arch.popc(below_hi)
-                slot_pairs[slot_of[e], rank] = p
-
-    @cute.jit
-    def select(self, logits, bias, ids, weights, mask_lo, mask_hi, chosen, lane, warp, m_count):
-        """One warp per token: top-k of sigmoid(logit) + bias over E experts (E/32 per lane), ties to the lower
-        index; renormalized weights; the token's bit in each chosen expert's mask."""
-        per_lane: cutlass.Constexpr = self.e // WARP
-        top_k: cutlass.Constexpr = self.k
-        keys = cute.make_rmem_tensor(per_lane, Float32)
-        scores = cute.make_rmem_tensor(per_lane, Float32)
-        for m in cutlass.range(warp, m_count, WARPS_PER_CTA):
-            row_addr = logits.iterator.toint() + Int64(m) * (self.e * 4)
-            for j in cutlass.range_constexpr(per_lane):
-                e = lane + j * WARP
-                score = sigmoid(ld_coherent_f32(row_addr + Int64(e) * 4))
-                key = score + bias[e]
-                if key != key:
-                    key = Float32(LOWEST)  # NaN ranks below every number
-                scores[j] = score
-                keys[j] = key
-            my_id = Int32(0)
-            my_score = Float32(0.0)
-            for r in cutlass.range(top_k, unroll=1):
-                best = keys[0]
-                best_j = Int32(0)
-                best_score = scores[0]
-                for j in cutlass.range_constexpr(1, per_lane):
-                    if keys[j] > best:  # strict: the lower index wins a tie within the lane
-                        best = keys[j]
-                        best_j = Int32(j)
-                        best_score = scores[j]
-                best_e = lane + best_j * WARP
-                for offset in (16, 8, 4, 2, 1):
-                    other = cute.arch.shuffle_sync_bfly(best, offset)
-                    other_e = cute.arch.shuffle_sync_bfly(best_e, offset)
-                    other_score = cute.arch.shuffle_sync_bfly(best_score, offset)
-                    if other > best or (other == best and other_e < best_e):
-                        best = other
-                        best_e = other_e
-                        best_score = other_score
-                if lane == best_e % WARP:
-                    for j in cutlass.range_constexpr(per_lane):
-                        if best_e // WARP == j:
-                            keys[j] = Float32(NEG_INF)  # taken: below every untaken key, NaN ones included
-                if lane == r:
-                    my_id = best_e
-                    my_score = best_score
-            if lane >= top_k:
-                my_score = Float32(0.0)
-            total = lane_group_sum(my_score, WARP)
-            if lane < top_k:
-                ids[m, lane] = my_id
-                weights[m, lane] = my_score / total * Float32(self.scaling)
-                chosen[m * top_k + lane] = my_id
-                if m < 32:
-                    cute.arch.atomic_or((mask_lo.iterator + my_id), Int32(1) << m, scope="cta")
-                else:
-                    cute.arch.atomic_or((mask_hi.iterator + my_id), Int32(1) << (m - 32), scope="cta")
-
-    @cute.jit
-    def number_active(self, mask_lo, mask_hi, slot_of, n_active, slot_expert, slot_count, lane):
-        """Warp 0: slots for the experts any token chose, in ascending expert order (ballot + prefix count)."""
-        base = Int32(0)
-        for c in cutlass.range_constexpr(self.e // WARP):
-            e = c * WARP + lane
-            count = cute.arch.popc(mask_lo[e]) + cute.arch.popc(mask_hi[e])
-            active = count > 0
-            ballot = cute.arch.vote_ballot_sync(active)
-            slot = base + cute.arch.popc(ballot & cute.arch.lanemask_lt())
-            if active:
-                slot_of[e] = slot
-                slot_expert[slot] = e
-                slot_count[slot] = count
-            base = base + cute.arch.popc(ballot)
-        if lane == 0:
-            n_active[0] = base
+        state = alloc_router_smem(smem, self.e, self.k)
+        scratch = alloc_scratch(smem)
+        router_part(x, w, bias, logits, counter, ids, weights, n_active, slot_expert, slot_count, slot_pairs,
+                    state, scratch, bidx, tidx, m_count, self.e, self.h, self.k, self.scaling, self.mt)
 
 
 def router_topk(x, w, bias, top_k: int, scaling: float, logits, counter, ids, weights, plan, stream) -> None:

@@ -1,6 +1,6 @@
 """Shared experts' first half: a[M, Ish] = situ_glu(x @ W_sh13[:Ish]^T, x @ W_sh13[Ish:]^T) for this rank's
-shard. One warp per output column j reads gate row j and up row Ish + j in the same pass over x, so the pair never
-leaves registers. The second half (a @ W_sh2^T) is fused into the finalize kernel's up-projection; `SkinnyGemm`
+shard. One CTA per output column j; its 8 warps split K and each reads gate row j and up row Ish + j in the same
+pass over x, so the pair meets in registers / shared memory, never in device memory. The second half (a @ W_sh2^T) is fused into the finalize kernel's up-projection; `SkinnyGemm`
 runs it alone where it is needed alone."""
 
 from __future__ import annotations
@@ -10,42 +10,66 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Int32, Int64
 
-from .common import WARP, lane_group_sum, situ_glu
-from .gemv import WARPS_PER_CTA, accumulate_rows, check_k, zero_acc
+from .common import WARP, situ_glu
+from .gemv import BF16_PER_VEC, SCRATCH_BYTES, WARPS_PER_CTA, alloc_scratch, check_k, dot_slice, split_k_reduce, zero_acc
+
+SHARED_SPLIT = 8  # one (gate, up) row pair per CTA, K split over its 8 warps
+
+
+def check_shared(inter: int, hidden: int) -> None:
+    if inter < 1:
+        raise ValueError(f"SharedGateUpSitu: shared intermediate={inter} must be positive")
+    check_k(hidden, SHARED_SPLIT, "SharedGateUpSitu")
+
+
+@cute.jit
+def shared_part(
+    x: cute.Tensor,
+    w13: cute.Tensor,
+    a: cute.Tensor,
+    scratch: cute.Tensor,
+    cta: Int32,
+    warp: Int32,
+    lane: Int32,
+    m_count: Int32,
+    inter: cutlass.Constexpr,
+    hidden: cutlass.Constexpr,
+    mt: cutlass.Constexpr,
+):
+    """CTA `cta` computes column j = cta of a: gate row j and up row inter + j in one pass over x."""
+    n_vec: cutlass.Constexpr = hidden // BF16_PER_VEC // SHARED_SPLIT
+    gate_addr = w13.iterator.toint() + Int64(cta) * (hidden * 2)
+    up_addr = w13.iterator.toint() + Int64(inter + cta) * (hidden * 2)
+    for m_first in cutlass.range(0, m_count, mt, unroll=1):
+        acc = zero_acc(2, mt)
+        dot_slice(acc, gate_addr, up_addr, x.iterator.toint(), Int64(0), warp * n_vec, lane, m_first, m_count,
+                  0, 2, hidden, False, n_vec, mt)
+        split_k_reduce(acc, scratch, warp, lane, SHARED_SPLIT, 2, mt)
+        if warp == 0 and lane == 0:
+            for mi in cutlass.range_constexpr(mt):
+                if m_first + mi < m_count:
+                    a[m_first + mi, cta] = situ_glu(acc[0, mi], acc[1, mi]).to(BFloat16)
 
 
 class SharedGateUpSitu:
     """x [M, H] bf16 (M dynamic), w13 [2*Ish, H] bf16 (gate rows then up rows) -> a [M, Ish] bf16."""
 
     def __init__(self, inter: int, hidden: int, mt: int):
-        if inter % WARPS_PER_CTA:
-            raise ValueError(f"SharedGateUpSitu: shared intermediate={inter} is not a multiple of {WARPS_PER_CTA}")
-        check_k(hidden, "SharedGateUpSitu")
+        check_shared(inter, hidden)
         self.i, self.h, self.mt = inter, hidden, mt
 
     @cute.jit
     def __call__(self, x: cute.Tensor, w13: cute.Tensor, a: cute.Tensor, stream: cuda.CUstream):
         self.kernel(x, w13, a, x.shape[0]).launch(
-            grid=[self.i // WARPS_PER_CTA, 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1], stream=stream
+            grid=[self.i, 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1], smem=SCRATCH_BYTES, stream=stream
         )
 
     @cute.kernel
     def kernel(self, x: cute.Tensor, w13: cute.Tensor, a: cute.Tensor, m_count: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        lane = tidx % WARP
-        j = bidx * WARPS_PER_CTA + tidx // WARP
-        gate_addr = w13.iterator.toint() + Int64(j) * (self.h * 2)
-        up_addr = w13.iterator.toint() + Int64(self.i + j) * (self.h * 2)
-        x_addr = x.iterator.toint()
-        for m_first in cutlass.range(0, m_count, self.mt):
-            acc = zero_acc(2, self.mt)
-            accumulate_rows(acc, gate_addr, up_addr, x_addr, lane, m_first, m_count, self.h, 2, self.mt)
-            for mi in cutlass.range_constexpr(self.mt):
-                gate = lane_group_sum(acc[0, mi], WARP)
-                up = lane_group_sum(acc[1, mi], WARP)
-                if lane == 0 and m_first + mi < m_count:
-                    a[m_first + mi, j] = situ_glu(gate, up).to(BFloat16)
+        scratch = alloc_scratch(cutlass.memory.SmemAllocator())
+        shared_part(x, w13, a, scratch, bidx, tidx // WARP, tidx % WARP, m_count, self.i, self.h, self.mt)
 
 
 def shared_gate_up_situ(x, w13, a, stream) -> None:

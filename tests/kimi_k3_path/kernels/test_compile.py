@@ -16,8 +16,9 @@ import cutlass.cute as cute  # noqa: E402
 from cutlass import BFloat16, Float32, Int32, Uint8  # noqa: E402
 
 from kimi_k3_path.kernels.experts import ExpertsGemm1Situ, ExpertsGemm2Combine, lanes_per_row  # noqa: E402
-from kimi_k3_path.kernels.finalize import LatentRmsNorm, UpProjSharedAdd  # noqa: E402
+from kimi_k3_path.kernels.finalize import Finalize  # noqa: E402
 from kimi_k3_path.kernels.gemv import SkinnyGemm, token_tile  # noqa: E402
+from kimi_k3_path.kernels.moe import FrontKernel  # noqa: E402
 from kimi_k3_path.kernels.router import MAX_TOKENS, RouterTopK  # noqa: E402
 from kimi_k3_path.kernels.runtime import dyn, fake, fake_stream  # noqa: E402
 from kimi_k3_path.kernels.shared import SharedGateUpSitu  # noqa: E402
@@ -65,9 +66,9 @@ def test_experts_compile(tp, dims):
         fake(BFloat16, (pairs, i)), fake(Float32, (m, lat)), fake_stream(),
     )
     _compiles(
-        ExpertsGemm2Combine(e, lat, i, d.top_k),
+        ExpertsGemm2Combine(e, lat, i, d.top_k, d.eps),
         fake(BFloat16, (pairs, i)), fake(Uint8, (e, lat, i // 2)), fake(Uint8, (e, lat, i // 32)), *_plan(e),
-        fake(Float32, (m, d.top_k)), fake(Float32, (m, lat)), fake_stream(),
+        fake(Float32, (m, d.top_k)), fake(Float32, (m, lat)), fake(Int32, (1,)), fake(Float32, (m,)), fake_stream(),
     )
 
 
@@ -80,11 +81,23 @@ def test_shared_and_finalize_compile(tp, dims):
         SharedGateUpSitu(s, h, 4),
         fake(BFloat16, (m, h)), fake(BFloat16, (2 * s, h)), fake(BFloat16, (m, s)), fake_stream(),
     )
-    _compiles(LatentRmsNorm(lat, d.eps), fake(Float32, (m, lat)), fake(Float32, (lat,)), fake(BFloat16, (m, lat)), fake_stream())
     _compiles(
-        UpProjSharedAdd(h, lat, s, 2),
-        fake(BFloat16, (m, lat)), fake(BFloat16, (h, lat)), fake(BFloat16, (m, s)), fake(BFloat16, (h, s)),
-        fake(BFloat16, (m, h)), fake_stream(),
+        Finalize(h, lat, s, 2),
+        fake(Float32, (m, lat)), fake(Float32, (lat,)), fake(Float32, (m,)), fake(BFloat16, (h, lat)),
+        fake(BFloat16, (m, s)), fake(BFloat16, (h, s)), fake(BFloat16, (m, h)), fake_stream(),
+    )
+
+
+@pytest.mark.parametrize("tp", [8, 16])
+def test_front_kernel_compiles(tp, dims):
+    d = dims(tp)
+    m = dyn()
+    e, h, lat, s, k = d.experts, d.hidden, d.latent, d.shared_intermediate, d.top_k
+    _compiles(
+        FrontKernel(e, h, lat, s, k, d.routed_scaling_factor, 8),
+        fake(BFloat16, (m, h)), fake(BFloat16, (e, h)), fake(Float32, (e,)), fake(Float32, (m, e)), fake(Int32, (1,)),
+        fake(Int32, (m, k)), fake(Float32, (m, k)), *_plan(e), fake(BFloat16, (lat, h)), fake(BFloat16, (m, lat)),
+        fake(BFloat16, (2 * s, h)), fake(BFloat16, (m, s)), fake_stream(),
     )
 
 
@@ -100,12 +113,12 @@ def test_lanes_per_row_divides_the_groups():
 @pytest.mark.parametrize(
     "build, message",
     [
-        (lambda: SkinnyGemm(3584, 7170, 1), "not a multiple of 8 \\(16-byte"),
-        (lambda: SkinnyGemm(3583, 7168, 1), "not a multiple of 8"),
+        (lambda: SkinnyGemm(3584, 7176, 1), "not a multiple of 32 \\(16-byte loads, 4-way split"),
+        (lambda: SkinnyGemm(3583, 7168, 1), "N=3583 is not a multiple of 2"),
         (lambda: RouterTopK(896, 7168, 33, 1.0, 1), "top_k=33"),
         (lambda: ExpertsGemm1Situ(896, 3000, 384, 16), "latent=3000"),
-        (lambda: ExpertsGemm2Combine(896, 3584, 100, 16), "intermediate=100"),
-        (lambda: LatentRmsNorm(1000, 1e-5), "latent=1000"),
+        (lambda: ExpertsGemm2Combine(896, 3584, 100, 16, 1e-5), "intermediate=100"),
+        (lambda: Finalize(7168, 3584, 100, 1), "K=100"),
     ],
 )
 def test_unsupported_shapes_are_rejected_with_the_reason(build, message):

@@ -55,8 +55,8 @@ def run_router(x, kw, ws):
     wts = poisoned(m, kw.top_k, dtype=torch.float32)
     for t in ws.plan:
         t.fill_(-1)
-    router_topk(x, kw.router, kw.router_bias, kw.top_k, kw.routed_scaling_factor, ws.logits, ws.counter, ids, wts,
-                ws.plan, stream())
+    router_topk(x, kw.router, kw.router_bias, kw.top_k, kw.routed_scaling_factor, ws.logits, ws.router_counter, ids,
+                wts, ws.plan, stream())
     torch.cuda.synchronize()
     return ids, wts
 
@@ -120,7 +120,7 @@ def test_router_matches_reference(m, gen, dims):
     assert rel_err(wts, scores / scores.sum(-1, keepdim=True) * d.routed_scaling_factor) < 1e-5
     assert rel_err(wts.gather(1, torch.argsort(ids.long(), 1)), ref_w.gather(1, torch.argsort(ref_ids, 1))) < 1e-4
     assert_plan_matches(ids, ws, m)
-    assert int(ws.counter[0]) == 0, "the router must leave its arrival counter at zero for the next launch"
+    assert int(ws.router_counter[0]) == 0, "the router must leave its arrival counter at zero for the next launch"
 
 
 def test_router_ties_go_to_the_lower_index_and_nan_is_never_preferred(gen, dims):
@@ -153,13 +153,17 @@ def test_experts_match_reference(tp, m, gen, dims):
     d, ref, kw, ws = weights(dims, tp, gen)
     x = torch.randn(m, d.hidden, generator=gen, device="cuda").to(torch.bfloat16)
     ids, wts = run_router(x, kw, ws)
-    x_lat = torch.randn(m, d.latent, generator=gen, device="cuda").to(torch.bfloat16)
-    a = poisoned(m * d.top_k, d.intermediate, dtype=torch.bfloat16)
+    x_lat = torch.randn(m, d.latent, generator=gen, device="cuda").to(torch.float16)  # the front kernel's format
+    a = poisoned(m * d.top_k, d.intermediate, dtype=torch.float16)
     y_lat = poisoned(m, d.latent, dtype=torch.float32)
+    rstd = poisoned(m, dtype=torch.float32)
     experts_gemm1_situ(x_lat, kw.w13_packed, kw.w13_scales, ws.plan, d.top_k, a, y_lat, stream())
-    experts_gemm2_combine(a, kw.w2_packed, kw.w2_scales, ws.plan, wts, y_lat, stream())
+    experts_gemm2_combine(a, kw.w2_packed, kw.w2_scales, ws.plan, wts, y_lat, ws.gemm2_counter, rstd, d.eps, stream())
     torch.cuda.synchronize()
-    assert rel_err(y_lat, routed_experts(x_lat, ids.long(), wts, ref)) < TOL
+    want = routed_experts(x_lat, ids.long(), wts, ref)
+    assert rel_err(y_lat, want) < TOL
+    assert rel_err(rstd, torch.rsqrt(want.pow(2).mean(-1) + d.eps)) < TOL
+    assert int(ws.gemm2_counter[0]) == 0
 
 
 @pytest.mark.parametrize("tp", [8, 16])
@@ -183,10 +187,10 @@ def test_finalize_matches_reference(tp, m, gen, dims):
 
     d, ref, kw, ws = weights(dims, tp, gen)
     y_lat = torch.randn(m, d.latent, generator=gen, device="cuda") * 3.0
+    rstd = torch.rsqrt(y_lat.pow(2).mean(-1) + d.eps)  # what GEMM2's last CTA provides (tested above)
     a_sh = torch.randn(m, d.shared_intermediate, generator=gen, device="cuda").to(torch.bfloat16)
-    normed = poisoned(m, d.latent, dtype=torch.bfloat16)
     out = poisoned(m, d.hidden, dtype=torch.bfloat16)
-    finalize(y_lat, kw.latent_norm, normed, kw.up, a_sh, kw.shared2, out, d.eps, stream())
+    finalize(y_lat, kw.latent_norm, rstd, kw.up, a_sh, kw.shared2, out, stream())
     torch.cuda.synchronize()
     want = rms_norm(y_lat, ref.latent_norm, d.eps) @ ref.up.float().T + a_sh.float() @ ref.shared2.float().T
     assert rel_err(out, want) < TOL
@@ -203,7 +207,7 @@ def test_latent_moe_decode_matches_reference(tp, m, same_experts, gen, dims):
         kw.router_bias[torch.randperm(d.experts, generator=gen, device="cuda")[: d.top_k]] += 10.0
         ref = dataclasses.replace(ref, router_bias=kw.router_bias.clone())
     x = torch.randn(m, d.hidden, generator=gen, device="cuda").to(torch.bfloat16)
-    for t in (ws.x_lat, ws.a_sh, ws.a, ws.y_lat, ws.normed, ws.logits):
+    for t in (ws.x_lat, ws.a_sh, ws.a, ws.y_lat, ws.rstd, ws.logits):
         t.fill_(float("nan"))
     out = poisoned(m, d.hidden, dtype=torch.bfloat16)
     latent_moe_decode(x, kw, ws, out, stream())
