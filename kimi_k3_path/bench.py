@@ -80,6 +80,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--candidate", choices=("auto", "kernels", "stock"), default="auto")
     p.add_argument("--commit", help="the commit measured (default: git rev-parse HEAD)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--breakdown", action="store_true", help="print the baseline's time per kernel (torch profiler) per case")
     p.add_argument("--cpu-smoke", action="store_true", help="run the harness on CPU with the tiny config (CI)")
     args = p.parse_args(argv)
     if args.cpu_smoke:
@@ -310,7 +311,9 @@ class Bench:
             base_fns = [self.layer_fn(layer, dims, pos, w, item, None) for w, item in pairs]
             cand_fns = [self.layer_fn(layer, dims, pos, w, item, w["candidate_moe"]) for w, item in pairs]
             self.check(layer, dims, pos, weights[0], inputs[0], tp, batch)
-            base_kernels = self.kernel_count(base_fns[0])
+            for fn in (base_fns[0], cand_fns[0]):  # compile and autotune outside the profiler
+                fn()
+            base_kernels = self.kernel_count(base_fns[0], f"{layer} tp={tp} batch={batch}" if self.args.breakdown else None)
             cand_kernels = self.kernel_count(cand_fns[0])
             ctx = f"; MLA context {self.args.context} tokens, page {self.args.page}" if layer == "mla_moe" else ""
             yield Case(layer, tp, batch, base_fns, cand_fns, floor, (
@@ -354,12 +357,22 @@ class Bench:
         if not err < 2e-2:
             raise BenchError(f"{layer} tp={tp} batch={batch}: candidate differs from the baseline, rel err {err:.3g}")
 
-    def kernel_count(self, fn: Callable[[], Any]) -> int | str:
+    def kernel_count(self, fn: Callable[[], Any], breakdown_label: str | None = None) -> int | str:
+        """Kernels one step launches; with a label, also print the step's device time per kernel name."""
         if self.device != "cuda":
             return "n/a on CPU"
-        from kimi_k3_path.reference.stock import count_kernels
+        from kimi_k3_path.reference.stock import kernel_profile
 
-        return count_kernels(fn)
+        profile = kernel_profile(fn)
+        if breakdown_label is not None:
+            per_name: dict[str, list[float]] = {}
+            for name, us in profile:
+                per_name.setdefault(name[:70], []).append(us)
+            total = sum(us for _, us in profile)
+            print(f"breakdown {breakdown_label}: {len(profile)} kernels, {total:.1f} us of kernel time (eager)")
+            for name, times in sorted(per_name.items(), key=lambda kv: -sum(kv[1])):
+                print(f"    {sum(times):9.1f} us {len(times):3d}x  {name}")
+        return len(profile)
 
     def floor_bytes(self, layer: str, dims: Any, pos: Any, w: dict[str, Any], item: dict[str, Any]) -> int:
         """Bytes one step must move at minimum (module docstring); experts: those this batch routes to."""

@@ -57,7 +57,8 @@ from .moe import MoeDims, MoeWeights
 
 # Tensor-core operands are bf16 on the GPU. Triton's CPU interpreter (TRITON_INTERPRET=1, used by the bench's
 # --cpu-smoke) multiplies bf16 dot operands as raw bits, so there the dots run in fp32.
-_DOT = tl.float32 if os.environ.get("TRITON_INTERPRET") == "1" else tl.bfloat16
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_DOT = tl.float32 if _INTERPRET else tl.bfloat16
 
 
 @triton.jit
@@ -274,6 +275,24 @@ def _moe_w4a16_kernel(
             acc *= tl.load(pair_weight_ptr + pair, mask=row_ok, other=0.0)[:, None]
         tl.store(out_ptr + pair[:, None] * out_stride + cols[None, :], acc.to(out_ptr.dtype.element_ty),
                  mask=row_ok[:, None] & col_ok[None, :])
+
+
+def _prune_w4a16_configs(configs: list[Any], named_args: dict[str, Any], **_: Any) -> list[Any]:
+    """Keep the tilings whose K step divides this projection's K (32-element MX groups stay whole)."""
+    k = named_args["k"]
+    fitting = [c for c in configs if k % c.kwargs["BLOCK_K"] == 0]
+    return fitting or [triton.Config({"BLOCK_N": 64, "BLOCK_K": _block_k(k)}, num_warps=4)]
+
+
+# Stock's MoE GEMMs run with per-shape tuned tiles; the stock-like kernel gets the same courtesy: the best of
+# these tilings, chosen on first use per (N, K, BLOCK_M) on the machine that runs it.
+_W4A16_CONFIGS = [
+    triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=warps)
+    for bn, bk, warps in ((64, 64, 4), (32, 128, 4), (64, 128, 4), (64, 256, 8), (128, 128, 8))
+]
+_moe_w4a16_tuned = triton.autotune(
+    configs=_W4A16_CONFIGS, key=["n", "k", "BLOCK_M"], prune_configs_by={"early_config_prune": _prune_w4a16_configs}
+)(_moe_w4a16_kernel)
 
 
 @triton.jit
@@ -580,13 +599,13 @@ def grouped_w4a16(
     out = torch.empty(pairs, n, dtype=out_dtype, device=a.device)
     tokens = pairs // top_k
     block_m = max(16, _pow2(tokens))  # a token picks an expert at most once: an expert's run is <= M pairs
-    block_n = 64
-    _moe_w4a16_kernel[(pairs, triton.cdiv(n, block_n))](
-        a, packed, scales, sorted_expert, sorted_pair, pair_weight if pair_weight is not None else a, out,
-        pairs, n, k, a.stride(0), out.stride(0),
-        TOP_K=top_k, A_PER_TOKEN=a_per_token, MUL_WEIGHT=pair_weight is not None,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=_block_k(k), DOT=_DOT, num_warps=4,
-    )
+    args = (a, packed, scales, sorted_expert, sorted_pair, pair_weight if pair_weight is not None else a, out,
+            pairs, n, k, a.stride(0), out.stride(0))
+    flags = dict(TOP_K=top_k, A_PER_TOKEN=a_per_token, MUL_WEIGHT=pair_weight is not None, BLOCK_M=block_m, DOT=_DOT)
+    if _INTERPRET:  # one fixed tiling: autotuning in the CPU interpreter would only multiply its run time
+        _moe_w4a16_kernel[(pairs, triton.cdiv(n, 64))](*args, **flags, BLOCK_N=64, BLOCK_K=_block_k(k))
+    else:
+        _moe_w4a16_tuned[lambda meta: (pairs, triton.cdiv(n, meta["BLOCK_N"]))](*args, **flags)
     return out
 
 
@@ -777,8 +796,9 @@ def mla_moe_layer(
     return latent_moe(mla_attention_part(delta, stream, norms, mla, cache, pos, mla_dims), moe, moe_dims)
 
 
-def count_kernels(fn: Any) -> int:
-    """GPU kernels one call of `fn` launches, counted by the torch profiler (memcpy/memset not included)."""
+def kernel_profile(fn: Any) -> list[tuple[str, float]]:
+    """(kernel name, device microseconds) of every GPU kernel one call of `fn` launches, in launch order, from the
+    torch profiler (memcpy/memset not included). Call `fn` once before, so compilation and autotuning stay out."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -786,7 +806,12 @@ def count_kernels(fn: Any) -> int:
         fn()
         torch.cuda.synchronize()
     kernel_type = getattr(torch.autograd.DeviceType, "CUDA")
-    return sum(
-        1 for e in prof.events()
+    return [
+        (e.name, e.time_range.elapsed_us()) for e in prof.events()
         if e.device_type == kernel_type and not e.name.lower().startswith(("memcpy", "memset"))
-    )
+    ]
+
+
+def count_kernels(fn: Any) -> int:
+    """GPU kernels one call of `fn` launches (see `kernel_profile`)."""
+    return len(kernel_profile(fn))
