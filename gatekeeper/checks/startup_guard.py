@@ -28,7 +28,7 @@ def run(ctx: CheckContext) -> CheckResult:
         return _result(Status.failed, "The policy enables startup_guard but names no guard.", [
             Finding(path=ctx.policy.source, message="set checks.startup_guard.guard to 'package.module:function'"),
         ])
-    findings: list[Finding] = []
+    findings = [Finding(path=ctx.policy.source, severity=Severity.warning, message=message) for message in _unchecked(settings)]
     undecided: list[str] = []
     if ctx.snapshot is None:
         undecided.append("no snapshot of the head to read the guard's source from")
@@ -53,6 +53,18 @@ def run(ctx: CheckContext) -> CheckResult:
         return _result(Status.neutral, "Not decided: " + "; ".join(undecided) + ".", findings, details)
     probes = f" and {len(settings.probes)} probe(s) behave as declared" if settings.probes else ""
     return _result(Status.passed, f"{settings.guard} exists, raises, runs first{probes}.", findings, details)
+
+
+def _unchecked(settings: StartupGuardSettings) -> list[str]:
+    """What the policy leaves unverified: said out loud, so a thin policy cannot pass as a thorough one."""
+    gaps = []
+    if settings.raises is None:
+        gaps.append("the policy names no exception (raises): whether the guard raises is not checked")
+    if not settings.called_from:
+        gaps.append("the policy names no entry point (called_from): whether the guard runs at startup is not checked")
+    if not settings.probes:
+        gaps.append("the policy declares no probes: the guard is never run against a deployment")
+    return gaps
 
 
 def _result(status: Status, summary: str, findings: list[Finding], details: dict | None = None) -> CheckResult:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from gatekeeper.changes import ChangeSet, FileChange, FileStatus
 from gatekeeper.checks import CheckContext
 from gatekeeper.checks.changed_path_tests import changed_statements, line_ranges, run
@@ -154,3 +157,13 @@ def test_a_changed_line_inside_a_multiline_statement_changes_that_statement():
 def test_line_ranges():
     assert line_ranges([7, 1, 2, 3, 9, 10]) == "1-3, 7, 9-10"
     assert line_ranges([]) == ""
+
+
+@given(st.sets(st.integers(min_value=1, max_value=200)))
+def test_line_ranges_lists_exactly_the_lines(lines):
+    listed = set()
+    for part in filter(None, line_ranges(sorted(lines)).split(", ")):
+        first, _, last = part.partition("-")
+        assert not last or int(last) > int(first)
+        listed.update(range(int(first), int(last or first) + 1))
+    assert listed == lines

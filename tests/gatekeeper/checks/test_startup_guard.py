@@ -209,3 +209,14 @@ def test_a_guard_module_that_does_not_parse():
     result = check(guard="def check_deployment(:\n")
     assert result.status is Status.failed
     assert "does not parse" in messages(result)
+
+
+def test_what_a_thin_policy_leaves_unchecked_is_said():
+    thin = load_policy_text("version: 1\nname: thin\nowned_paths: ['tiny/**']\n"
+                            "checks: {startup_guard: {guard: 'tiny.guard:check_deployment'}}\n", "thin.yaml")
+    ctx = CheckContext(thin, ChangeSet(source="git", files=()), Provenance(), Mode.strict, None,
+                       DictSnapshot({"tiny/guard.py": textwrap.dedent(GUARD)}))
+    result = run(ctx)
+    assert result.status is Status.passed
+    assert [(f.path, f.severity.value) for f in result.findings] == [("thin.yaml", "warning")] * 3
+    assert "no entry point (called_from)" in result.findings[1].message
