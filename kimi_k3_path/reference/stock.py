@@ -25,8 +25,11 @@ Where and why this differs from vLLM's real SM90 path:
     kernels (moe_align_block_size + one grouped GEMM per projection). Those kernels are not in this repository,
     so ours is a Triton W4A16 grouped GEMM with the same structure: pairs sorted by expert (torch.sort instead
     of moe_align_block_size), each expert's weight tile dequantized in registers once for all its tokens, bf16
-    tensor-core dot, fp32 accumulate. At TP16 stock pads the per-rank intermediate 192 -> 256 with zeros
-    (`expert_intermediate_stock`); `GpuMoe.from_reference(..., pad_intermediate=256)` reproduces that.
+    tensor-core dot, fp32 accumulate, tiles autotuned per shape. Measured on the H200 it is far above its byte
+    floor and dominates the layer above batch 2 (kimi_k3_path/evidence/README.md), so it is very likely slower
+    than Marlin: treat the baseline's MoE time as an upper bound on stock's. At TP16 stock pads the per-rank
+    intermediate 192 -> 256 with zeros (`expert_intermediate_stock`); `GpuMoe.from_reference(...,
+    pad_intermediate=256)` reproduces that.
   - KDA: on SM90 vLLM prefers its native CUDA `fused_kda_decode` op (conv + recurrent step + gated norm in one
     launch) when the `_C` extension has it; we run the Triton fallback sequence (3 launches), which is what
     stock runs when that op is absent.
