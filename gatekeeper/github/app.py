@@ -10,6 +10,7 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Literal
 
 from pydantic import ValidationError
 from starlette.applications import Starlette
@@ -25,7 +26,7 @@ from gatekeeper.github.context import AppContext
 from gatekeeper.github.events import ACTED_ON, EVENT_MODELS, installation_id
 from gatekeeper.github.reconcile import Reconciler
 from gatekeeper.github.store import Store
-from gatekeeper.github.worker import Worker
+from gatekeeper.github.worker import Worker, WorkerProcess
 
 log = logging.getLogger(__name__)
 
@@ -34,25 +35,33 @@ class _TooLarge(Exception):
     pass
 
 
-def create_app(config: AppConfig) -> Starlette:
+def create_app(config: AppConfig, workers: Literal["process", "threads"] = "process") -> Starlette:
+    """`process`: the workers run in a child process (what `gatekeeper serve` does: acknowledging stays fast
+    under load). `threads`: in this process (tests: quicker to start, one process to reason about)."""
     state: dict = {}
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        store = Store(config.db_path)
+        store = Store(config.db_path, config.db_synchronous)
+        # Only one server owns a database, and its workers start after this: whatever is still marked
+        # running belonged to a process that is gone.
         requeued = store.requeue_interrupted()
         if requeued:
             log.warning("requeued %d delivery(ies) interrupted by the previous shutdown", requeued)
-        ctx = AppContext(config, store, GitHubApp(config))
-        worker, reconciler = Worker(ctx), Reconciler(ctx)
-        worker.start()
-        reconciler.start()
-        state.update(ctx=ctx, worker=worker)
+        if workers == "process":
+            runner, reconciler = WorkerProcess(config), None
+        else:
+            ctx = AppContext(config, store, GitHubApp(config))
+            runner, reconciler = Worker(ctx), Reconciler(ctx)
+            reconciler.start()
+        runner.start()
+        state.update(store=store, worker=runner)
         try:
             yield
         finally:
-            reconciler.stop()
-            worker.stop()
+            if reconciler is not None:
+                reconciler.stop()
+            runner.stop()
 
     async def webhook(request: Request) -> JSONResponse:
         declared = request.headers.get("content-length")
@@ -90,16 +99,16 @@ def create_app(config: AppConfig) -> Starlette:
             return JSONResponse({"ignored": f"{event}.{action} needs no work"}, status_code=202)
         if installation_id(parsed) is None:
             return _error(422, f"{event} payload has no installation: is this an App webhook?")
-        new = await run_in_threadpool(state["ctx"].store.enqueue, delivery, event, action, body)
+        new = await run_in_threadpool(state["store"].enqueue, delivery, event, action, body)
         if not new:
             return JSONResponse({"duplicate": delivery}, status_code=200)
         return JSONResponse({"queued": delivery}, status_code=202)
 
     async def healthz(request: Request) -> JSONResponse:
-        ctx, worker = state.get("ctx"), state.get("worker")
+        store, worker = state.get("store"), state.get("worker")
         try:
-            ok = ctx is not None and await run_in_threadpool(ctx.store.ping) and worker.alive() > 0
-            queue = await run_in_threadpool(ctx.store.queue_counts) if ok else {}
+            ok = store is not None and await run_in_threadpool(store.ping) and worker.alive() > 0
+            queue = await run_in_threadpool(store.queue_counts) if ok else {}
         except Exception as exc:  # noqa: BLE001 - a broken database is exactly what this endpoint reports
             return JSONResponse({"status": "unhealthy", "reason": type(exc).__name__}, status_code=503)
         if not ok:

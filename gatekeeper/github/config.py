@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
@@ -31,6 +32,8 @@ class AppConfig(BaseModel):
     private_key_path: Path
     webhook_secret: SecretStr = Field(min_length=1)
     db_path: Path = Path("gatekeeper.sqlite3")
+    # NORMAL: acknowledged deliveries survive a crash of the server; FULL: also a power loss (slower acks).
+    db_synchronous: Literal["NORMAL", "FULL"] = "NORMAL"
     github_api_url: str = GITHUB_API_URL
     policy_path: str = ".github/gatekeeper.yml"  # read from the PR's base branch, never from its head
     max_body_bytes: int = Field(default=25 * 1024 * 1024, gt=0)  # GitHub caps webhook payloads at 25 MB

@@ -3,16 +3,24 @@ token at once, and turns a permanent failure into a neutral check with the reaso
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import multiprocessing
+import os
+import signal
+import sys
 import threading
 
 from github.GithubException import GithubException
 
+from gatekeeper.github.client import GitHubApp
+from gatekeeper.github.config import AppConfig
 from gatekeeper.github.context import AppContext, Progress
 from gatekeeper.github.failures import Failure, classify, describe
 from gatekeeper.github.handlers import handle
+from gatekeeper.github.reconcile import Reconciler
 from gatekeeper.github.review import report_undecided
-from gatekeeper.github.store import Job
+from gatekeeper.github.store import Job, Store
 
 log = logging.getLogger(__name__)
 
@@ -85,3 +93,57 @@ class Worker:
         store.fail(job.delivery_id, reason, progress.repo, progress.pr, progress.head_sha,
                    conclusion="neutral" if reported else None, check_run_id=progress.check_run_id)
         log.error("delivery %s (%s) failed: %s", job.delivery_id, job.event, reason)
+
+
+class WorkerProcess:
+    """The workers in a child process of the web server, so that evaluations (CPU-bound Python) never hold
+    the GIL that acknowledging webhooks needs. Both processes share the SQLite queue (WAL allows it).
+
+    The child dies with its parent: a SIGKILLed server must not leave a worker finishing jobs that the
+    restarted server has already queued again."""
+
+    def __init__(self, config: AppConfig):
+        self._config = config
+        self._process: multiprocessing.process.BaseProcess | None = None
+
+    def start(self) -> None:
+        ctx = multiprocessing.get_context("spawn")  # no inherited event loop, threads or sockets
+        self._process = ctx.Process(target=run_worker_process, args=(self._config.model_dump_json(),
+                                                                     self._config.webhook_secret.get_secret_value()),
+                                    name="gatekeeper-workers", daemon=True)
+        self._process.start()
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if self._process is not None and self._process.is_alive():
+            self._process.terminate()  # SIGTERM: finish the jobs in hand, take no new ones
+            self._process.join(timeout)
+            if self._process.is_alive():
+                self._process.kill()
+
+    def alive(self) -> int:
+        return self._config.workers if self._process is not None and self._process.is_alive() else 0
+
+
+def run_worker_process(config_json: str, webhook_secret: str) -> None:
+    """Entry point of the worker process."""
+    _die_with_parent()
+    config = AppConfig.model_validate_json(config_json).model_copy(update={"webhook_secret": webhook_secret})
+    store = Store(config.db_path, config.db_synchronous)
+    ctx = AppContext(config, store, GitHubApp(config))
+    worker, reconciler = Worker(ctx), Reconciler(ctx)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    worker.start()
+    reconciler.start()
+    parent = os.getppid()
+    while not stop.wait(0.5):
+        if os.getppid() != parent:  # the server is gone (where PR_SET_PDEATHSIG is not available)
+            break
+    reconciler.stop()
+    worker.stop()
+
+
+def _die_with_parent() -> None:
+    if sys.platform.startswith("linux"):
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)

@@ -43,9 +43,9 @@ def fake(rsa_keys) -> Iterator[FakeGitHub]:
 def start_app(rsa_keys, fake, tmp_path) -> Iterator[Callable[..., RunningApp]]:
     stack = []
 
-    def start(**overrides: Any) -> RunningApp:
+    def start(workers: str = "threads", **overrides: Any) -> RunningApp:
         config = make_config(rsa_keys, fake, tmp_path, **overrides)
-        server = serve(create_app(config))
+        server = serve(create_app(config, workers=workers))
         url = server.__enter__()
         client = httpx.Client(timeout=10)
         stack.append((server, client))

@@ -161,3 +161,16 @@ def test_labels_change_the_inputs_so_a_labeled_event_is_judged_again(fake, start
     assert len(fake.check_runs(REPO, head)) == 1
     decisions = [e for e in app.store().audit_log() if e["kind"] == "decision"]
     assert len(decisions) == 2
+
+
+def test_workers_in_a_child_process_as_gatekeeper_serve_runs_them(fake, start_app):
+    opened = _pull_event("pull_request.opened")
+    head, base = opened["pull_request"]["head"]["sha"], opened["pull_request"]["base"]["sha"]
+    repo = fake.repos[REPO]
+    setup_repo(repo, base)
+    repo.pulls[2] = FakePull(2, head, base, [file_entry("kimi_k3_path/ops.py")], [FakeCommit(head, AGENT_COMMIT)])
+    app = start_app(workers="process")
+    assert app.client.get(app.url + "/healthz").json()["workers"] == app.config.workers
+    app.send("pull_request", opened, delivery="d1")
+    assert app.wait_done("d1", timeout=30)["outcome"].startswith("success")
+    assert fake.check_runs(REPO, head)[0]["conclusion"] == "success"
