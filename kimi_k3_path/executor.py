@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import torch
 
-from kimi_k3_path.guard import UnsupportedDeployment, check_deployment
+from kimi_k3_path.guard import UnsupportedDeployment, check_deployment, unsupported_fields
 from kimi_k3_path.reference import (
     KdaState,
     PagedLatentCache,
@@ -131,6 +131,28 @@ class ReferenceLayers:
         return mla_moe_layer(delta, stream, weights, cache, pos, dims.mla, dims.moe)
 
 
+class _PerWeights:
+    """Device copies made once per weights object: converting a layer's weights every step would dominate."""
+
+    def __init__(self) -> None:
+        self._held: dict[int, tuple[Any, Any]] = {}
+
+    def get(self, weights: Any, convert: Callable[[], Any]) -> Any:
+        held = self._held.get(id(weights))
+        if held is None or held[0] is not weights:  # an id can be reused once its object is gone
+            held = self._held[id(weights)] = (weights, convert())
+        return held[1]
+
+
+def _to_act(t: Any, device: str) -> Any:
+    return t.to(device=device, dtype=torch.bfloat16).contiguous()
+
+
+def _back_to(like: Any) -> Callable[[Any], Any]:
+    """Converts a result to fp32 on the device of the caller's tensor `like`."""
+    return lambda t: t.to(device=like.device, dtype=torch.float32)
+
+
 class StockLikeLayers:
     """The stock-like op sequence (`reference.stock`: cuBLAS GEMMs + Triton kernels, bf16, what vLLM's stock decode
     launches on Hopper) behind the reference signatures. Inputs are copied to `device` in the stock layouts and
@@ -141,26 +163,25 @@ class StockLikeLayers:
 
     def __init__(self, device: str = "cuda"):
         self.device = device
-        self._converted: dict[int, tuple[Any, tuple]] = {}
+        self._converted = _PerWeights()
 
     # `reference.stock` imports Triton and fixes its dot dtype at import, so it is imported only when used.
     def _weights(self, weights: Any, attention: str, dims: Any) -> tuple:
         from kimi_k3_path.reference import stock
 
-        held = self._converted.get(id(weights))
-        if held is None or held[0] is not weights:  # an id can be reused once its object is gone
+        def convert() -> tuple:
             attn = (
                 stock.GpuKda.from_reference(weights.kda, self.device)
                 if attention == "kda"
                 else stock.GpuMla.from_reference(weights.mla, dims.mla, self.device)
             )
-            converted = (
+            return (
                 stock.GpuNorms.from_reference(weights.norms, self.device),
                 attn,
                 stock.GpuMoe.from_reference(weights.moe, dims.moe, self.device),
             )
-            held = self._converted[id(weights)] = (weights, converted)
-        return held[1]
+
+        return self._converted.get(weights, convert)
 
     def kda_moe(self, delta, stream, weights, state, pos, dims):
         from kimi_k3_path.reference import stock
@@ -168,8 +189,9 @@ class StockLikeLayers:
         norms, kda, moe = self._weights(weights, "kda", dims)
         gpu_stream = stock.GpuStream.from_reference(stream, self.device)
         gpu_state = stock.GpuKdaState.from_reference(state, self.device)
-        out = stock.kda_moe_layer(self._act(delta), gpu_stream, norms, kda, moe, gpu_state, pos, dims.kda, dims.moe)
-        back = self._back(delta)
+        act = _to_act(delta, self.device)
+        out = stock.kda_moe_layer(act, gpu_stream, norms, kda, moe, gpu_state, pos, dims.kda, dims.moe)
+        back = _back_to(delta)
         return (
             back(out),
             ResidualStream(blocks=back(gpu_stream.blocks), prefix=back(gpu_stream.prefix)),
@@ -182,25 +204,64 @@ class StockLikeLayers:
         norms, mla, moe = self._weights(weights, "mla", dims)
         gpu_stream = stock.GpuStream.from_reference(stream, self.device)
         gpu_cache = stock.GpuLatentCache.from_reference(cache, self.device)
-        out = stock.mla_moe_layer(self._act(delta), gpu_stream, norms, mla, moe, gpu_cache, pos, dims.mla, dims.moe)
-        back = self._back(delta)
+        act = _to_act(delta, self.device)
+        out = stock.mla_moe_layer(act, gpu_stream, norms, mla, moe, gpu_cache, pos, dims.mla, dims.moe)
+        back = _back_to(delta)
         return (
             back(out),
             ResidualStream(blocks=back(gpu_stream.blocks), prefix=back(gpu_stream.prefix)),
             PagedLatentCache(pages=back(gpu_cache.pages), block_table=cache.block_table, seq_lens=cache.seq_lens),
         )
 
-    def _act(self, delta: Any) -> Any:
-        return delta.to(device=self.device, dtype=torch.bfloat16).contiguous()
+class KernelLatentMoe:
+    """`latent_moe` on the CuTe DSL kernels (`kimi_k3_path.kernels.moe.latent_moe_decode`, sm_90a, decode batches
+    of 1..64): the input goes to `device` in bf16, the output comes back in fp32 on the caller's device. Kernel
+    weights and workspace are prepared once per MoeWeights object. `kernels` is the kernel module (injectable)."""
 
-    @staticmethod
-    def _back(like: Any) -> Callable[[Any], Any]:
-        return lambda t: t.to(device=like.device, dtype=torch.float32)
+    def __init__(self, device: str = "cuda", kernels: Any = None):
+        if kernels is None:
+            from kimi_k3_path.kernels import moe as kernels
+        self.kernels = kernels
+        self.device = device
+        self._prepared = _PerWeights()
+
+    def __call__(self, x: Any, w: Any, d: Any) -> Any:
+        def prepare() -> tuple:
+            kernel_weights = self.kernels.prepare_weights(w, d.top_k, d.routed_scaling_factor, d.eps, self.device)
+            return kernel_weights, self.kernels.MoeWorkspace(kernel_weights, self.device)
+
+        kernel_weights, workspace = self._prepared.get(w, prepare)
+        out = torch.empty(x.shape[0], d.hidden, device=self.device, dtype=torch.bfloat16)
+        stream = torch.cuda.current_stream() if str(self.device).startswith("cuda") else None
+        self.kernels.latent_moe_decode(_to_act(x, self.device), kernel_weights, workspace, out, stream)
+        return _back_to(x)(out)
 
 
 def reference_ops() -> DecodeOps:
     """The fp32 reference ops: what the specialized path runs for an op family without a kernel."""
     return DecodeOps(name="reference", kda_step=kda_decode_step, mla_decode=mla_decode, latent_moe=latent_moe)
+
+
+def kernel_ops(device: str = "cuda", kernels: Any = None) -> DecodeOps:
+    """The reference ops with the latent MoE on the CuTe DSL kernels (the only kernel family so far)."""
+    return DecodeOps(
+        name="cute-moe", kda_step=kda_decode_step, mla_decode=mla_decode,
+        latent_moe=KernelLatentMoe(device, kernels),
+    )
+
+
+def kernels_unavailable(device: str) -> str | None:
+    """Why the kernels cannot run on `device`, or None when they can (an sm_90 GPU and an importable module)."""
+    if not str(device).startswith("cuda") or not torch.cuda.is_available():
+        return f"{device} is not a CUDA device"
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) != (9, 0):
+        return f"the kernels are built for sm_90a, this GPU is sm_{major}{minor}"
+    try:
+        from kimi_k3_path.kernels import moe  # noqa: F401
+    except ImportError as error:
+        return f"kimi_k3_path.kernels.moe does not import: {error}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -268,9 +329,12 @@ class DecodeExecutor:
 def build_executor(
     deployment: Deployment, device: str = "cpu", matrix: SupportMatrix = SUPPORT_MATRIX
 ) -> DecodeExecutor:
-    """The executor for `device`: specialized = the reference ops composed (kernels plug in per op family through
-    `DecodeOps` as they land); stock = the stock-like sequence where Triton can run it (a CUDA device, or any
-    device under TRITON_INTERPRET=1), else the fp32 reference layers."""
-    runs_triton = device.startswith("cuda") or os.environ.get("TRITON_INTERPRET") == "1"
+    """The executor for `device`. Specialized: the kernel ops where the kernels run (`kernels_unavailable`), else
+    the reference ops (the path's name says which). Stock: the stock-like sequence where Triton runs (a CUDA
+    device, or any device under TRITON_INTERPRET=1), else the fp32 reference layers. Kernels are built only for a
+    deployment the guard admits."""
+    admitted = not unsupported_fields(deployment, matrix)
+    ops = kernel_ops(device) if admitted and kernels_unavailable(device) is None else reference_ops()
+    runs_triton = str(device).startswith("cuda") or os.environ.get("TRITON_INTERPRET") == "1"
     stock: LayerPath = StockLikeLayers(device) if runs_triton else ReferenceLayers()
-    return DecodeExecutor(deployment, ComposedPath(reference_ops()), stock, matrix)
+    return DecodeExecutor(deployment, ComposedPath(ops), stock, matrix)

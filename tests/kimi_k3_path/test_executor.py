@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import secrets
 from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
 
 import pytest
 
@@ -14,19 +15,26 @@ from kimi_k3_path.executor import (  # noqa: E402
     ComposedPath,
     DecodeExecutor,
     DecodeOps,
+    KernelLatentMoe,
     ReferenceLayers,
     StepBatch,
     build_executor,
+    kernel_ops,
+    kernels_unavailable,
 )
 from kimi_k3_path.reference import (  # noqa: E402
     KdaDims,
+    KdaMoeLayerWeights,
     LayerPosition,
     MlaDims,
     MoeDims,
+    latent_moe,
     mla_decode_unabsorbed,
     naive,
     random_kda_moe_layer,
     random_kda_state,
+    random_kda_weights,
+    random_layer_norms,
     random_mla_moe_layer,
     random_paged_cache,
     random_residual_stream,
@@ -191,6 +199,15 @@ def naive_ops() -> DecodeOps:
     )
 
 
+def decisive_routing(w, gen):
+    """`w` with a correction-bias ladder spaced wider than the sigmoid scores' range (0..1) over a random expert
+    order. A bf16 path and the fp32 reference may legitimately pick different experts when two selection keys lie
+    within rounding of each other; fixing the selection makes the comparison measure the arithmetic (routing
+    selection itself is tested against the references in tests/kimi_k3_path/reference and kernels)."""
+    ladder = torch.randperm(w.moe.router_bias.shape[0], generator=gen).float() * 2.0
+    return replace(w, moe=replace(w.moe, router_bias=ladder))
+
+
 def assert_close(a, b, tol: float) -> None:
     assert rel_err(a, b) < tol, rel_err(a, b)
 
@@ -273,7 +290,11 @@ from kimi_k3_path.reference.compare import rel_err
 from kimi_k3_path.reference.dims import layer_dims
 from kimi_k3_path.support import Deployment
 
+sys.path.insert(0, sys.argv[2])
+from test_executor import decisive_routing
+
 gen = torch.Generator().manual_seed(int(sys.argv[1]))
+
 d = layer_dims(named_config("tiny"), tp=8)
 executor = build_executor(Deployment(arch="sm_90", tp=8, max_batch=64), device="cpu")
 assert isinstance(executor.stock, StockLikeLayers), executor.stock
@@ -283,7 +304,7 @@ stream = R.random_residual_stream(3, d.kda.hidden, d.max_blocks, gen)
 delta = torch.randn(3, d.kda.hidden, generator=gen)
 errors = {}
 
-w = R.random_kda_moe_layer(d.kda, d.moe, gen)
+w = decisive_routing(R.random_kda_moe_layer(d.kda, d.moe, gen), gen)
 state = R.random_kda_state(d.kda, 3, gen)
 for layer in (1, 4):
     pos = R.LayerPosition(layer, block_size=d.attn_res_block)
@@ -293,7 +314,7 @@ for layer in (1, 4):
     errors[f"kda{layer}.prefix"] = rel_err(slow[1].prefix, fast[1].prefix)
     errors[f"kda{layer}.recurrent"] = rel_err(slow[2].recurrent, fast[2].recurrent)
 
-w = R.random_mla_moe_layer(d.mla, d.moe, gen)
+w = decisive_routing(R.random_mla_moe_layer(d.mla, d.moe, gen), gen)
 cache = R.random_paged_cache(d.mla, [7, 10, 2], page_size=4, gen=gen)
 pos = R.LayerPosition(3, block_size=d.attn_res_block)
 fast = executor.mla_moe(decode, delta, stream, w, cache, pos, d)
@@ -320,7 +341,99 @@ def test_the_stock_like_sequence_agrees_with_the_specialized_path_on_cpu():
     pytest.importorskip("triton", reason="triton is not installed (it comes with the CUDA build of torch)")
     seed = int(os.environ.get("KIMI_K3_TEST_SEED", secrets.randbits(31)))
     result = subprocess.run(
-        [sys.executable, "-c", STOCK_LIKE_ON_CPU, str(seed)], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", STOCK_LIKE_ON_CPU, str(seed), os.path.dirname(__file__)],
+        capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, f"seed {seed}\n{result.stdout}\n{result.stderr[-3000:]}"
     assert result.stdout.strip().endswith("ok")
+
+
+# --- the kernel op: plumbing on CPU with a stand-in for kimi_k3_path.kernels.moe ---------------------------------
+
+
+class StandInKernels:
+    """kimi_k3_path.kernels.moe's interface (prepare_weights, MoeWorkspace, latent_moe_decode), computed by the
+    fp32 reference on the CPU: checks what the adapter hands the kernels and what it does with the result."""
+
+    def __init__(self):
+        self.prepared = 0
+        self.launches = 0
+
+    def prepare_weights(self, ref, top_k, routed_scaling_factor, eps, device):
+        self.prepared += 1
+        d = SimpleNamespace(top_k=top_k, routed_scaling_factor=routed_scaling_factor, eps=eps)
+        return SimpleNamespace(ref=ref, d=d, device=device)
+
+    def MoeWorkspace(self, kernel_weights, device):  # noqa: N802 (mirrors the class it stands in for)
+        return SimpleNamespace(for_weights=kernel_weights)
+
+    def latent_moe_decode(self, x, kernel_weights, workspace, out, stream):
+        assert workspace.for_weights is kernel_weights and stream is None
+        assert x.dtype == torch.bfloat16 and out.dtype == torch.bfloat16 and x.is_contiguous()
+        assert 1 <= x.shape[0] <= 64
+        self.launches += 1
+        out.copy_(latent_moe(x.float(), kernel_weights.ref, kernel_weights.d))
+
+
+def test_the_kernel_op_prepares_once_and_returns_fp32(gen):
+    d = TINY_TP8
+    kernels = StandInKernels()
+    op = KernelLatentMoe(device="cpu", kernels=kernels)
+    w = decisive_routing(random_kda_moe_layer(d.kda, d.moe, gen), gen).moe
+    x = torch.randn(5, d.moe.hidden, generator=gen)
+    first, second = op(x, w, d.moe), op(x[:2], w, d.moe)
+    assert (kernels.prepared, kernels.launches) == (1, 2)
+    assert first.dtype == torch.float32 and first.shape == (5, d.moe.hidden)
+    assert_close(first, latent_moe(x, w, d.moe), 2e-2)  # the input crossed in bf16
+    assert torch.equal(second, first[:2])
+    op(x, replace(w, router_bias=w.router_bias.clone()), d.moe)  # other weights: prepared again
+    assert kernels.prepared == 2
+
+
+def test_a_layer_composed_with_the_kernel_op_agrees_with_the_stock_path(gen):
+    d = TINY_TP8
+    kernels = StandInKernels()
+    executor = DecodeExecutor(H200_TP8, ComposedPath(kernel_ops("cpu", kernels)), ReferenceLayers())
+    assert executor.specialized.name == f"{SPECIALIZED}[cute-moe]"
+    w = decisive_routing(random_kda_moe_layer(d.kda, d.moe, gen), gen)
+    batch = StepBatch.decode([3, 8])
+    state = random_kda_state(d.kda, 2, gen)
+    stream = random_residual_stream(2, d.kda.hidden, d.max_blocks, gen)
+    delta = torch.randn(2, d.kda.hidden, generator=gen)
+    pos = LayerPosition(2, block_size=d.attn_res_block)
+    out, _, _ = executor.kda_moe(batch, delta, stream, w, state, pos, d)
+    ref, _, _ = ReferenceLayers().kda_moe(delta, stream, w, state, pos, d)
+    assert kernels.launches == 1
+    assert_close(out, ref, 2e-2)
+
+
+def test_kernels_are_taken_only_where_they_run():
+    assert kernels_unavailable("cpu") == "cpu is not a CUDA device"
+
+
+@pytest.mark.gpu
+def test_on_the_h200_the_specialized_path_runs_the_kernels_and_agrees_with_stock(gen):
+    """Real TP8 per-rank shapes: the KDA reference op on the host and the latent MoE on the CuTe DSL kernels,
+    against the stock-like sequence (cuBLAS + Triton) on the GPU, for one decode step of 4 sequences."""
+    from kimi_k3_path.kernels.moe import random_weights
+
+    d = layer_dims(named_config("kimi_k3"), tp=8)
+    executor = build_executor(H200_TP8, device="cuda")
+    assert executor.specialized.name == f"{SPECIALIZED}[cute-moe]" and executor.stock.name == "stock-like"
+    # The MXFP4 experts are made packed (random_weights): packing 2.5e9 fp32 values on the host is too slow.
+    w = decisive_routing(
+        KdaMoeLayerWeights(random_layer_norms(d.kda.hidden, gen), random_kda_weights(d.kda, gen),
+                           random_weights(d.moe, "cpu", gen)),
+        gen,
+    )
+    state = random_kda_state(d.kda, 4, gen)
+    stream = random_residual_stream(4, d.kda.hidden, d.max_blocks, gen)
+    delta = torch.randn(4, d.kda.hidden, generator=gen)
+    pos = LayerPosition(5, block_size=d.attn_res_block)
+    fast = executor.kda_moe(StepBatch.decode([100, 7, 1, 40]), delta, stream, w, state, pos, d)
+    prefill_like = StepBatch(query_lens=(1,) * 4, context_lens=(0,) * 4)  # same rows, routed to the stock path
+    slow = executor.kda_moe(prefill_like, delta, stream, w, state, pos, d)
+    assert set(executor.summary()) == {f"{SPECIALIZED}: decode batch inside the support matrix",
+                                       "stock-like: prefill batch"}
+    assert_close(slow[0], fast[0], 3e-2)
+    assert_close(slow[2].recurrent, fast[2].recurrent, 3e-2)
