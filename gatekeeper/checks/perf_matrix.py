@@ -94,12 +94,13 @@ def run(ctx: CheckContext) -> CheckResult:
     errors = [f for f in findings if f.severity is Severity.error]
     if errors:
         missing = sum(1 for v in verdicts if v.row is None)
-        summary = f"{len(errors)} problem(s) in the perf matrix ({missing} of {len(verdicts)} required row(s) missing)."
+        summary = f"{len(errors)} problem(s) in the perf matrix ({len(verdicts)} row(s) judged, {missing} missing)."
         return _result(Status.failed, summary, findings, details)
     if undecided:
         return _result(Status.neutral, "Not decided: " + "; ".join(sorted(set(undecided))) + ".", findings, details)
     trust = sorted({s.origin.trust.replace("_", "-") for s in submissions if id(s) in used})
-    return _result(Status.passed, f"All {len(verdicts)} required row(s) measured, no regression ({'/'.join(trust)} evidence).", findings, details)
+    summary = f"All {len(verdicts)} row(s) covering the support matrix measured, no regression ({'/'.join(trust)} evidence)."
+    return _result(Status.passed, summary, findings, details)
 
 
 def _result(status: Status, summary: str, findings: list[Finding], details: dict | None = None) -> CheckResult:
