@@ -89,3 +89,8 @@ def test_the_guard_follows_the_matrix_it_is_given():
 def test_the_guard_refuses_what_is_not_a_deployment():
     with pytest.raises(TypeError, match="takes a kimi_k3_path.support.Deployment, got dict"):
         check_deployment({"arch": "sm_90", "tp": 8, "max_batch": 64})
+
+
+def test_a_rejection_always_names_something():
+    with pytest.raises(ValueError, match="needs at least one unsupported field"):
+        UnsupportedDeployment(Deployment(arch="sm_90", tp=8, max_batch=64), ())

@@ -172,3 +172,10 @@ def test_a_model_the_decode_path_cannot_run_is_refused_with_the_field(tmp_path, 
 )
 def test_gpu_arch_names_the_platform(platform, arch):
     assert vllm_plugin.gpu_arch(platform) == arch
+
+
+def test_a_config_without_a_model_is_refused_when_the_backend_is_requested():
+    config = SimpleNamespace(additional_config=dict(SPECIALIZED), model_config=None, parallel_config=None,
+                             cache_config=None, speculative_config=None)
+    with pytest.raises(ValueError, match="kimi_k3_decode_backend=latency_specialized needs a model config"):
+        vllm_plugin.check_vllm_config(config)
