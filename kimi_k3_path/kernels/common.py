@@ -21,10 +21,20 @@ NEG_INF = float("-inf")
 LOWEST = -3.4028234663852886e38
 
 
-def ld_weight_v4(addr: Int64):
-    """16 bytes of a weight that is read once per step: bypass L1 so it does not evict the activations."""
+# Cache hints for weight loads (read once per step): the bench compares them on the down-projection.
+WEIGHT_LOADS = {
+    "no_allocate": "ld.global.nc.L1::no_allocate.v4.b32",
+    "no_allocate_l2_256": "ld.global.nc.L1::no_allocate.L2::256B.v4.b32",
+    "evict_first": "ld.global.nc.L1::evict_first.v4.b32",
+    "plain": "ld.global.nc.v4.b32",
+}
+DEFAULT_WEIGHT_LOAD = "no_allocate"
+
+
+def ld_weight_v4(addr: Int64, hint: str = DEFAULT_WEIGHT_LOAD):
+    """16 bytes of a weight that is read once per step: by default bypass L1 so it does not evict activations."""
     return cute.arch.inline_ptx(
-        "ld.global.nc.L1::no_allocate.v4.b32 {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}];",
+        WEIGHT_LOADS[hint] + " {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}];",
         write_only_types=[Int32] * 4,
         read_only_args=[addr],
     )
@@ -48,15 +58,6 @@ def ld_coherent_f32(addr: Int64) -> Float32:
     return cute.arch.inline_ptx("ld.global.cg.f32 {$w0}, [{$r0}];", write_only_types=[Float32], read_only_args=[addr])
 
 
-def ld_coherent_v4_f32(addr: Int64):
-    """16 bytes (4 fp32) another CTA of the same launch produced (with atomics): read from L2."""
-    return cute.arch.inline_ptx(
-        "ld.global.cg.v4.f32 {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}];",
-        write_only_types=[Float32] * 4,
-        read_only_args=[addr],
-    )
-
-
 def red_add_f32(addr: Int64, value: Float32) -> None:
     cute.arch.inline_ptx("red.global.add.f32 [{$r0}], {$r1};", read_only_args=[addr, value])
 
@@ -70,54 +71,14 @@ def bf16x2_to_f32(word: Int32):
     )
 
 
-def fp4x8_to_f32(word: Int32):
-    """Eight E2M1 nibbles (element 2i in the low nibble of byte i) -> eight fp32 values times 2^-6, in order.
+def fp4x8_fma_f16x2(word: Int32, x01: Int32, x23: Int32, x45: Int32, x67: Int32, acc0: Int32, acc1: Int32):
+    """(acc0, acc1) + products of eight E2M1 nibbles (element 2i in the low nibble of byte i) with eight fp16
+    activations (x01..x67: packed pairs in element order), in packed f16x2 arithmetic.
 
     Each nibble s|ee|m is moved into an FP8 E4M3 byte s|0ee|m00, whose value is exactly the E2M1 value times 2^-6
-    (subnormals included), and Hopper converts E4M3 pairs to f16x2 in one instruction. The 2^6 goes into the scale.
-    """
-    return cute.arch.inline_ptx(
-        "{\n"
-        ".reg .b32 lo, hi, t, h;\n"
-        ".reg .b16 a0, a1, a2, a3, h0, h1;\n"
-        "and.b32 lo, {$r0}, 0x08080808;\n"
-        "shl.b32 lo, lo, 4;\n"
-        "and.b32 t, {$r0}, 0x07070707;\n"
-        "shl.b32 t, t, 2;\n"
-        "or.b32 lo, lo, t;\n"
-        "and.b32 hi, {$r0}, 0x80808080;\n"
-        "shr.b32 t, {$r0}, 2;\n"
-        "and.b32 t, t, 0x1C1C1C1C;\n"
-        "or.b32 hi, hi, t;\n"
-        "mov.b32 {a0, a1}, lo;\n"
-        "mov.b32 {a2, a3}, hi;\n"
-        "cvt.rn.f16x2.e4m3x2 h, a0;\n"
-        "mov.b32 {h0, h1}, h;\n"
-        "cvt.f32.f16 {$w0}, h0;\n"
-        "cvt.f32.f16 {$w2}, h1;\n"
-        "cvt.rn.f16x2.e4m3x2 h, a1;\n"
-        "mov.b32 {h0, h1}, h;\n"
-        "cvt.f32.f16 {$w4}, h0;\n"
-        "cvt.f32.f16 {$w6}, h1;\n"
-        "cvt.rn.f16x2.e4m3x2 h, a2;\n"
-        "mov.b32 {h0, h1}, h;\n"
-        "cvt.f32.f16 {$w1}, h0;\n"
-        "cvt.f32.f16 {$w3}, h1;\n"
-        "cvt.rn.f16x2.e4m3x2 h, a3;\n"
-        "mov.b32 {h0, h1}, h;\n"
-        "cvt.f32.f16 {$w5}, h0;\n"
-        "cvt.f32.f16 {$w7}, h1;\n"
-        "}",
-        write_only_types=[Float32] * 8,
-        read_only_args=[word],
-    )
-
-
-def fp4x8_fma_f16x2(word: Int32, x01: Int32, x23: Int32, x45: Int32, x67: Int32, acc0: Int32, acc1: Int32):
-    """(acc0, acc1) + products of eight E2M1 nibbles (times 2^-6, see fp4x8_to_f32) with eight fp16 activations
-    (x01..x67: packed pairs in element order), in packed f16x2 arithmetic: 4 conversions and 4 HFMA2 per 8 values
-    instead of 12 conversions and 8 FFMA. The conversion pairs elements (0,2), (4,6), (1,3), (5,7), so the
-    activations are permuted to match with byte permutes."""
+    (subnormals included); Hopper converts E4M3 pairs to f16x2 in one instruction, so 8 values cost 4 conversions
+    and 4 HFMA2. The conversion pairs elements (0,2), (4,6), (1,3), (5,7); byte permutes pair the activations the
+    same way. The 2^6 goes into the group scale (e8m0_scale_times_64)."""
     return cute.arch.inline_ptx(
         "{\n"
         ".reg .b32 lo, hi, t, p0, p1, p2, p3, q0, q1, q2, q3, s0, s1;\n"
@@ -177,7 +138,7 @@ def f16x2_pair_sum_f32(acc0: Int32, acc1: Int32) -> Float32:
 
 
 def e8m0_scale_times_64(s: Int32) -> Float32:
-    """2^(s-127) * 2^6 as fp32 (the 2^6 undoes fp4x8_to_f32's offset). Exact for s in 0..248; 255 is E8M0 NaN."""
+    """2^(s-127) * 2^6 as fp32 (the 2^6 undoes fp4x8_fma_f16x2's offset). Exact for s in 0..248; 255 is E8M0 NaN."""
     return cute.arch.inline_ptx(
         "{ .reg .b32 t; add.s32 t, {$r0}, 6; shl.b32 {$w0}, t, 23; }",
         write_only_types=[Float32],
@@ -210,29 +171,6 @@ def situ_glu(gate: Float32, up: Float32) -> Float32:
     """4*tanh(g/4)*sigmoid(g) * 25*tanh(u/25), the same formula as kimi_k3_path.reference.situ_glu."""
     soft_gate = Float32(SITU_BETA) * cute.math.tanh(gate * Float32(1.0 / SITU_BETA)) * sigmoid(gate)
     return soft_gate * Float32(SITU_LINEAR_BETA) * cute.math.tanh(up * Float32(1.0 / SITU_LINEAR_BETA))
-
-
-def load_scaled_f32_tokens(x_addr: Int64, row_stride_bytes, m_first, m_count, vec: Int32, mt: int, gamma_addr: Int64):
-    """Like load_bf16_tokens for fp32 rows, each value times gamma[k] (the latent-norm weight folded into x)."""
-    gamma = []
-    for h in range(2):
-        gamma.extend(ld_act_v4_f32(gamma_addr + Int64(vec) * (2 * VEC_BYTES) + h * VEC_BYTES))
-    rows = []
-    for mi in range(mt):
-        m = cutlass.min(m_first + mi, m_count - 1)
-        vals = []
-        for h in range(2):
-            vals.extend(ld_act_v4_f32(x_addr + Int64(m) * row_stride_bytes + Int64(vec) * (2 * VEC_BYTES) + h * VEC_BYTES))
-        rows.append([vals[i] * gamma[i] for i in range(8)])
-    return rows
-
-
-def ld_act_v4_f32(addr: Int64):
-    return cute.arch.inline_ptx(
-        "ld.global.nc.v4.f32 {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}];",
-        write_only_types=[Float32] * 4,
-        read_only_args=[addr],
-    )
 
 
 def load_bf16_tokens(x_addr: Int64, row_stride_bytes, m_first, m_count, vec: Int32, mt: int):

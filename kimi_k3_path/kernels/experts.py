@@ -12,8 +12,8 @@ GEMM1 + SiTU: a half-warp per weight row, the two half-warps of a warp on gate r
 activation a[pair, j] = situ_glu(gate, up) is formed in registers. a is stored fp16 per (token, slot) pair.
 GEMM2 + combine: `lanes` lanes per row of w2; each row's result times the pair's routing weight is added with one
 fp32 reduction into y_lat[token] (zeroed by GEMM1 of the same step). The last CTA to finish (a self-resetting
-device counter, as in the router) computes rstd[t] = 1/sqrt(mean(y_lat[t]^2) + eps) for the finalize GEMM, which
-folds the latent RMSNorm into the up-projection.
+device counter, as in the router) applies the latent RMSNorm, normed[t] = y_lat[t] * rsqrt(mean(y_lat[t]^2) + eps)
+* gamma, in bf16 for the finalize GEMM: the norm needs whole rows, which only exist once every CTA is done.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float16, Float32, Int32, Int64
+from cutlass import BFloat16, Float16, Float32, Int32, Int64
 
 from .common import (
     FP4_GROUP,
@@ -32,7 +32,7 @@ from .common import (
     fp4x8_fma_f16x2,
     lane_group_sum,
     ld_act_v4,
-    ld_coherent_v4_f32,
+    ld_coherent_f32,
     ld_u8,
     ld_weight_v4,
     red_add_f32,
@@ -125,13 +125,16 @@ class ExpertsGemm1Situ:
 
 
 class ExpertsGemm2Combine:
-    """y_lat[t] += w[p] * (a[p] @ w2[e]^T) for every planned pair p = t*k + slot, then rstd[t] of y_lat.
+    """y_lat[t] += w[p] * (a[p] @ w2[e]^T) for every planned pair p = t*k + slot, then normed = rms_norm(y_lat).
     Tensors: a [M*k, I] fp16, w2 [E, L, I/2] uint8, s2 [E, L, I/32] uint8, plan, topk weights [M, k] fp32,
-    y_lat [M, L] fp32 (accumulated with fp32 reductions), counter [1] int32 (zero; left zero), rstd [M] fp32."""
+    y_lat [M, L] fp32 (accumulated with fp32 reductions), counter [1] int32 (zero; left zero), gamma [L] fp32,
+    normed [M, L] bf16."""
 
     def __init__(self, experts: int, latent: int, inter: int, top_k: int, eps: float):
-        if latent % (4 * WARP):
-            raise ValueError(f"ExpertsGemm2Combine: latent={latent} is not a multiple of {4 * WARP} (rstd loads)")
+        if latent % (WARPS_PER_CTA * WARP):
+            raise ValueError(
+                f"ExpertsGemm2Combine: latent={latent} is not a multiple of {WARPS_PER_CTA * WARP} (norm-tail threads)"
+            )
         if inter % FP4_GROUP:
             raise ValueError(f"ExpertsGemm2Combine: intermediate={inter} is not a multiple of {FP4_GROUP}")
         groups = inter // FP4_GROUP
@@ -143,21 +146,24 @@ class ExpertsGemm2Combine:
         self.groups_per_lane = groups // self.lanes
 
     @cute.jit
-    def __call__(self, a, w2, s2, n_active, slot_expert, slot_count, slot_pairs, topk_w, y_lat, counter, rstd,
-                 stream: cuda.CUstream):
+    def __call__(self, a, w2, s2, n_active, slot_expert, slot_count, slot_pairs, topk_w, y_lat, counter, gamma,
+                 normed, stream: cuda.CUstream):
         m = y_lat.shape[0]
         slots = cutlass.min(m * self.k, self.e)
-        self.kernel(a, w2, s2, n_active, slot_expert, slot_count, slot_pairs, topk_w, y_lat, counter, rstd, m).launch(
-            grid=[slots, self.l // self.rows_per_cta, 1], block=[WARPS_PER_CTA * WARP, 1, 1], smem=16, stream=stream
+        self.kernel(a, w2, s2, n_active, slot_expert, slot_count, slot_pairs, topk_w, y_lat, counter, gamma, normed,
+                    m).launch(
+            grid=[slots, self.l // self.rows_per_cta, 1], block=[WARPS_PER_CTA * WARP, 1, 1], smem=64, stream=stream
         )
 
     @cute.kernel
-    def kernel(self, a, w2, s2, n_active, slot_expert, slot_count, slot_pairs, topk_w, y_lat, counter, rstd,
+    def kernel(self, a, w2, s2, n_active, slot_expert, slot_count, slot_pairs, topk_w, y_lat, counter, gamma, normed,
                m_count: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         slot, tile, _ = cute.arch.block_idx()
         grid_x, grid_y, _ = cute.arch.grid_dim()
-        flag = cutlass.memory.SmemAllocator().allocate_tensor(Int32, cute.make_layout(4), byte_alignment=16)
+        smem = cutlass.memory.SmemAllocator()
+        flag = smem.allocate_tensor(Int32, cute.make_layout(4), byte_alignment=16)
+        partial = smem.allocate_tensor(Float32, cute.make_layout(WARPS_PER_CTA), byte_alignment=16)
         if slot < n_active[0]:
             sub = tidx % self.lanes
             row = tile * self.rows_per_cta + tidx // self.lanes
@@ -185,7 +191,7 @@ class ExpertsGemm2Combine:
                     weight = topk_w[token, pair % self.k]
                     red_add_f32(y_lat.iterator.toint() + (Int64(token) * self.l + Int64(row)) * 4, acc * weight)
 
-        # Every CTA (empty slots too) counts in; the last one sees all reductions and computes rstd per token.
+        # Every CTA (empty slots too) counts in; the last one sees all reductions and normalizes y_lat.
         # One release fence by thread 0 after the barrier covers the CTA's reductions (fences are cumulative).
         cute.arch.sync_threads()
         if tidx == 0:
@@ -199,15 +205,28 @@ class ExpertsGemm2Combine:
         if flag[0] == 1:
             cute.arch.fence_acq_rel_gpu()
             lane = tidx % WARP
-            for t in cutlass.range(tidx // WARP, m_count, WARPS_PER_CTA):
+            # All 256 threads per token row (coalesced 4-byte loads from L2), partial sums meet in shared memory.
+            per_thread: cutlass.Constexpr = self.l // (WARPS_PER_CTA * WARP)
+            lane = tidx % WARP
+            for t in cutlass.range(m_count, unroll=1):
                 row_addr = y_lat.iterator.toint() + Int64(t) * (self.l * 4)
                 sq = Float32(0.0)
-                for i in cutlass.range_constexpr(self.l // (4 * WARP)):
-                    v = ld_coherent_v4_f32(row_addr + Int64(lane + i * WARP) * VEC_BYTES)
-                    sq = sq + v[0] * v[0] + v[1] * v[1] + v[2] * v[2] + v[3] * v[3]
+                for i in cutlass.range_constexpr(per_thread):
+                    v = ld_coherent_f32(row_addr + Int64(tidx + i * WARPS_PER_CTA * WARP) * 4)
+                    sq = sq + v * v
                 sq = lane_group_sum(sq, WARP)
                 if lane == 0:
-                    rstd[t] = cute.math.rsqrt(sq / Float32(self.l) + Float32(self.eps))
+                    partial[tidx // WARP] = sq
+                cute.arch.sync_threads()
+                total = Float32(0.0)
+                for w in cutlass.range_constexpr(WARPS_PER_CTA):
+                    total = total + partial[w]
+                rstd = cute.math.rsqrt(total / Float32(self.l) + Float32(self.eps))
+                for i in cutlass.range_constexpr(per_thread):
+                    k = tidx + i * WARPS_PER_CTA * WARP
+                    v = ld_coherent_f32(row_addr + Int64(k) * 4)
+                    normed[t, k] = (v * rstd * gamma[k]).to(BFloat16)
+                cute.arch.sync_threads()
 
 
 def _plan_shapes(plan, experts: int) -> None:
@@ -228,7 +247,7 @@ def _fake_plan(experts: int):
     return (fake(Int32, (1,)), fake(Int32, (experts,)), fake(Int32, (experts,)), fake(Int32, (experts, MAX_TOKENS)))
 
 
-def experts_gemm1_situ(x_lat, w13, s13, plan, top_k: int, a, y_lat, stream) -> None:
+def experts_gemm1_situ(x_lat, w13, s13, plan, top_k: int, a, y_lat, stream, max_regs: int | None = None) -> None:
     """a[M*k, I] = SiTU-GLU of each planned pair's GEMM1; zeroes y_lat [M, L] for GEMM2. Launched on `stream`."""
     from cutlass import Uint8
 
@@ -257,16 +276,18 @@ def experts_gemm1_situ(x_lat, w13, s13, plan, top_k: int, a, y_lat, stream) -> N
         )
         return ExpertsGemm1Situ(experts, latent, inter, top_k), args
 
-    fn = compile_cached(("experts_gemm1_situ", experts, latent, inter, top_k), build)
+    fn = compile_cached(("experts_gemm1_situ", experts, latent, inter, top_k), build, max_regs)
     fn(
         to_cute(x_lat, True), to_cute(w13), to_cute(s13), *(to_cute(t) for t in plan),
         to_cute(a, True), to_cute(y_lat, True), cu_stream(stream),
     )
 
 
-def experts_gemm2_combine(a, w2, s2, plan, topk_w, y_lat, counter, rstd, eps: float, stream) -> None:
+def experts_gemm2_combine(
+    a, w2, s2, plan, topk_w, y_lat, counter, gamma, normed, eps: float, stream, max_regs: int | None = None
+) -> None:
     """y_lat[t] += sum over t's pairs of weight * (a[pair] @ w2[e]^T) (y_lat must be zero: GEMM1 does it), then
-    rstd[t] = 1/sqrt(mean(y_lat[t]^2) + eps). counter: int32 [1], zero before the first launch (left zero)."""
+    normed = rms_norm(y_lat, gamma, eps) in bf16. counter: int32 [1], zero before the first launch (left zero)."""
     from cutlass import Uint8
 
     from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
@@ -282,7 +303,8 @@ def experts_gemm2_combine(a, w2, s2, plan, topk_w, y_lat, counter, rstd, eps: fl
     expect("topk_w", topk_w, (m, top_k), "float32")
     expect("y_lat", y_lat, (m, latent), "float32")
     expect("counter", counter, (1,), "int32")
-    expect("rstd", rstd, (m,), "float32")
+    expect("gamma", gamma, (latent,), "float32")
+    expect("normed", normed, (m, latent), "bfloat16")
 
     def build():
         md, pd = dyn(), dyn()
@@ -294,13 +316,15 @@ def experts_gemm2_combine(a, w2, s2, plan, topk_w, y_lat, counter, rstd, eps: fl
             fake(Float32, (md, top_k)),
             fake(Float32, (md, latent)),
             fake(Int32, (1,)),
-            fake(Float32, (md,)),
+            fake(Float32, (latent,)),
+            fake(BFloat16, (md, latent)),
             fake_stream(),
         )
         return ExpertsGemm2Combine(experts, latent, inter, top_k, eps), args
 
-    fn = compile_cached(("experts_gemm2_combine", experts, latent, inter, top_k, eps), build)
+    fn = compile_cached(("experts_gemm2_combine", experts, latent, inter, top_k, eps), build, max_regs)
     fn(
         to_cute(a, True), to_cute(w2), to_cute(s2), *(to_cute(t) for t in plan),
-        to_cute(topk_w, True), to_cute(y_lat, True), to_cute(counter), to_cute(rstd, True), cu_stream(stream),
+        to_cute(topk_w, True), to_cute(y_lat, True), to_cute(counter), to_cute(gamma), to_cute(normed, True),
+        cu_stream(stream),
     )

@@ -22,9 +22,9 @@ from .common import (
     WARP,
     dot_bf16x8,
     lane_group_sum,
+    DEFAULT_WEIGHT_LOAD,
     ld_weight_v4,
     load_bf16_tokens,
-    load_scaled_f32_tokens,
 )
 
 WARPS_PER_CTA = 8
@@ -49,9 +49,9 @@ def unroll_for(steps: int) -> int:
     return 4 if steps % 4 == 0 else (2 if steps % 2 == 0 else 1)
 
 
-def rows_dot_tokens_step(acc, acc_row: int, row_addrs, tokens, vec) -> None:
+def rows_dot_tokens_step(acc, acc_row: int, row_addrs, tokens, vec, hint: str) -> None:
     """acc[acc_row + r, mi] += dot of the 8 bf16 weights at vector `vec` of row r with the tokens' 8 values."""
-    weights = [ld_weight_v4(addr + Int64(vec) * VEC_BYTES) for addr in row_addrs]
+    weights = [ld_weight_v4(addr + Int64(vec) * VEC_BYTES, hint) for addr in row_addrs]
     for r in range(len(row_addrs)):
         for mi in range(len(tokens)):
             acc[acc_row + r, mi] = dot_bf16x8(weights[r], tokens[mi], acc[acc_row + r, mi])
@@ -63,7 +63,6 @@ def dot_slice(
     row0: Int64,
     row1: Int64,
     x_addr: Int64,
-    gamma_addr: Int64,
     first_vec: Int32,
     lane: Int32,
     m_first: Int32,
@@ -71,31 +70,25 @@ def dot_slice(
     acc_row: cutlass.Constexpr,
     rows: cutlass.Constexpr,
     x_elems: cutlass.Constexpr,
-    x_f32: cutlass.Constexpr,
     n_vec: cutlass.Constexpr,
     mt: cutlass.Constexpr,
+    hint: cutlass.Constexpr,
 ):
     """acc[acc_row + r, mi] += this lane's share of the dot of weight row r (1 or 2 rows at byte addresses
-    row0/row1) with token m_first + mi, over the n_vec 16-byte vectors starting at first_vec. x rows hold x_elems
-    values, bf16, or fp32 times gamma[k] when x_f32. The caller reduces across lanes and warps."""
+    row0/row1) with bf16 token m_first + mi (rows of x_elems values), over the n_vec 16-byte vectors starting at
+    first_vec. The caller reduces across lanes and warps."""
     row_addrs = [row0, row1][:rows]
     full: cutlass.Constexpr = n_vec // WARP
     # Short loops unroll fully so every weight load of the slice is in flight before the first FMA.
     for step in cutlass.range(full, unroll=full if full <= 8 else unroll_for(full)):
         vec = first_vec + lane + step * WARP
-        if cutlass.const_expr(x_f32):
-            tokens = load_scaled_f32_tokens(x_addr, x_elems * 4, m_first, m_count, vec, mt, gamma_addr)
-        else:
-            tokens = load_bf16_tokens(x_addr, x_elems * 2, m_first, m_count, vec, mt)
-        rows_dot_tokens_step(acc, acc_row, row_addrs, tokens, vec)
+        tokens = load_bf16_tokens(x_addr, x_elems * 2, m_first, m_count, vec, mt)
+        rows_dot_tokens_step(acc, acc_row, row_addrs, tokens, vec, hint)
     if cutlass.const_expr(n_vec % WARP != 0):
         if lane < n_vec % WARP:
             vec = first_vec + lane + full * WARP
-            if cutlass.const_expr(x_f32):
-                tokens = load_scaled_f32_tokens(x_addr, x_elems * 4, m_first, m_count, vec, mt, gamma_addr)
-            else:
-                tokens = load_bf16_tokens(x_addr, x_elems * 2, m_first, m_count, vec, mt)
-            rows_dot_tokens_step(acc, acc_row, row_addrs, tokens, vec)
+            tokens = load_bf16_tokens(x_addr, x_elems * 2, m_first, m_count, vec, mt)
+            rows_dot_tokens_step(acc, acc_row, row_addrs, tokens, vec, hint)
 
 
 @cute.jit
@@ -159,6 +152,7 @@ def gemv_part(
     k: cutlass.Constexpr,
     split: cutlass.Constexpr,
     mt: cutlass.Constexpr,
+    hint: cutlass.Constexpr,
 ):
     """CTA `cta` of y = x @ w^T: rows cta*(8/split) .. +8/split."""
     part = warp % split
@@ -167,8 +161,8 @@ def gemv_part(
     row_addr = w.iterator.toint() + Int64(row) * (k * 2)
     for m_first in cutlass.range(0, m_count, mt, unroll=1):
         acc = zero_acc(1, mt)
-        dot_slice(acc, row_addr, row_addr, x.iterator.toint(), Int64(0), part * n_vec, lane, m_first, m_count,
-                  0, 1, k, False, n_vec, mt)
+        dot_slice(acc, row_addr, row_addr, x.iterator.toint(), part * n_vec, lane, m_first, m_count,
+                  0, 1, k, n_vec, mt, hint)
         split_k_reduce(acc, scratch, warp, lane, split, 1, mt)
         if lane == 0 and part == 0:
             for mi in cutlass.range_constexpr(mt):
@@ -179,11 +173,11 @@ def gemv_part(
 class SkinnyGemm:
     """y = x @ W^T for bf16 x [M, K] (M dynamic), W [N, K] and y [M, N]."""
 
-    def __init__(self, n: int, k: int, mt: int, split: int = GEMV_SPLIT):
+    def __init__(self, n: int, k: int, mt: int, split: int = GEMV_SPLIT, hint: str = DEFAULT_WEIGHT_LOAD):
         if n % (WARPS_PER_CTA // split):
             raise ValueError(f"SkinnyGemm: N={n} is not a multiple of {WARPS_PER_CTA // split}")
         check_k(k, split, "SkinnyGemm")
-        self.n, self.k, self.mt, self.split = n, k, mt, split
+        self.n, self.k, self.mt, self.split, self.hint = n, k, mt, split, hint
 
     def ctas(self) -> int:
         return self.n // (WARPS_PER_CTA // self.split)
@@ -199,23 +193,23 @@ class SkinnyGemm:
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         scratch = alloc_scratch(cutlass.memory.SmemAllocator())
-        gemv_part(x, w, y, scratch, bidx, tidx // WARP, tidx % WARP, m_count, self.k, self.split, self.mt)
+        gemv_part(x, w, y, scratch, bidx, tidx // WARP, tidx % WARP, m_count, self.k, self.split, self.mt, self.hint)
 
 
-def _compile_skinny_gemm(n: int, k: int, mt: int, split: int):
+def _compile_skinny_gemm(n: int, k: int, mt: int, split: int, hint: str):
     from .runtime import compile_cached, dyn, fake, fake_stream
 
     def build():
         m = dyn()
-        op = SkinnyGemm(n, k, mt, split)
+        op = SkinnyGemm(n, k, mt, split, hint)
         return op, (fake(BFloat16, (m, k)), fake(BFloat16, (n, k)), fake(BFloat16, (m, n)), fake_stream())
 
-    return compile_cached(("skinny_gemm", n, k, mt, split), build)
+    return compile_cached(("skinny_gemm", n, k, mt, split, hint), build)
 
 
-def skinny_gemm(x, w, out, stream, split: int = GEMV_SPLIT) -> None:
+def skinny_gemm(x, w, out, stream, split: int = GEMV_SPLIT, hint: str = DEFAULT_WEIGHT_LOAD) -> None:
     """out[M, N] = x[M, K] @ w[N, K]^T, all bf16 CUDA tensors, launched on the torch `stream` (split: warps per row
-    sharing K, 1..8)."""
+    sharing K, 1..8; hint: the weight-load cache hint, a key of common.WEIGHT_LOADS)."""
     from .runtime import cu_stream, expect, to_cute
 
     m, k = x.shape
@@ -225,7 +219,7 @@ def skinny_gemm(x, w, out, stream, split: int = GEMV_SPLIT) -> None:
     expect("out", out, (m, n), "bfloat16")
     if split not in (1, 2, 4, 8):
         raise ValueError(f"skinny_gemm: split={split} must be 1, 2, 4 or 8 (warps of a CTA sharing one row)")
-    fn = _compile_skinny_gemm(n, k, token_tile(m), split)
+    fn = _compile_skinny_gemm(n, k, token_tile(m), split, hint)
     fn(to_cute(x, True), to_cute(w), to_cute(out, True), cu_stream(stream))
 
 

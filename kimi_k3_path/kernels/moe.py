@@ -6,8 +6,8 @@ the caller's stream, with no host synchronization and no allocation, so it can b
                       down-projection x_lat = x @ W_down^T (stored fp16 for the experts)
                       shared experts' a_sh = situ_glu(x @ W_sh13^T)
   2 experts GEMM1   a[pair] = situ_glu(x_lat[t] @ w13[e]^T); y_lat = 0                    (active experts' w13)
-  3 experts GEMM2   y_lat[t] += w * a[pair] @ w2[e]^T; last CTA: rstd[t] of y_lat         (active experts' w2)
-  4 finalize        out = rstd * ((gamma * y_lat) @ W_up^T) + a_sh @ W_sh2^T              (W_up, W_sh2)
+  3 experts GEMM2   y_lat[t] += w * a[pair] @ w2[e]^T; last CTA: normed = rms_norm(y_lat)  (active experts' w2)
+  4 finalize        out = normed @ W_up^T + a_sh @ W_sh2^T                                 (W_up, W_sh2)
 
 Weights are prepared once (`prepare_weights`); the workspace is allocated once per device (`MoeWorkspace`) for the
 largest batch and sliced per call.
@@ -24,7 +24,7 @@ import cutlass.cute as cute
 import torch
 from cutlass import BFloat16, Float16, Float32, Int32
 
-from .common import WARP
+from .common import DEFAULT_WEIGHT_LOAD, WARP
 from .experts import experts_gemm1_situ, experts_gemm2_combine
 from .finalize import finalize
 from .gemv import GEMV_SPLIT, WARPS_PER_CTA, alloc_scratch, check_k, gemv_part, token_tile
@@ -69,13 +69,14 @@ class FrontKernel:
             router_part(x, w_router, bias, logits, counter, ids, weights, n_active, slot_expert, slot_count,
                         slot_pairs, state, scratch, bidx, tidx, m_count, self.e, self.h, self.k, self.scaling, self.mt)
         elif bidx < self.e + self.down_ctas:
-            gemv_part(x, w_down, x_lat, scratch, bidx - self.e, warp, lane, m_count, self.h, GEMV_SPLIT, self.mt)
+            gemv_part(x, w_down, x_lat, scratch, bidx - self.e, warp, lane, m_count, self.h, GEMV_SPLIT, self.mt,
+                      DEFAULT_WEIGHT_LOAD)
         else:
             shared_part(x, w_sh13, a_sh, scratch, bidx - self.e - self.down_ctas, warp, lane, m_count, self.s, self.h,
                         self.mt)
 
 
-def front(x, w, ws, m: int, stream) -> None:
+def front(x, w, ws, m: int, stream, max_regs: int | None = None) -> None:
     """Launch 1 of the block (see FrontKernel) on `stream`."""
     from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
 
@@ -94,7 +95,7 @@ def front(x, w, ws, m: int, stream) -> None:
         )
         return FrontKernel(e, h, lat, s, k, w.routed_scaling_factor, mt), args
 
-    fn = compile_cached(("moe_front", e, h, lat, s, k, w.routed_scaling_factor, mt), build)
+    fn = compile_cached(("moe_front", e, h, lat, s, k, w.routed_scaling_factor, mt), build, max_regs)
     fn(
         to_cute(x, True), to_cute(w.router), to_cute(w.router_bias), to_cute(ws.logits[:m], True),
         to_cute(ws.router_counter), to_cute(ws.ids[:m], True), to_cute(ws.weights[:m], True),
@@ -193,7 +194,7 @@ class MoeWorkspace:
         self.a_sh = torch.empty(m, w.shared_intermediate, **bf16)
         self.a = torch.empty(m * k, w.intermediate, **f16)
         self.y_lat = torch.empty(m, w.latent, **f32)
-        self.rstd = torch.empty(m, **f32)
+        self.normed = torch.empty(m, w.latent, **bf16)
 
 
 @dataclass(frozen=True)
@@ -205,8 +206,15 @@ class Step:
     weight_bytes: Callable[[], int]  # evaluated after a run (the experts' bytes depend on the routing)
 
 
-def decode_steps(x: torch.Tensor, w: MoeKernelWeights, ws: MoeWorkspace, out: torch.Tensor) -> list[Step]:
+# Register caps per launch (ptxas -maxrregcount), chosen by the bench's sweep on the H200; None: the compiler's choice.
+MAX_REGS: dict[str, int | None] = {"front": None, "gemm1": None, "gemm2": None, "finalize": None}
+
+
+def decode_steps(
+    x: torch.Tensor, w: MoeKernelWeights, ws: MoeWorkspace, out: torch.Tensor, max_regs: dict | None = None
+) -> list[Step]:
     """The launches of `latent_moe_decode`, in order (the bench times them one by one)."""
+    regs = {**MAX_REGS, **(max_regs or {})}
     m = x.shape[0]
     if not 1 <= m <= MAX_TOKENS:
         raise ValueError(f"latent_moe_decode: decode batch M={m} must be in 1..{MAX_TOKENS}")
@@ -216,18 +224,19 @@ def decode_steps(x: torch.Tensor, w: MoeKernelWeights, ws: MoeWorkspace, out: to
         return int(ws.plan[0][0])
 
     return [
-        Step("front (router + down_proj + shared_gate_up)", lambda st: front(x, w, ws, m, st),
+        Step("front (router + down_proj + shared_gate_up)", lambda st: front(x, w, ws, m, st, regs["front"]),
              lambda: e * h * 2 + e * 4 + lat * h * 2 + 2 * s * h * 2),
         Step("experts_gemm1_situ", lambda st: experts_gemm1_situ(ws.x_lat[:m], w.w13_packed, w.w13_scales, ws.plan, k,
-                                                                 ws.a[: m * k], ws.y_lat[:m], st),
+                                                                 ws.a[: m * k], ws.y_lat[:m], st, regs["gemm1"]),
              lambda: active() * (2 * i * lat // 2 + 2 * i * lat // 32)),
-        Step("experts_gemm2_combine_rstd",
+        Step("experts_gemm2_combine_norm",
              lambda st: experts_gemm2_combine(ws.a[: m * k], w.w2_packed, w.w2_scales, ws.plan, ws.weights[:m],
-                                              ws.y_lat[:m], ws.gemm2_counter, ws.rstd[:m], w.eps, st),
-             lambda: active() * (lat * i // 2 + lat * i // 32)),
-        Step("finalize (norm + up_proj + shared down)",
-             lambda st: finalize(ws.y_lat[:m], w.latent_norm, ws.rstd[:m], w.up, ws.a_sh[:m], w.shared2, out, st),
-             lambda: lat * 4 + h * lat * 2 + h * s * 2),
+                                              ws.y_lat[:m], ws.gemm2_counter, w.latent_norm, ws.normed[:m], w.eps,
+                                              st, regs["gemm2"]),
+             lambda: active() * (lat * i // 2 + lat * i // 32) + lat * 4),
+        Step("finalize (up_proj + shared down)",
+             lambda st: finalize(ws.normed[:m], w.up, ws.a_sh[:m], w.shared2, out, st, regs["finalize"]),
+             lambda: h * lat * 2 + h * s * 2),
     ]
 
 

@@ -17,7 +17,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
-from .common import LOWEST, NEG_INF, WARP, lane_group_sum, ld_coherent_f32, sigmoid
+from .common import DEFAULT_WEIGHT_LOAD, LOWEST, NEG_INF, WARP, lane_group_sum, ld_coherent_f32, sigmoid
 from .gemv import BF16_PER_VEC, SCRATCH_BYTES, WARPS_PER_CTA, alloc_scratch, check_k, dot_slice, split_k_reduce, zero_acc
 
 MAX_TOKENS = 64  # the plan stores token sets as 64-bit masks (two 32-bit words)
@@ -80,8 +80,8 @@ def router_part(
     row_addr = w.iterator.toint() + Int64(cta) * (hidden * 2)
     for m_first in cutlass.range(0, m_count, mt, unroll=1):
         acc = zero_acc(1, mt)
-        dot_slice(acc, row_addr, row_addr, x.iterator.toint(), Int64(0), warp * n_vec, lane, m_first, m_count,
-                  0, 1, hidden, False, n_vec, mt)
+        dot_slice(acc, row_addr, row_addr, x.iterator.toint(), warp * n_vec, lane, m_first, m_count,
+                  0, 1, hidden, n_vec, mt, DEFAULT_WEIGHT_LOAD)
         split_k_reduce(acc, scratch, warp, lane, ROUTER_SPLIT, 1, mt)
         if tidx == 0:
             for mi in cutlass.range_constexpr(mt):

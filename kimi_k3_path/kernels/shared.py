@@ -10,7 +10,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Int32, Int64
 
-from .common import WARP, situ_glu
+from .common import DEFAULT_WEIGHT_LOAD, WARP, situ_glu
 from .gemv import BF16_PER_VEC, SCRATCH_BYTES, WARPS_PER_CTA, alloc_scratch, check_k, dot_slice, split_k_reduce, zero_acc
 
 SHARED_SPLIT = 8  # one (gate, up) row pair per CTA, K split over its 8 warps
@@ -42,8 +42,8 @@ def shared_part(
     up_addr = w13.iterator.toint() + Int64(inter + cta) * (hidden * 2)
     for m_first in cutlass.range(0, m_count, mt, unroll=1):
         acc = zero_acc(2, mt)
-        dot_slice(acc, gate_addr, up_addr, x.iterator.toint(), Int64(0), warp * n_vec, lane, m_first, m_count,
-                  0, 2, hidden, False, n_vec, mt)
+        dot_slice(acc, gate_addr, up_addr, x.iterator.toint(), warp * n_vec, lane, m_first, m_count,
+                  0, 2, hidden, n_vec, mt, DEFAULT_WEIGHT_LOAD)
         split_k_reduce(acc, scratch, warp, lane, SHARED_SPLIT, 2, mt)
         if warp == 0 and lane == 0:
             for mi in cutlass.range_constexpr(mt):

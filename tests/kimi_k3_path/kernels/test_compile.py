@@ -68,7 +68,8 @@ def test_experts_compile(tp, dims):
     _compiles(
         ExpertsGemm2Combine(e, lat, i, d.top_k, d.eps),
         fake(BFloat16, (pairs, i)), fake(Uint8, (e, lat, i // 2)), fake(Uint8, (e, lat, i // 32)), *_plan(e),
-        fake(Float32, (m, d.top_k)), fake(Float32, (m, lat)), fake(Int32, (1,)), fake(Float32, (m,)), fake_stream(),
+        fake(Float32, (m, d.top_k)), fake(Float32, (m, lat)), fake(Int32, (1,)), fake(Float32, (lat,)),
+        fake(BFloat16, (m, lat)), fake_stream(),
     )
 
 
@@ -83,8 +84,8 @@ def test_shared_and_finalize_compile(tp, dims):
     )
     _compiles(
         Finalize(h, lat, s, 2),
-        fake(Float32, (m, lat)), fake(Float32, (lat,)), fake(Float32, (m,)), fake(BFloat16, (h, lat)),
-        fake(BFloat16, (m, s)), fake(BFloat16, (h, s)), fake(BFloat16, (m, h)), fake_stream(),
+        fake(BFloat16, (m, lat)), fake(BFloat16, (h, lat)), fake(BFloat16, (m, s)), fake(BFloat16, (h, s)),
+        fake(BFloat16, (m, h)), fake_stream(),
     )
 
 
