@@ -223,7 +223,7 @@ def run(args) -> tuple[dict, list[dict]]:
             })
             if m == 1 and tp == args.tp[0] and args.sweep:
                 sweep(xs, ours, spaces, outs, d, refs, args)
-            if m == 1:
+            if m == 1 and tp == args.tp[0]:  # router and down-projection shapes do not depend on TP
                 standalone = standalone_steps(xs, ours, spaces, d)
                 for name, one in standalone:
                     t = measurement(time_graph(one, args.replays, len(refs)))
@@ -236,6 +236,7 @@ def run(args) -> tuple[dict, list[dict]]:
                     print(f"    {name:44} {t['median']:7.1f} us {nbytes / 1e6:7.1f} MB "
                           f"{nbytes / (t['median'] * 1e-6) / 1e12:5.2f} TB/s  floor {nbytes / bandwidth * 1e6:6.1f} us",
                           flush=True)
+            if m == 1:
                 for i, step in enumerate(steps[0]):
                     def one(st, i=i, steps=steps):
                         for block in steps:
