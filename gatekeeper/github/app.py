@@ -6,7 +6,6 @@ threads do the GitHub work, so GitHub gets its answer in milliseconds and a cras
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -94,7 +93,7 @@ def create_app(config: AppConfig, workers: Literal["process", "threads"] = "proc
             return _error(status, f"{event} payload: {where}: {first['msg']}")
         if event == "ping":
             return JSONResponse({"pong": True, "zen": parsed.zen})
-        action = json.loads(body).get("action")
+        action = getattr(parsed, "action", None)
         if action not in ACTED_ON.get(event, ()):
             return JSONResponse({"ignored": f"{event}.{action} needs no work"}, status_code=202)
         if installation_id(parsed) is None:

@@ -107,7 +107,8 @@ def _review(ctx: AppContext, gh: Installation, repo: str, number: int, progress:
         return _publish(ctx, gh, key, name, too_many_files_report(len(entries), limit), progress, True, None,
                         delivery_id, check_run_id)
     commits = gh.pull_request_commits(repo, number)
-    changes = changes_from_pr_file_entries(entries, commits)
+    changes = changes_from_pr_file_entries(entries, commits).model_copy(
+        update={"base_sha": base_sha, "head_sha": head_sha})  # the perf check's commit window needs them
     info = pull_request_from_json(json.dumps(pr), f"{repo}#{number}")
     provenance = detect(loaded.policy.agent_detection, changes.commits, info)
     evidence = parse_evidence(stored.document, f"{repo}@{head_sha}: evidence artifact") if stored else None
