@@ -6,8 +6,6 @@ validated, so a malformed payload is rejected at the door instead of failing dee
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -169,11 +167,6 @@ ACTED_ON: dict[str, frozenset[str]] = {
     "installation": frozenset({"created", "deleted", "suspend", "unsuspend", "new_permissions_accepted"}),
     "installation_repositories": frozenset({"added", "removed"}),
 }
-
-EventName = Literal[
-    "ping", "pull_request", "check_run", "check_suite", "workflow_run", "issue_comment", "installation",
-    "installation_repositories",
-]
 
 
 def installation_id(event: BaseModel) -> int | None:

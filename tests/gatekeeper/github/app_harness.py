@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from gatekeeper.github.config import AppConfig
 from gatekeeper.github.signature import sign
 from gatekeeper.github.store import Store
 
-from fake_github import FakeGitHub, FakeRepo
+from fake_github import FakeCommit, FakeGitHub, FakePull, FakeRepo, webhook_example
 
 APP_ID = 29310  # the app id in the octokit payload examples
 SECRET = "test-webhook-secret"
@@ -91,3 +90,23 @@ def file_entry(path: str, added: int = 3, status: str = "added") -> dict[str, An
 
 def setup_repo(repo: FakeRepo, base_sha: str, policy: str = POLICY) -> None:
     repo.trees[base_sha] = {".github/gatekeeper.yml": policy}
+
+
+OPENED = webhook_example("pull_request.opened")  # PR #2 of Codertocat/Hello-World
+HEAD = OPENED["pull_request"]["head"]["sha"]
+BASE = OPENED["pull_request"]["base"]["sha"]
+
+
+def setup_pull(fake: FakeGitHub, files: list[dict[str, Any]] | None = None, agent: bool = True) -> FakeRepo:
+    """PR #2 at HEAD over BASE (which holds POLICY); by default one owned file and an agent commit."""
+    repo = fake.repos[REPO]
+    setup_repo(repo, BASE)
+    repo.pulls[2] = FakePull(2, HEAD, BASE, files or [file_entry("kimi_k3_path/ops.py")],
+                             [FakeCommit(HEAD, AGENT_COMMIT)] if agent else [])
+    return repo
+
+
+def judge_opened(app: RunningApp, delivery: str = "d-opened") -> dict[str, Any]:
+    """Send the signed pull_request.opened example and wait until it is processed."""
+    app.send("pull_request", OPENED, delivery=delivery)
+    return app.wait_done(delivery)

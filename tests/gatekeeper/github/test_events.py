@@ -6,43 +6,36 @@ import io
 import json
 import zipfile
 
-from app_harness import AGENT_COMMIT, APP_ID, INSTALLATION, REPO, file_entry, setup_repo
-from fake_github import FakeCommit, FakePull, webhook_example
+from app_harness import APP_ID, HEAD, INSTALLATION, OPENED, REPO, judge_opened, setup_pull
+from fake_github import webhook_example
 
 from gatekeeper.github.reconcile import sweep
-
-OPENED = webhook_example("pull_request.opened")
-HEAD = OPENED["pull_request"]["head"]["sha"]
-BASE = OPENED["pull_request"]["base"]["sha"]
-
-
-def _setup(fake):
-    repo = fake.repos[REPO]
-    setup_repo(repo, BASE)
-    repo.pulls[2] = FakePull(2, HEAD, BASE, [file_entry("kimi_k3_path/ops.py")], [FakeCommit(HEAD, AGENT_COMMIT)])
-    return repo
-
 
 def _decisions(app) -> list[dict]:
     return [e for e in app.store().audit_log() if e["kind"] == "decision"]
 
 
 def _opened_and_judged(fake, start_app, **config):
-    _setup(fake)
+    setup_pull(fake)
     app = start_app(**config)
-    app.send("pull_request", OPENED, delivery="d-opened")
-    app.wait_done("d-opened")
+    judge_opened(app)
     return app
 
 
-def test_check_run_rerequested_judges_again_on_the_same_run(fake, start_app):
-    app = _opened_and_judged(fake, start_app)
+def _our_check_run_event(example: str, fake) -> dict:
+    """A check_run example retargeted at the gatekeeper's run on PR #2."""
     [run] = fake.check_runs(REPO, HEAD)
-    event = webhook_example("check_run.rerequested")
+    event = webhook_example(example)
     event["repository"] = OPENED["repository"]
     event["installation"] = {"id": INSTALLATION}
     event["check_run"].update(id=run["id"], name=run["name"], head_sha=HEAD, app={"id": APP_ID},
                               pull_requests=[{"number": 2}])
+    return event
+
+
+def test_check_run_rerequested_judges_again_on_the_same_run(fake, start_app):
+    app = _opened_and_judged(fake, start_app)
+    event = _our_check_run_event("check_run.rerequested", fake)
     app.send("check_run", event, delivery="d-rerun")
     assert app.wait_done("d-rerun")["outcome"].startswith("success")
     assert len(fake.check_runs(REPO, HEAD)) == 1 and len(_decisions(app)) == 2
@@ -50,11 +43,8 @@ def test_check_run_rerequested_judges_again_on_the_same_run(fake, start_app):
 
 def test_the_rerun_button_and_foreign_check_runs(fake, start_app):
     app = _opened_and_judged(fake, start_app)
-    [run] = fake.check_runs(REPO, HEAD)
-    event = webhook_example("check_run.requested_action")
-    event["repository"] = OPENED["repository"]
-    event["installation"] = {"id": INSTALLATION}
-    event["check_run"].update(name=run["name"], head_sha=HEAD, app={"id": APP_ID}, pull_requests=[])
+    event = _our_check_run_event("check_run.requested_action", fake)
+    event["check_run"]["pull_requests"] = []
     event["requested_action"] = {"identifier": "rerun"}
     app.send("check_run", event, delivery="d-button")  # no pull_requests listed (a fork): found by head SHA
     assert app.wait_done("d-button")["outcome"].startswith("success")
@@ -121,7 +111,7 @@ def test_sticky_comment_is_updated_never_duplicated(fake, start_app):
 
 
 def test_reconciliation_sweep_repairs_a_missed_webhook(fake, start_app):
-    _setup(fake)
+    setup_pull(fake)
     app = start_app()
     ctx = app_context(app)
     assert sweep(ctx) == 1  # the PR has no gatekeeper check run: queued

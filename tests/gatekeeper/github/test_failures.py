@@ -3,28 +3,14 @@ errors, and PRs too large to judge. Nothing fails silently: each ends in a check
 
 from __future__ import annotations
 
-from app_harness import AGENT_COMMIT, REPO, file_entry, setup_repo
-from fake_github import FakeCommit, FakePull, webhook_example
-
-OPENED = webhook_example("pull_request.opened")
-HEAD = OPENED["pull_request"]["head"]["sha"]
-BASE = OPENED["pull_request"]["base"]["sha"]
-
-
-def _setup(fake, files=None, commits=True):
-    repo = fake.repos[REPO]
-    setup_repo(repo, BASE)
-    repo.pulls[2] = FakePull(2, HEAD, BASE, files or [file_entry("kimi_k3_path/ops.py")],
-                             [FakeCommit(HEAD, AGENT_COMMIT)] if commits else [])
-    return repo
+from app_harness import HEAD, REPO, file_entry, judge_opened, setup_pull
 
 
 def test_a_502_then_200_is_retried_inside_the_request(fake, start_app):
-    _setup(fake)
+    setup_pull(fake)
     fake.fail("GET", r"/pulls/2/files$", 502, times=1)
     app = start_app()
-    app.send("pull_request", OPENED, delivery="d1")
-    row = app.wait_done("d1")
+    row = judge_opened(app)
     assert row["status"] == "done" and row["attempts"] == 1
     [run] = fake.check_runs(REPO, HEAD)
     assert run["conclusion"] == "success"
@@ -33,11 +19,10 @@ def test_a_502_then_200_is_retried_inside_the_request(fake, start_app):
 
 
 def test_github_down_for_good_becomes_a_neutral_check_with_the_reason(fake, start_app):
-    _setup(fake)
+    setup_pull(fake)
     fake.fail("GET", r"/pulls/2/commits$", 503, times=1000)
     app = start_app(max_attempts=2, http_retries=1)
-    app.send("pull_request", OPENED, delivery="d1")
-    row = app.wait_done("d1")
+    row = judge_opened(app)
     assert row["status"] == "failed" and row["attempts"] == 2
     [run] = fake.check_runs(REPO, HEAD)
     assert run["conclusion"] == "neutral"
@@ -47,21 +32,19 @@ def test_github_down_for_good_becomes_a_neutral_check_with_the_reason(fake, star
 
 
 def test_a_permanent_error_is_not_retried(fake, start_app):
-    _setup(fake)
+    setup_pull(fake)
     fake.fail("GET", r"/pulls/2/commits$", 404, times=1)
     app = start_app()
-    app.send("pull_request", OPENED, delivery="d1")
-    row = app.wait_done("d1")
+    row = judge_opened(app)
     assert row["status"] == "failed" and row["attempts"] == 1 and "404" in row["error"]
     assert fake.check_runs(REPO, HEAD)[0]["conclusion"] == "neutral"
 
 
 def test_a_token_rejected_mid_evaluation_is_renewed_and_the_job_rerun(fake, start_app):
-    _setup(fake)
+    setup_pull(fake)
     fake.revoke_tokens_on("GET", r"/pulls/2/files$")
     app = start_app()
-    app.send("pull_request", OPENED, delivery="d1")
-    row = app.wait_done("d1")
+    row = judge_opened(app)
     assert row["status"] == "done" and row["attempts"] == 2
     assert fake.tokens_issued == 2
     [run] = fake.check_runs(REPO, HEAD)  # the rerun found and reused the check run it had started
@@ -69,31 +52,28 @@ def test_a_token_rejected_mid_evaluation_is_renewed_and_the_job_rerun(fake, star
 
 
 def test_an_unknown_installation_fails_the_delivery_with_the_reason(fake, start_app):
-    _setup(fake)
+    setup_pull(fake)
     fake.installations.clear()
     app = start_app()
-    app.send("pull_request", OPENED, delivery="d1")
-    row = app.wait_done("d1")
+    row = judge_opened(app)
     assert row["status"] == "failed" and "404" in row["error"]
     assert "check could not be posted" not in row["error"]  # nothing to post on: the PR was never read
     assert [e["kind"] for e in app.store().audit_log()] == ["error"]
 
 
 def test_more_files_than_the_policy_allows_fails_closed(fake, start_app):
-    _setup(fake, files=[file_entry(f"kimi_k3_path/f{i}.py", added=1) for i in range(3001)])
+    setup_pull(fake, files=[file_entry(f"kimi_k3_path/f{i}.py", added=1) for i in range(3001)])
     app = start_app()
-    app.send("pull_request", OPENED, delivery="d1")
-    app.wait_done("d1")
+    judge_opened(app)
     [run] = fake.check_runs(REPO, HEAD)
     assert run["conclusion"] == "failure" and run["output"]["title"] == "Too many files to judge (3001 > 3000)"
     assert not any(path.endswith("/files") for _, path, _ in fake.calls)  # judged from changed_files alone
 
 
 def test_annotations_go_in_batches_of_50(fake, start_app):
-    _setup(fake, files=[file_entry(f"outside/f{i}.py", added=1) for i in range(120)])
+    setup_pull(fake, files=[file_entry(f"outside/f{i}.py", added=1) for i in range(120)])
     app = start_app()
-    app.send("pull_request", OPENED, delivery="d1")
-    app.wait_done("d1")
+    judge_opened(app)
     [run] = fake.check_runs(REPO, HEAD)
     assert run["conclusion"] == "failure" and len(run["annotations"]) == 120
     sizes = [len((body.get("output") or {}).get("annotations") or []) for _, body in fake.check_run_patches]
