@@ -79,3 +79,12 @@ def test_annotations_go_in_batches_of_50(fake, start_app):
     sizes = [len((body.get("output") or {}).get("annotations") or []) for _, body in fake.check_run_patches]
     assert sizes == [50, 50, 20]
     assert sorted(a["path"] for a in run["annotations"]) == sorted(f"outside/f{i}.py" for i in range(120))
+
+
+def test_a_secondary_rate_limit_is_retried_later(fake, start_app):
+    setup_pull(fake)
+    fake.fail("GET", r"/pulls/2/files$", 429, times=1)  # urllib3 does not retry 429: the job does
+    app = start_app()
+    row = judge_opened(app)
+    assert row["status"] == "done" and row["attempts"] == 2
+    assert fake.check_runs(REPO, HEAD)[0]["conclusion"] == "success"
