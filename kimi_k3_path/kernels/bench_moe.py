@@ -164,6 +164,15 @@ def standalone_steps(xs, ours, spaces, d):
     return list(zip(names, (router, down, shared)))
 
 
+def driver_version() -> str:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, check=True).stdout.split()
+        return out[0] if out else "unknown"
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
 def git_commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
@@ -263,7 +272,7 @@ def run(args) -> tuple[dict, list[dict]]:
         "schema_version": 1, "kind": "perf_matrix", "commit": args.commit or git_commit(),
         "command": "python -m kimi_k3_path.kernels.bench_moe " + " ".join(sys.argv[1:]),
         "created": datetime.now(timezone.utc).isoformat(),
-        "hardware": {"gpu": props.name, "count": 1, "driver": torch.version.cuda or "unknown", "arch": "sm_90"},
+        "hardware": {"gpu": props.name, "count": 1, "driver": driver_version(), "arch": "sm_90"},
         "software": {"torch": torch.__version__, "nvidia-cutlass-dsl": cutlass.__version__,
                      "copy_bandwidth_tb_s": f"{bandwidth / 1e12:.3f}"},
         "rows": rows,
