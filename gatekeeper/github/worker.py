@@ -108,8 +108,8 @@ class WorkerProcess:
 
     def start(self) -> None:
         ctx = multiprocessing.get_context("spawn")  # no inherited event loop, threads or sockets
-        self._process = ctx.Process(target=run_worker_process, args=(self._config.model_dump_json(),
-                                                                     self._config.webhook_secret.get_secret_value()),
+        # The dump masks the webhook secret, and that is right: workers never verify webhooks.
+        self._process = ctx.Process(target=run_worker_process, args=(self._config.model_dump_json(), os.getpid()),
                                     name="gatekeeper-workers", daemon=True)
         self._process.start()
 
@@ -124,10 +124,12 @@ class WorkerProcess:
         return self._config.workers if self._process is not None and self._process.is_alive() else 0
 
 
-def run_worker_process(config_json: str, webhook_secret: str) -> None:
+def run_worker_process(config_json: str, server_pid: int) -> None:
     """Entry point of the worker process."""
     _die_with_parent()
-    config = AppConfig.model_validate_json(config_json).model_copy(update={"webhook_secret": webhook_secret})
+    if os.getppid() != server_pid:  # the server died before the line above took effect
+        return
+    config = AppConfig.model_validate_json(config_json)
     store = Store(config.db_path, config.db_synchronous)
     ctx = AppContext(config, store, GitHubApp(config))
     worker, reconciler = Worker(ctx), Reconciler(ctx)
@@ -135,9 +137,8 @@ def run_worker_process(config_json: str, webhook_secret: str) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     worker.start()
     reconciler.start()
-    parent = os.getppid()
     while not stop.wait(0.5):
-        if os.getppid() != parent:  # the server is gone (where PR_SET_PDEATHSIG is not available)
+        if os.getppid() != server_pid:  # the server is gone (where PR_SET_PDEATHSIG is not available)
             break
     reconciler.stop()
     worker.stop()
