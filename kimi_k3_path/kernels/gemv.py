@@ -23,6 +23,7 @@ from .common import (
     dot_bf16x8,
     lane_group_sum,
     DEFAULT_WEIGHT_LOAD,
+    WEIGHT_LOADS,
     ld_weight_v4,
     load_bf16_tokens,
 )
@@ -212,13 +213,15 @@ def skinny_gemm(x, w, out, stream, split: int = GEMV_SPLIT, hint: str = DEFAULT_
     sharing K, 1..8; hint: the weight-load cache hint, a key of common.WEIGHT_LOADS)."""
     from .runtime import cu_stream, expect, to_cute
 
+    if split not in (1, 2, 4, 8):
+        raise ValueError(f"skinny_gemm: split={split} must be 1, 2, 4 or 8 (warps of a CTA sharing one row)")
+    if hint not in WEIGHT_LOADS:
+        raise ValueError(f"skinny_gemm: weight-load hint {hint!r} is not one of {sorted(WEIGHT_LOADS)}")
     m, k = x.shape
     n = w.shape[0]
     expect("x", x, (m, k), "bfloat16")
     expect("w", w, (n, k), "bfloat16")
     expect("out", out, (m, n), "bfloat16")
-    if split not in (1, 2, 4, 8):
-        raise ValueError(f"skinny_gemm: split={split} must be 1, 2, 4 or 8 (warps of a CTA sharing one row)")
     fn = _compile_skinny_gemm(n, k, token_tile(m), split, hint)
     fn(to_cute(x, True), to_cute(w), to_cute(out, True), cu_stream(stream))
 

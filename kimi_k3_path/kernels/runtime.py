@@ -78,12 +78,15 @@ def cu_stream(stream: Any) -> Any:
 
 
 def expect(name: str, t: Any, shape: tuple[int, ...], dtype: str) -> None:
-    """Raise ValueError naming the argument unless `t` is a contiguous CUDA tensor of `shape` and `dtype`."""
+    """Raise ValueError naming the argument unless `t` is a contiguous, 16-byte aligned CUDA tensor of `shape` and
+    `dtype`."""
     if tuple(t.shape) != tuple(shape):
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
     if str(t.dtype) != f"torch.{dtype}":
         raise ValueError(f"{name}: expected dtype {dtype}, got {t.dtype}")
     if not t.is_contiguous():
         raise ValueError(f"{name}: must be contiguous")
+    if not t.is_cuda:
+        raise ValueError(f"{name}: must be a CUDA tensor (the kernels run on the GPU), got device {t.device}")
     if t.data_ptr() % ALIGN:
         raise ValueError(f"{name}: data pointer must be {ALIGN}-byte aligned")

@@ -133,7 +133,11 @@ def test_host_checks_name_the_bad_argument():
     from kimi_k3_path.kernels.gemv import skinny_gemm
 
     x = torch.zeros(2, 256, dtype=torch.bfloat16)
-    w = torch.zeros(8, 256, dtype=torch.float32)
+    w = torch.zeros(8, 256, dtype=torch.bfloat16)
     out = torch.zeros(2, 8, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="w: expected dtype bfloat16"):
+    with pytest.raises(ValueError, match="x: expected dtype bfloat16, got torch.float32"):
+        skinny_gemm(x.float(), w, out, stream=None)
+    with pytest.raises(ValueError, match="x: must be a CUDA tensor"):
         skinny_gemm(x, w, out, stream=None)
+    with pytest.raises(ValueError, match="split=3"):
+        skinny_gemm(x, w, out, stream=None, split=3)
