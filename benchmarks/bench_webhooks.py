@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import sqlite3
@@ -135,11 +136,14 @@ def _run(args, work: Path, key_path: Path, fake_url: str, heads: dict[int, str])
     result["processed_at"] = time.perf_counter() - result["start"]
     server.stop()
     log.close()
+    requeued = re.findall(r"requeued (\d+) delivery", (work / "server.log").read_text(errors="replace"))
     latencies, send_window, processed_at = result["latencies"], result["send_window"], result["processed_at"]
     killed_at, restarts, redelivered = args.kill_at, server.restarts, result["redelivered"]
     return {
         "events": len(heads), "rate_target_per_s": args.rate, "workers": args.workers,
         "killed_after_sends": killed_at, "restarts": restarts, "redelivered_after_restart": redelivered,
+        # Deliveries a worker was running when the server died, queued again by the restarted server.
+        "interrupted_and_requeued": sum(int(n) for n in requeued),
         "ack_latency_ms": _percentiles(latencies),
         "ack_latency_ms_first_pass": _percentiles(latencies[: result["first_pass"]]),
         "ack_latency_ms_redeliveries": _percentiles(latencies[result["first_pass"]:]),
