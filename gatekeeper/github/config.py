@@ -50,6 +50,9 @@ class AppConfig(BaseModel):
     reconcile_interval_s: float = Field(default=900.0, ge=0)  # 0 disables the periodic sweep
     sticky_comment: bool = False  # also keep one PR comment with the summary, updated in place
     evidence_artifact: str = "gatekeeper-evidence"  # artifact name uploaded by the gatekeeper action
+    # The only workflow files whose artifacts count as evidence: the collector's output is labelled trusted,
+    # so it must come from a workflow the PR cannot edit (a required workflow; see docs/evidence.md).
+    evidence_workflows: tuple[str, ...] = (".github/workflows/gatekeeper.yml",)
     max_artifact_bytes: int = Field(default=50 * 1024 * 1024, gt=0)
 
     def private_key(self) -> str:

@@ -6,12 +6,11 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import logging
 import zipfile
 from collections.abc import Callable
 
 from gatekeeper.errors import InputError
-from gatekeeper.evidence import parse_evidence
+from gatekeeper.evidence import MAX_EVIDENCE_BYTES, parse_evidence
 from gatekeeper.github.checkrun import NAME_PREFIX
 from gatekeeper.github.context import AppContext, Progress
 from gatekeeper.github.events import (
@@ -28,8 +27,6 @@ from gatekeeper.github.events import (
 from gatekeeper.github.overrides import may_override, parse_override
 from gatekeeper.github.review import review_pull_request
 from gatekeeper.github.store import Job
-
-log = logging.getLogger(__name__)
 
 SWEEP_EVENT = "gatekeeper_sweep"  # synthetic deliveries queued by the reconciliation sweep
 EVIDENCE_FILE = "evidence.json"  # inside the evidence artifact's zip
@@ -87,6 +84,8 @@ def _pull_numbers(ctx: AppContext, event, head_sha: str, prs: tuple[PullRequestR
 def _workflow_run(ctx: AppContext, event: WorkflowRunEvent, job: Job, progress: Progress) -> str:
     """CI finished: pick up the evidence artifact of the gatekeeper action, then judge its PRs again."""
     run, repo = event.workflow_run, event.repository.full_name
+    if run.path not in ctx.config.evidence_workflows:
+        return f"ignored: workflow {run.path!r} is not an evidence workflow"
     gh = ctx.github.installation(installation_id(event))
     archive = gh.evidence_artifact(repo, run.id, ctx.config.evidence_artifact)
     if archive is None:
@@ -109,8 +108,8 @@ def _evidence_document(archive: bytes, source: str) -> str:
     try:
         with zipfile.ZipFile(io.BytesIO(archive)) as zf:
             info = zf.getinfo(EVIDENCE_FILE)
-            if info.file_size > 16 * 1024 * 1024:
-                raise InputError(source, f"{info.file_size} bytes is over the 16 MiB evidence limit")
+            if info.file_size > MAX_EVIDENCE_BYTES:  # checked before inflating: a zip bomb stays packed
+                raise InputError(source, f"{info.file_size} bytes, more than the {MAX_EVIDENCE_BYTES}-byte limit")
             return zf.read(info).decode("utf-8")
     except KeyError:
         raise InputError(source, f"the artifact has no {EVIDENCE_FILE}") from None

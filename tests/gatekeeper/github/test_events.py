@@ -74,7 +74,7 @@ def _workflow_run(run_id: int) -> dict:
     event = webhook_example("workflow_run.completed.with-pull-requests")
     event["repository"] = OPENED["repository"]
     event["installation"] = {"id": INSTALLATION}
-    event["workflow_run"].update(id=run_id, head_sha=HEAD)
+    event["workflow_run"].update(id=run_id, head_sha=HEAD, path=".github/workflows/gatekeeper.yml")
     return event
 
 
@@ -97,6 +97,17 @@ def test_invalid_evidence_is_rejected_and_audited(fake, start_app):
     app.send("workflow_run", _workflow_run(79), delivery="d-none")
     assert "no 'gatekeeper-evidence' artifact" in app.wait_done("d-none")["outcome"]
     assert [e["kind"] for e in app.store().audit_log()] == ["decision", "error"]
+
+
+def test_artifacts_of_other_workflows_are_not_evidence(fake, start_app):
+    """A workflow the PR can edit could forge the collector's output: only the configured ones count."""
+    app = _opened_and_judged(fake, start_app)
+    fake.add_artifact(REPO, 80, "gatekeeper-evidence", _evidence_zip(json.dumps({"schema_version": 1})))
+    event = _workflow_run(80)
+    event["workflow_run"]["path"] = ".github/workflows/test.yml"
+    app.send("workflow_run", event, delivery="d-other")
+    assert app.wait_done("d-other")["outcome"] == "ignored: workflow '.github/workflows/test.yml' is not an evidence workflow"
+    assert app.store().evidence_for(REPO, HEAD) is None
 
 
 def test_sticky_comment_is_updated_never_duplicated(fake, start_app):
