@@ -206,13 +206,11 @@ class Installation:
         return check_run_id
 
     def complete_check_run(self, repo: str, check_run_id: int, conclusion: str, title: str, summary: str,
-                           annotation_batches: list[list[dict[str, Any]]], text: str | None = None) -> None:
+                           annotation_batches: list[list[dict[str, Any]]]) -> None:
         """Complete with the first batch of annotations; GitHub appends each further batch (50 per request)."""
         run = self._repo(repo).get_check_run(check_run_id)
         batches = annotation_batches or [[]]
-        output: dict[str, Any] = {"title": title, "summary": summary, "annotations": batches[0]}
-        if text:
-            output["text"] = text
+        output = {"title": title, "summary": summary, "annotations": batches[0]}
         run.edit(status="completed", conclusion=conclusion, completed_at=datetime.now(timezone.utc),
                  output=output, actions=CHECK_RUN_ACTIONS)
         for batch in batches[1:]:
@@ -231,7 +229,8 @@ class Installation:
             except UnknownObjectException:
                 pass  # deleted by someone: fall through and look for another copy, or create one
         for comment in issue.get_comments():
-            if marker in (comment.body or ""):
+            # Only a bot's comment: anyone can paste the marker into their own, which we may not edit.
+            if comment.user.type == "Bot" and marker in (comment.body or ""):
                 comment.edit(body)
                 return comment.id
         return issue.create_comment(body).id

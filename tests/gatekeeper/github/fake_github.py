@@ -520,13 +520,20 @@ class FakeGitHub:
         data = {"permission": permission, "role_name": permission, "user": user}
         return self._answer("GET /repos/{owner}/{repo}/collaborators/{username}/permission 200", data)
 
-    def _comment(self, repo: FakeRepo, comment_id: int, number: int, body: str) -> dict[str, Any]:
+    def add_comment(self, full_name: str, number: int, body: str, login: str, user_type: str = "User") -> int:
+        repo = self.repos[full_name]
+        comment_id = next(self._ids)
+        repo.comments[comment_id] = self._comment(repo, comment_id, number, body, login, user_type)
+        return comment_id
+
+    def _comment(self, repo: FakeRepo, comment_id: int, number: int, body: str, login: str = "gatekeeper[bot]",
+                 user_type: str = "Bot") -> dict[str, Any]:
         data = copy.deepcopy(_COMMENT_TEMPLATE)
         data.update(id=comment_id, node_id=f"IC_{comment_id}", body=body,
                     url=self._url(f"/repos/{repo.full_name}/issues/comments/{comment_id}"),
                     html_url=f"https://github.com/{repo.full_name}/pull/{number}#issuecomment-{comment_id}",
                     issue_url=self._url(f"/repos/{repo.full_name}/issues/{number}"),
-                    user={**_USER_TEMPLATE, "login": "gatekeeper[bot]", "type": "Bot"},
+                    user={**_USER_TEMPLATE, "login": login, "type": user_type},
                     created_at=iso(), updated_at=iso())
         return data
 

@@ -111,13 +111,18 @@ def test_artifacts_of_other_workflows_are_not_evidence(fake, start_app):
 
 
 def test_sticky_comment_is_updated_never_duplicated(fake, start_app):
-    app = _opened_and_judged(fake, start_app, sticky_comment=True)
+    setup_pull(fake)
+    # Someone quoting the marker in their own comment: not ours to edit.
+    quoted = fake.add_comment(REPO, 2, "<!-- gatekeeper:sticky-comment --> copied", "someone")
+    app = start_app(sticky_comment=True)
+    judge_opened(app)
     repo = fake.repos[REPO]
     repo.pulls[2].labels = ["agent-assisted"]  # new inputs: judged again
     app.send("pull_request", webhook_example("pull_request.labeled"), delivery="d-label")
     app.wait_done("d-label")
-    [comment] = repo.comments.values()
-    assert comment["body"].startswith("<!-- gatekeeper:sticky-comment -->")
+    ours = [c for c in repo.comments.values() if c["id"] != quoted]
+    assert len(ours) == 1 and ours[0]["body"].startswith("<!-- gatekeeper:sticky-comment -->\n")
+    assert repo.comments[quoted]["body"] == "<!-- gatekeeper:sticky-comment --> copied"
     assert len(_decisions(app)) == 2
 
 
