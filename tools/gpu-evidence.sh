@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One device run that regenerates the GPU evidence the policy reads (carry [".cute", ".whl"]):
+#   $OUT/gpu/junit.xml, $OUT/gpu/coverage.json  GPU tests under coverage.py with per-test contexts
+#                                               (-> kimi_k3_path/evidence/gpu/, the policy's gpu_report_globs)
+#   $OUT/perf/h200.json                         per-layer bench, CuTe DSL kernels vs the stock-like path
+#                                               (-> kimi_k3_path/evidence/perf/, the policy's evidence_globs)
+#   $OUT/kernels/*.json                         with KERNEL_BENCH=1: the MoE block and each kernel alone at M=1
+#   $OUT/tests.log, $OUT/bench.log              everything printed (at most 8 files come back from a run)
+# Usage on the device: SHA=<commit measured> bash tools/gpu-evidence.sh
+set -uo pipefail
+: "${SHA:?set SHA to the commit being measured}" "${OUT:?}"
+. tools/gpu-env.sh
+mkdir -p "$OUT/gpu" "$OUT/perf" "$OUT/kernels"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv | tee "$OUT/tests.log"
+
+gpu_tests=$(grep -l "pytest.mark.gpu" -r tests/kimi_k3_path | sort)
+PYTHONPATH="$PYTHONPATH:gatekeeper/collect/plugin" python3 -m coverage run --source=kimi_k3_path \
+  --data-file=/tmp/gpu.coverage -m pytest $gpu_tests -q -p no:cacheprovider -p gatekeeper_pytest_contexts \
+  --junitxml="$OUT/gpu/junit.xml" 2>&1 | tee -a "$OUT/tests.log"
+tests_rc=${PIPESTATUS[0]}
+python3 -m coverage json --data-file=/tmp/gpu.coverage --show-contexts -o "$OUT/gpu/coverage.json"
+
+python3 -m kimi_k3_path.bench --layer kda_moe,mla_moe,moe --tp 8,16 --batch 1,2,4,8,16,32,64 \
+  --candidate kernels --replays "${REPLAYS:-200}" --commit "$SHA" --out "$OUT/perf/h200.json" 2>&1 | tee "$OUT/bench.log"
+bench_rc=${PIPESTATUS[0]}
+[ "${KERNEL_BENCH:-0}" = 1 ] && python3 -m kimi_k3_path.kernels.bench_moe --tp 8,16 --batch 1 --replays 50 --commit "$SHA" \
+  --out "$OUT/kernels/moe_block_m1.json" --kernels-out "$OUT/kernels/moe_kernels_m1.json" 2>&1 | tee -a "$OUT/bench.log"
+echo "gpu tests rc=$tests_rc bench rc=$bench_rc"
+[ "$tests_rc" = 0 ] && [ "$bench_rc" = 0 ]
