@@ -157,6 +157,13 @@ class FakeGitHub:
         with self._lock:
             self.tokens = {t: (i, 0.0) for t, (i, _) in self.tokens.items()}
 
+    def add_check_run(self, full_name: str, head_sha: str, name: str, status: str = "in_progress") -> int:
+        """A check run of this App that exists on GitHub already (e.g. created just before a crash)."""
+        repo = self.repos[full_name]
+        run_id = next(self._ids)
+        repo.check_runs[run_id] = self._check_run(repo, run_id, {"name": name, "head_sha": head_sha, "status": status})
+        return run_id
+
     def check_runs(self, full_name: str, head_sha: str | None = None) -> list[dict[str, Any]]:
         runs = self.repos[full_name].check_runs.values()
         return [r for r in runs if head_sha is None or r["head_sha"] == head_sha]

@@ -88,3 +88,21 @@ def test_a_secondary_rate_limit_is_retried_later(fake, start_app):
     row = judge_opened(app)
     assert row["status"] == "done" and row["attempts"] == 2
     assert fake.check_runs(REPO, HEAD)[0]["conclusion"] == "success"
+
+
+def test_a_check_run_created_before_a_crash_is_found_and_reused(fake, start_app):
+    """The process died after GitHub created the run but before the database learnt its id."""
+    setup_pull(fake)
+    orphan = fake.add_check_run(REPO, HEAD, "gatekeeper / kimi-k3")
+    app = start_app()
+    judge_opened(app)
+    [run] = fake.check_runs(REPO, HEAD)
+    assert run["id"] == orphan and run["conclusion"] == "success"
+
+
+def test_a_pr_closed_before_its_turn_is_skipped(fake, start_app):
+    repo = setup_pull(fake)
+    repo.pulls[2].state = "closed"
+    app = start_app()
+    assert judge_opened(app)["outcome"] == "skipped: PR #2 is closed"
+    assert fake.check_runs(REPO) == []
