@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,8 +31,10 @@ def _run(args) -> int:
     db = Path(args.db or os.environ.get("GATEKEEPER_DB") or AppConfig.model_fields["db_path"].default)
     if not db.is_file():
         raise InputError(str(db), "no gatekeeper database here (pass --db or set GATEKEEPER_DB)")
-    store = Store(db)
-    entries = store.audit_log(repo=args.repo, limit=args.limit)
+    try:
+        entries = Store(db).audit_log(repo=args.repo, limit=args.limit)
+    except sqlite3.DatabaseError as exc:
+        raise InputError(str(db), f"not a gatekeeper database: {exc}") from None
     for entry in entries:
         entry["at"] = datetime.fromtimestamp(entry["at"], timezone.utc).isoformat(timespec="seconds")
     if args.format == "json":

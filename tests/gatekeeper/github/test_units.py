@@ -146,6 +146,10 @@ def test_audit_command_lists_entries_as_json_and_table(tmp_path, capsys):
     assert "x/y" in capsys.readouterr().out
     assert main(["audit", "--db", str(tmp_path / "missing.sqlite3")]) == 2
     assert "no gatekeeper database" in capsys.readouterr().err
+    garbage = tmp_path / "garbage.sqlite3"
+    garbage.write_bytes(b"not a database at all" * 100)
+    assert main(["audit", "--db", str(garbage)]) == 2
+    assert "not a gatekeeper database" in capsys.readouterr().err
 
 
 def test_serve_refuses_a_bad_configuration_without_echoing_secrets(tmp_path, capsys, monkeypatch):
