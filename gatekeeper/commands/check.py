@@ -8,8 +8,8 @@ decided, usually for lack of evidence) exits 0 but says so on stderr; `--strict`
 from __future__ import annotations
 
 import argparse
+import io
 import sys
-from pathlib import Path
 
 from gatekeeper.changes import ChangeSet
 from gatekeeper.errors import InputError
@@ -98,9 +98,12 @@ def _changes(args) -> tuple[ChangeSet, Snapshot | None]:
 
 def _read(path: str) -> str:
     try:
+        # newline="": a lone \r inside a diffed file is content, not a line break (it would shift line numbers).
         if path == "-":
-            return sys.stdin.read()
-        return Path(path).read_text(encoding="utf-8")
+            raw = getattr(sys.stdin, "buffer", None)  # absent when stdin was replaced by a text stream
+            return io.TextIOWrapper(raw, encoding="utf-8", newline="").read() if raw else sys.stdin.read()
+        with open(path, encoding="utf-8", newline="") as handle:
+            return handle.read()
     except UnicodeDecodeError as exc:
         raise InputError(path, f"not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:

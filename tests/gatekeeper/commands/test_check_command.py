@@ -95,6 +95,27 @@ def test_git_range_and_the_same_diff_on_stdin_give_the_same_verdict(policy_file,
     assert json.loads(capsys.readouterr().out)["checks"] == verdict["checks"]
 
 
+def test_a_lone_carriage_return_in_a_diff_file_is_content_not_a_line_break(policy_file, tmp_path, capsys):
+    repo = tmp_path / "repo"
+    (repo / "kimi_k3_path").mkdir(parents=True)
+    _git(repo, "init", "-q", "-b", "main")
+    (repo / "README.md").write_text("# demo\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "base")
+    (repo / "README.md").write_bytes(b"# demo\nhalf\rline\nline 3\nline 4\n")
+    _git(repo, "commit", "-q", "-am", "edit")
+    assert main(["check", "--policy", str(policy_file), "--base", "HEAD~1", "--repo", str(repo), "--format", "json",
+                 "--agent-assisted"]) == 1
+    from_git = json.loads(capsys.readouterr().out)["checks"]
+    diff = tmp_path / "change.diff"
+    diff.write_bytes(subprocess.run(["git", "diff", "HEAD~1", "HEAD"], cwd=repo, check=True, capture_output=True).stdout)
+    assert main(["check", "--policy", str(policy_file), "--diff", str(diff), "--format", "json",
+                 "--agent-assisted"]) == 1
+    from_file = json.loads(capsys.readouterr().out)["checks"]
+    assert from_file == from_git
+    assert from_git[0]["findings"][0]["line"] == 4  # not shifted by the \r
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
