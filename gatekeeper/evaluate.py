@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-import importlib
-
 from gatekeeper.changes import ChangeSet
-from gatekeeper.checks import CheckContext
+from gatekeeper.checks import CheckContext, changed_path_tests, confinement, perf_matrix, startup_guard
 from gatekeeper.evidence import Evidence
 from gatekeeper.policy import LoadedPolicy
 from gatekeeper.provenance import Provenance, PullRequestInfo
 from gatekeeper.snapshot import Snapshot
 from gatekeeper.verdict import CHECK_IDS, CheckResult, PolicyRef, Status, Verdict
+
+RULES = {
+    "confinement": confinement.run,
+    "startup_guard": startup_guard.run,
+    "changed_path_tests": changed_path_tests.run,
+    "perf_matrix": perf_matrix.run,
+}
 
 
 def evaluate(
@@ -32,8 +37,7 @@ def evaluate(
             why = "disabled in the policy" if check_id not in policy.policy.checks.enabled() else f"not required in {mode.value} mode"
             results.append(CheckResult(id=check_id, status=Status.skipped, summary=why.capitalize() + "."))
             continue
-        module = importlib.import_module(f"gatekeeper.checks.{check_id}")
-        results.append(module.run(ctx))
+        results.append(RULES[check_id](ctx))
     return Verdict(
         verdict=_combine(results),
         policy=PolicyRef(name=policy.policy.name, sha256=policy.sha256),
