@@ -24,7 +24,7 @@ from gatekeeper.github.checkrun import (
 )
 from gatekeeper.github.client import Installation
 from gatekeeper.github.context import AppContext, Progress
-from gatekeeper.github.store import EvaluationKey, dumps
+from gatekeeper.github.store import EvaluationKey
 from gatekeeper.policy import load_policy_text
 from gatekeeper.provenance import detect
 from gatekeeper.report.markdown import render_markdown
@@ -137,7 +137,8 @@ def _inputs_digest(pr: dict, evidence_sha256: str | None) -> str:
         "author": (pr.get("user") or {}).get("login"),
         "evidence": evidence_sha256,
     }
-    return hashlib.sha256(dumps(relevant).encode()).hexdigest()
+    canonical = json.dumps(relevant, sort_keys=True, separators=(",", ":"))  # same inputs, same digest
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def _start(ctx: AppContext, gh: Installation, repo: str, head_sha: str, name: str, progress: Progress) -> int:

@@ -7,7 +7,6 @@ so a crash loses nothing: jobs that were running when the process died are queue
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import threading
 import time
@@ -350,8 +349,3 @@ class Store:
             sql += " LIMIT ?"
             params.append(limit)
         return [dict(r) for r in self._db().execute(sql, params).fetchall()]
-
-
-def dumps(value: Any) -> str:
-    """Canonical JSON for hashing: the same inputs always give the same digest."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
