@@ -179,6 +179,11 @@ class Store:
     def claim(self, now: float | None = None) -> Job | None:
         """Take the oldest ready delivery and mark it running, atomically."""
         now = time.time() if now is None else now
+        # Look before taking the write lock: idle workers polling must not hold up webhook acknowledgements.
+        ready = self._db().execute(
+            "SELECT 1 FROM deliveries WHERE status = 'queued' AND available_at <= ? LIMIT 1", (now,)).fetchone()
+        if ready is None:
+            return None
         with self._tx() as db:
             row = db.execute(
                 "UPDATE deliveries SET status = 'running', attempts = attempts + 1"

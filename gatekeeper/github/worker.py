@@ -24,7 +24,9 @@ from gatekeeper.github.store import Job, Store
 
 log = logging.getLogger(__name__)
 
-IDLE_POLL_S = 0.5  # also how soon a delayed retry is picked up when nothing else wakes the workers
+# How often idle workers look for work nothing woke them for: deliveries taken in by the web process (the
+# worker process gets no other signal of them) and retries whose backoff has passed.
+IDLE_POLL_S = 0.1
 
 
 class Worker:
