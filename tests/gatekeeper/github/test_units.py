@@ -159,3 +159,14 @@ def test_serve_refuses_a_bad_configuration_without_echoing_secrets(tmp_path, cap
     assert main(["serve", "--port", "0"]) == 2
     err = capsys.readouterr().err
     assert "absent.pem" in err and "cannot read the App private key" in err and "hunter2" not in err
+
+
+def test_the_fake_flags_answers_outside_githubs_schemas(rsa_keys):
+    from fake_github import FakeGitHub
+
+    fake = FakeGitHub(APP_ID, rsa_keys[1])
+    fake._answer("GET /repos/{owner}/{repo}/collaborators/{username}/permission 200",
+                 {"permission": "write", "role_name": "write", "user": None})
+    assert fake.violations == []
+    fake._answer("GET /repos/{owner}/{repo}/collaborators/{username}/permission 200", {"permission": 3})
+    assert len(fake.violations) == 1 and "permission" in fake.violations[0]
