@@ -129,13 +129,15 @@ def _run(args, work: Path, key_path: Path, fake_url: str, heads: dict[int, str])
 
     log = open(work / "server.log", "wb")
     server = Server(command, env, log, url)
-    server.start(deadline)
-    result = asyncio.run(_send_all(args, events, server, url, deadline))
-    while time.monotonic() < deadline and _pending(db) > 0:
-        time.sleep(0.05)
-    result["processed_at"] = time.perf_counter() - result["start"]
-    server.stop()
-    log.close()
+    try:
+        server.start(deadline)
+        result = asyncio.run(_send_all(args, events, server, url, deadline))
+        while time.monotonic() < deadline and _pending(db) > 0:
+            time.sleep(0.05)
+        result["processed_at"] = time.perf_counter() - result["start"]
+    finally:
+        server.stop()  # also when the run fails: no server outlives the benchmark
+        log.close()
     requeued = re.findall(r"requeued (\d+) delivery", (work / "server.log").read_text(errors="replace"))
     latencies, send_window, processed_at = result["latencies"], result["send_window"], result["processed_at"]
     killed_at, restarts, redelivered = args.kill_at, server.restarts, result["redelivered"]
@@ -170,8 +172,14 @@ class Server:
         self.process.wait(10)
 
     def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
         self.process.send_signal(signal.SIGTERM)
-        self.process.wait(20)
+        try:
+            self.process.wait(20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
 
 
 async def _send_all(args, events, server: Server, url: str, deadline: float) -> dict:
