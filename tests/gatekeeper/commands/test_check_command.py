@@ -73,13 +73,18 @@ def _git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True).stdout
 
 
-def test_git_range_and_the_same_diff_on_stdin_give_the_same_verdict(policy_file, tmp_path, capsys, monkeypatch):
+def _repo_with_a_readme(tmp_path: Path) -> Path:
     repo = tmp_path / "repo"
     (repo / "kimi_k3_path").mkdir(parents=True)
     _git(repo, "init", "-q", "-b", "main")
     (repo / "README.md").write_text("# demo\n")
     _git(repo, "add", ".")
     _git(repo, "commit", "-q", "-m", "base")
+    return repo
+
+
+def test_git_range_and_the_same_diff_on_stdin_give_the_same_verdict(policy_file, tmp_path, capsys, monkeypatch):
+    repo = _repo_with_a_readme(tmp_path)
     (repo / "kimi_k3_path" / "guard.py").write_text("def check():\n    raise ValueError('tp')\n")
     (repo / "README.md").write_text("# demo\nline 2\nline 3\nline 4\n")
     _git(repo, "add", ".")
@@ -96,12 +101,7 @@ def test_git_range_and_the_same_diff_on_stdin_give_the_same_verdict(policy_file,
 
 
 def test_a_lone_carriage_return_in_a_diff_file_is_content_not_a_line_break(policy_file, tmp_path, capsys):
-    repo = tmp_path / "repo"
-    (repo / "kimi_k3_path").mkdir(parents=True)
-    _git(repo, "init", "-q", "-b", "main")
-    (repo / "README.md").write_text("# demo\n")
-    _git(repo, "add", ".")
-    _git(repo, "commit", "-q", "-m", "base")
+    repo = _repo_with_a_readme(tmp_path)
     (repo / "README.md").write_bytes(b"# demo\nhalf\rline\nline 3\nline 4\n")
     _git(repo, "commit", "-q", "-am", "edit")
     assert main(["check", "--policy", str(policy_file), "--base", "HEAD~1", "--repo", str(repo), "--format", "json",
