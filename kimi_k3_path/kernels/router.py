@@ -17,31 +17,44 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
-from .common import DEFAULT_WEIGHT_LOAD, LOWEST, NEG_INF, WARP, lane_group_sum, ld_coherent_f32, sigmoid
+from .common import DEFAULT_WEIGHT_LOAD, WARP, lane_group_sum, ld_coherent_f32, sigmoid
 from .gemv import BF16_PER_VEC, SCRATCH_BYTES, WARPS_PER_CTA, alloc_scratch, check_k, dot_slice, split_k_reduce, zero_acc
 
+INT32_MIN = -(2**31)  # order key of a NaN router key; also the sign-bit flip between signed and unsigned order
 MAX_TOKENS = 64  # the plan stores token sets as 64-bit masks (two 32-bit words)
 ROUTER_SPLIT = 8  # one expert row per CTA, its K split over the 8 warps: 896 CTAs stream the 12.8 MB weight
+LOAD_BATCHES = 2  # the last CTA reads a token's E logits in this many batches of E/32/LOAD_BATCHES loads per lane
+CANDIDATES = WARPS_PER_CTA * WARP  # each warp's k <= 32 winners of its current token, in index order
+
+
+def _words(n: int) -> int:
+    return (n + 3) // 4 * 4  # every array starts 16-byte aligned
 
 
 def router_smem_bytes(experts: int, top_k: int) -> int:
-    return (3 * experts + MAX_TOKENS * top_k + 4) * 4 + SCRATCH_BYTES
+    words = 4 * _words(experts) + _words(MAX_TOKENS * top_k) + 4 + 2 * CANDIDATES + WARPS_PER_CTA * _words(experts)
+    return (words + _words(experts // WARP)) * 4 + SCRATCH_BYTES
 
 
 def alloc_router_smem(smem, experts: int, top_k: int):
-    """(mask_lo, mask_hi, slot_of, chosen, flag): the last CTA's selection and plan state."""
+    """(mask_lo, mask_hi, slot_of, chosen, flag, cand_key, cand_id, score_rows, chunk_active, bias_s): the last
+    CTA's selection and plan state; score_rows holds each warp's sigmoid scores of its current token (in shared memory
+    rather than 28 more registers per thread, which would cost the streaming CTAs occupancy)."""
+    def words(dtype, n):
+        return smem.allocate_tensor(dtype, cute.make_layout(n), byte_alignment=16)
+
     return (
-        smem.allocate_tensor(Int32, cute.make_layout(experts), byte_alignment=16),
-        smem.allocate_tensor(Int32, cute.make_layout(experts), byte_alignment=16),
-        smem.allocate_tensor(Int32, cute.make_layout(experts), byte_alignment=16),
-        smem.allocate_tensor(Int32, cute.make_layout(MAX_TOKENS * top_k), byte_alignment=16),
-        smem.allocate_tensor(Int32, cute.make_layout(4), byte_alignment=16),
+        words(Int32, experts), words(Int32, experts), words(Int32, experts), words(Int32, MAX_TOKENS * top_k),
+        words(Int32, 4), words(Int32, CANDIDATES), words(Int32, CANDIDATES),
+        words(Float32, WARPS_PER_CTA * _words(experts)),
+        words(Int32, experts // WARP), words(Float32, experts),
     )
 
 
 def check_router(experts: int, hidden: int, top_k: int) -> None:
-    if experts % WARP:
-        raise ValueError(f"RouterTopK: experts={experts} is not a multiple of {WARP} (experts per lane in top-k)")
+    if experts % (WARP * LOAD_BATCHES):
+        raise ValueError(f"RouterTopK: experts={experts} is not a multiple of {WARP * LOAD_BATCHES} (experts per lane "
+                         f"in top-k, loaded in {LOAD_BATCHES} batches)")
     if not 0 < top_k <= WARP:
         raise ValueError(f"RouterTopK: top_k={top_k} must be in 1..{WARP} (one lane per selected expert)")
     check_k(hidden, ROUTER_SPLIT, "RouterTopK")
@@ -73,7 +86,7 @@ def router_part(
 ):
     """CTA `cta` (of `experts` router CTAs) of the router: the logits of expert `cta` for every token; the last
     router CTA to finish then selects and plans for all tokens."""
-    mask_lo, mask_hi, slot_of, chosen, flag = state
+    mask_lo, mask_hi, slot_of, chosen, flag, cand_key, cand_id, score_rows, chunk_active, bias_s = state
     lane = tidx % WARP
     warp = tidx // WARP
     n_vec: cutlass.Constexpr = hidden // BF16_PER_VEC // ROUTER_SPLIT
@@ -101,14 +114,18 @@ def router_part(
     cute.arch.sync_threads()
     if flag[0] == 1:
         cute.arch.fence_acq_rel_gpu()
-        for e in cutlass.range(tidx, experts, WARPS_PER_CTA * WARP):
-            mask_lo[e] = Int32(0)
-            mask_hi[e] = Int32(0)
+        # Unrolled, so that every thread's bias loads are in flight together (one round trip, not four).
+        for i in cutlass.range_constexpr((experts + WARPS_PER_CTA * WARP - 1) // (WARPS_PER_CTA * WARP)):
+            e = tidx + i * WARPS_PER_CTA * WARP
+            if e < experts:
+                bias_s[e] = bias[e]
+                mask_lo[e] = Int32(0)
+                mask_hi[e] = Int32(0)
         cute.arch.sync_threads()
-        select_top_k(logits, bias, ids, weights, mask_lo, mask_hi, chosen, lane, warp, m_count, experts, top_k, scaling)
+        select_top_k(logits, bias_s, ids, weights, mask_lo, mask_hi, chosen, cand_key, cand_id, score_rows, lane, warp,
+                     m_count, experts, top_k, scaling)
         cute.arch.sync_threads()
-        if warp == 0:
-            number_active(mask_lo, mask_hi, slot_of, n_active, slot_expert, slot_count, lane, experts)
+        number_active(mask_lo, mask_hi, slot_of, n_active, slot_expert, slot_count, chunk_active, lane, warp, experts)
         cute.arch.sync_threads()
         for p in cutlass.range(tidx, m_count * top_k, WARPS_PER_CTA * WARP):
             m = p // top_k
@@ -124,83 +141,155 @@ def router_part(
             slot_pairs[slot_of[e], rank] = p
 
 
+def order_key(key: Float32) -> Int32:
+    """An int32 whose signed order is the order of the fp32 `key` (-0 == +0); NaN maps to INT32_MIN, below the key
+    of every number (-inf included). Positive floats keep their bits; negative ones flip all but the sign."""
+    return cute.arch.inline_ptx(
+        "{\n"
+        ".reg .pred neg, nan;\n"
+        ".reg .b32 b, f;\n"
+        ".reg .f32 z;\n"
+        "add.f32 z, {$r0}, 0f00000000;\n"  # -0 + +0 = +0, every other number unchanged
+        "mov.b32 b, z;\n"
+        "setp.lt.s32 neg, b, 0;\n"
+        "xor.b32 f, b, 0x7FFFFFFF;\n"
+        "selp.b32 b, f, b, neg;\n"
+        "testp.notanumber.f32 nan, {$r0};\n"
+        "selp.b32 {$w0}, 0x80000000, b, nan;\n"
+        "}",
+        write_only_types=[Int32],
+        read_only_args=[key],
+    )
+
+
+def warp_sum_i32(value: Int32) -> Int32:
+    """Sum over the 32 lanes in one redux.sync (sm_80+), instead of 5 dependent shuffles."""
+    return cute.arch.inline_ptx(
+        "redux.sync.add.s32 {$w0}, {$r0}, 0xffffffff;", write_only_types=[Int32], read_only_args=[value]
+    )
+
+
 @cute.jit
 def select_top_k(
-    logits, bias, ids, weights, mask_lo, mask_hi, chosen, lane, warp, m_count,
+    logits, bias_s, ids, weights, mask_lo, mask_hi, chosen, cand_key, cand_id, score_rows, lane, warp, m_count,
     experts: cutlass.Constexpr, top_k: cutlass.Constexpr, scaling: cutlass.Constexpr,
 ):
-    """One warp per token: top-k of sigmoid(logit) + bias over E experts (E/32 per lane), ties to the lower
-    index; renormalized weights; the token's bit in each chosen expert's mask."""
+    """One warp per token: top-k of sigmoid(logit) + bias over E experts (expert lane + 32j in lane `lane`, slot j),
+    ties to the lower index; renormalized weights; the token's bit in each chosen expert's mask.
+
+    Radix select instead of k argmax rounds: the k-th largest order key T is found bit by bit (32 rounds of one
+    compare per key and one redux.sync), the winners are the keys above T plus the lowest-index keys equal to T
+    (ballots in index order), compacted into shared memory in index order, and each of the k winners' slot is its
+    rank among the k: the number of winners with a larger key, or an equal key and a lower index."""
     per_lane: cutlass.Constexpr = experts // WARP
-    keys = cute.make_rmem_tensor(per_lane, Float32)
-    scores = cute.make_rmem_tensor(per_lane, Float32)
+    keys = cute.make_rmem_tensor(per_lane, Int32)
+    lane_below = cute.arch.lanemask_lt()
+    base = warp * WARP
+    score_base = warp * _words(experts)
+    per_batch: cutlass.Constexpr = per_lane // LOAD_BATCHES
+    logit_in = cute.make_rmem_tensor(per_batch, Float32)
     for m in cutlass.range(warp, m_count, WARPS_PER_CTA):
-        row_addr = logits.iterator.toint() + Int64(m) * (experts * 4)
+        row_addr = logits.iterator.toint() + Int64(m) * (experts * 4) + Int64(lane) * 4
+        # Loads first, then the arithmetic: the sigmoid's IEEE reciprocal expands to a branch, and loads
+        # interleaved with it were issued one L2 round trip at a time (v3 and v4's first try: ~14 us per token).
+        # Two batches of per_lane/2 loads keep the registers under the streaming part's (occupancy).
+        for half in cutlass.range_constexpr(LOAD_BATCHES):
+            for jj in cutlass.range_constexpr(per_batch):
+                logit_in[jj] = ld_coherent_f32(row_addr + (half * per_batch + jj) * WARP * 4)
+            for jj in cutlass.range_constexpr(per_batch):
+                j = half * per_batch + jj
+                e = lane + j * WARP
+                score = sigmoid(logit_in[jj])
+                score_rows[score_base + e] = score
+                keys[j] = order_key(score + bias_s[e])
+        # T = the largest t with #(keys >= t) >= k, built from the top bit down in unsigned space (u = s ^ INT_MIN).
+        threshold_u = Int32(0)
+        for b in cutlass.range(32, unroll=1):
+            cand_u = threshold_u | (Int32(1) << (Int32(31) - b))
+            cand = cand_u ^ Int32(INT32_MIN)
+            count = Int32(0)
+            for j in cutlass.range_constexpr(per_lane):
+                if keys[j] >= cand:
+                    count = count + 1
+            if warp_sum_i32(count) >= top_k:
+                threshold_u = cand_u
+        threshold = threshold_u ^ Int32(INT32_MIN)
+        above = Int32(0)
         for j in cutlass.range_constexpr(per_lane):
-            e = lane + j * WARP
-            score = sigmoid(ld_coherent_f32(row_addr + Int64(e) * 4))
-            key = score + bias[e]
-            if key != key:
-                key = Float32(LOWEST)  # NaN ranks below every number
-            scores[j] = score
-            keys[j] = key
+            if keys[j] > threshold:
+                above = above + 1
+        need = top_k - warp_sum_i32(above)  # >= 1 keys equal to T are taken, the lowest indices first
+        equal_before = Int32(0)
+        taken_before = Int32(0)
+        for j in cutlass.range_constexpr(per_lane):
+            equal = keys[j] == threshold
+            equal_ballot = cute.arch.vote_ballot_sync(equal)
+            take = keys[j] > threshold
+            if equal:
+                if equal_before + cute.arch.popc(equal_ballot & lane_below) < need:
+                    take = True
+            take_ballot = cute.arch.vote_ballot_sync(take)
+            if take:
+                at = base + taken_before + cute.arch.popc(take_ballot & lane_below)
+                cand_key[at] = keys[j]
+                cand_id[at] = lane + j * WARP
+            equal_before = equal_before + cute.arch.popc(equal_ballot)
+            taken_before = taken_before + cute.arch.popc(take_ballot)
+        cute.arch.sync_warp()
+        my_key = Int32(INT32_MIN)
         my_id = Int32(0)
         my_score = Float32(0.0)
-        for r in cutlass.range(top_k, unroll=1):
-            best = keys[0]
-            best_j = Int32(0)
-            best_score = scores[0]
-            for j in cutlass.range_constexpr(1, per_lane):
-                if keys[j] > best:  # strict: the lower index wins a tie within the lane
-                    best = keys[j]
-                    best_j = Int32(j)
-                    best_score = scores[j]
-            best_e = lane + best_j * WARP
-            for offset in (16, 8, 4, 2, 1):
-                other = cute.arch.shuffle_sync_bfly(best, offset)
-                other_e = cute.arch.shuffle_sync_bfly(best_e, offset)
-                other_score = cute.arch.shuffle_sync_bfly(best_score, offset)
-                if other > best or (other == best and other_e < best_e):
-                    best = other
-                    best_e = other_e
-                    best_score = other_score
-            if lane == best_e % WARP:
-                for j in cutlass.range_constexpr(per_lane):
-                    if best_e // WARP == j:
-                        keys[j] = Float32(NEG_INF)  # taken: below every untaken key, NaN ones included
-            if lane == r:
-                my_id = best_e
-                my_score = best_score
-        if lane >= top_k:
-            my_score = Float32(0.0)
-        total = lane_group_sum(my_score, WARP)
         if lane < top_k:
-            ids[m, lane] = my_id
-            weights[m, lane] = my_score / total * Float32(scaling)
-            chosen[m * top_k + lane] = my_id
+            my_key = cand_key[base + lane]
+            my_id = cand_id[base + lane]
+            my_score = score_rows[score_base + my_id]
+        total = lane_group_sum(my_score, WARP)  # lanes >= k add 0
+        if lane < top_k:
+            rank = Int32(0)
+            for i in cutlass.range_constexpr(top_k):
+                other = cand_key[base + i]  # the same word for every lane: a shared-memory broadcast
+                if other > my_key or (other == my_key and i < lane):
+                    rank = rank + 1
+            ids[m, rank] = my_id
+            weights[m, rank] = my_score / total * Float32(scaling)
+            chosen[m * top_k + rank] = my_id
             if m < 32:
                 cute.arch.atomic_or((mask_lo.iterator + my_id), Int32(1) << m, scope="cta")
             else:
                 cute.arch.atomic_or((mask_hi.iterator + my_id), Int32(1) << (m - 32), scope="cta")
+        cute.arch.sync_warp()  # the next token reuses this warp's candidate slots
 
 
 @cute.jit
-def number_active(mask_lo, mask_hi, slot_of, n_active, slot_expert, slot_count, lane, experts: cutlass.Constexpr):
-    """Warp 0: slots for the experts any token chose, in ascending expert order (ballot + prefix count)."""
-    base = Int32(0)
-    for c in cutlass.range_constexpr(experts // WARP):
+def number_active(mask_lo, mask_hi, slot_of, n_active, slot_expert, slot_count, chunk_active, lane, warp,
+                  experts: cutlass.Constexpr):
+    """All warps: slots for the experts any token chose, in ascending expert order. Chunk c of 32 experts belongs
+    to warp c % 8: a ballot counts its active experts, a barrier publishes the counts, and each chunk's first slot
+    is the sum of the counts before it (one redux.sync)."""
+    chunks: cutlass.Constexpr = experts // WARP
+    for c in cutlass.range(warp, chunks, WARPS_PER_CTA, unroll=1):
+        e = c * WARP + lane
+        active = (mask_lo[e] | mask_hi[e]) != 0
+        ballot = cute.arch.vote_ballot_sync(active)
+        if lane == 0:
+            chunk_active[c] = cute.arch.popc(ballot)
+    cute.arch.sync_threads()
+    for c in cutlass.range(warp, chunks, WARPS_PER_CTA, unroll=1):
+        before = Int32(0)
+        for i in cutlass.range(lane, c, WARP, unroll=1):
+            before = before + chunk_active[i]
+        first = warp_sum_i32(before)
         e = c * WARP + lane
         count = cute.arch.popc(mask_lo[e]) + cute.arch.popc(mask_hi[e])
         active = count > 0
         ballot = cute.arch.vote_ballot_sync(active)
-        slot = base + cute.arch.popc(ballot & cute.arch.lanemask_lt())
         if active:
+            slot = first + cute.arch.popc(ballot & cute.arch.lanemask_lt())
             slot_of[e] = slot
             slot_expert[slot] = e
             slot_count[slot] = count
-        base = base + cute.arch.popc(ballot)
-    if lane == 0:
-        n_active[0] = base
+        if c == chunks - 1 and lane == 0:
+            n_active[0] = first + cute.arch.popc(ballot)
 
 
 class RouterTopK:

@@ -145,6 +145,60 @@ def test_router_ties_go_to_the_lower_index_and_nan_is_never_preferred(gen, dims)
     assert_plan_matches(ids, ws, m)
 
 
+@pytest.mark.parametrize("m", [1, 64])
+def test_router_all_keys_equal_takes_the_lowest_indices_in_order(m, gen, dims):
+    """Every key ties (zero router weight, zero bias): the threshold key is shared by all 896 experts, spread over
+    every lane and register slot, so the winners are decided by index alone."""
+    d, _, kw, ws = weights(dims, 8, gen)
+    kw.router.zero_()
+    kw.router_bias.zero_()
+    x = torch.randn(m, d.hidden, generator=gen, device="cuda").to(torch.bfloat16)
+    ids, wts = run_router(x, kw, ws)
+    assert ids.cpu().tolist() == [list(range(d.top_k))] * m
+    assert torch.allclose(wts, torch.full_like(wts, d.routed_scaling_factor / d.top_k), rtol=1e-6, atol=0)
+    assert_plan_matches(ids, ws, m)
+    assert int(ws.router_counter[0]) == 0
+
+
+@pytest.mark.parametrize("m", [1, 7])
+def test_router_keys_of_both_signs_match_reference(m, gen, dims):
+    """Biases that push keys across zero: the order key of a negative float must order below every positive one."""
+    d, ref, kw, ws = weights(dims, 8, gen)
+    bias = torch.rand(d.experts, generator=gen, device="cuda") * 2.0 - 1.5  # keys in about (-1.5, 1.5)
+    kw.router_bias.copy_(bias)
+    x = torch.randn(m, d.hidden, generator=gen, device="cuda").to(torch.bfloat16)
+    ids, _ = run_router(x, kw, ws)
+    ref = dataclasses.replace(ref, router_bias=bias)
+    ref_ids, _ = route(x, ref, d)
+    keys = torch.sigmoid(x.float() @ ref.router.float().T) + bias
+    assert (keys < 0).any() and (keys > 0).any()
+    assert_same_selection(ids, ref_ids, keys)
+    assert_plan_matches(ids, ws, m)
+
+
+def test_router_nan_keys_rank_below_every_number_including_minus_infinity(gen, dims):
+    """10 finite keys, 2 keys of -inf, NaN keys elsewhere: the 10 in key order, then the two -inf experts (lower index
+    first), then the lowest-index NaN-key experts; the weights stay finite (a NaN bias selects, it never weighs)."""
+    d, ref, kw, ws = weights(dims, 8, gen)
+    m = 3
+    finite = [5, 17, 64, 100, 333, 334, 500, 640, 777, 895]
+    minus_inf = [900 - 12, 12]
+    bias = torch.full((d.experts,), float("nan"), device="cuda")
+    bias[finite] = torch.linspace(0.0, 0.9, len(finite), device="cuda")
+    bias[minus_inf] = float("-inf")
+    kw.router_bias.copy_(bias)
+    x = torch.randn(m, d.hidden, generator=gen, device="cuda").to(torch.bfloat16)
+    ids, wts = run_router(x, kw, ws)
+    keys = (torch.sigmoid(x.float() @ ref.router.float().T) + bias).cpu()
+    nan_experts = [e for e in range(d.experts) if e not in finite and e not in minus_inf]
+    for t in range(m):
+        by_key = sorted(finite, key=lambda e: (-float(keys[t, e]), e))
+        want = by_key + sorted(minus_inf) + nan_experts[: d.top_k - len(finite) - len(minus_inf)]
+        assert ids[t].tolist() == want, f"token {t}"
+    assert torch.isfinite(wts).all()
+    assert_plan_matches(ids, ws, m)
+
+
 @pytest.mark.parametrize("tp", [8, 16])
 @pytest.mark.parametrize("m", BATCHES)
 def test_experts_match_reference(tp, m, gen, dims):
