@@ -37,7 +37,7 @@ def from_coverage_data(cov: coverage.Coverage, repo: Path, paths: Iterable[str],
     """Coverage of `paths` (repository-relative Python files) from a finished run, including files never
     imported: their statements come from parsing the source, so they show up as entirely uncovered."""
     data = cov.get_data()
-    measured = {_relative(repo, f): f for f in data.measured_files()}
+    measured = {repository_path(repo, f): f for f in data.measured_files()}
     files = []
     for path in paths:
         _, statements, excluded, _, _ = cov.analysis2(str(repo / path))
@@ -114,7 +114,9 @@ def statement_spans(source: str) -> tuple[tuple[int, int], ...]:
     return tuple(sorted(spans))
 
 
-def _relative(repo: Path, filename: str) -> str:
+def repository_path(repo: Path, filename: str) -> str:
+    """A file name coverage.py recorded (relative to the repository, or absolute) -> its repository path;
+    a file outside the repository keeps its name."""
     path = Path(filename)
     if not path.is_absolute():
         return path.as_posix()

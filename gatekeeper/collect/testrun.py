@@ -13,7 +13,8 @@ from pathlib import Path
 
 import coverage
 
-from gatekeeper.collect.coverage_map import ContextTable, from_coverage_data
+from gatekeeper.collect.coverage_map import ContextTable, from_coverage_data, repository_path
+from gatekeeper.collect.coverage_setup import measured_env, merge_process_data, write_rcfiles
 from gatekeeper.collect.junit import junit_key, parse_junit
 from gatekeeper.collect.process import run_limited
 from gatekeeper.errors import InputError
@@ -39,38 +40,18 @@ def coverage_command(command: tuple[str, ...], rcfile: Path, junit: Path, policy
             f"--junitxml={junit}", "-o", "junit_family=xunit1", *args]
 
 
-def write_rcfile(work: Path, repo: Path, paths: list[str]) -> Path:
-    """Measure exactly the files the check judges: tracing the whole repository (a virtualenv inside it,
-    torch included) would cost far more than the tests."""
-    files = [_literal(str((repo / p).resolve())) for p in paths] or [str(work / "nothing-to-measure")]
-    rcfile = work / "coveragerc"
-    rcfile.write_text(
-        "[run]\n"
-        f"data_file = {work / 'coverage.sqlite'}\n"
-        "relative_files = true\n"
-        "include =\n" + "".join(f"    {f}\n" for f in files) +
-        # Contexts are switched by our plugin; sys.monitoring does not support them.
-        "core = ctrace\n",
-        encoding="utf-8",
-    )
-    return rcfile
-
-
-def _literal(path: str) -> str:
-    """A file name as a pattern of coverage's `include` (fnmatch) that matches only itself."""
-    return "".join(f"[{c}]" if c in "*?[]" else c for c in path)
-
-
 def run_tests(command: tuple[str, ...], repo: Path, work: Path, paths: list[str], timeout_s: float,
               origin: Origin, policy_source: str = "policy") -> TestRun:
-    """Run the tests in `repo`, and record outcomes and per-test coverage of `paths`."""
-    rcfile = write_rcfile(work, repo, paths)
-    junit, nodeid_list = work / "junit.xml", work / "nodeids.txt"
+    """Run the tests in `repo`, and record outcomes and per-test coverage of `paths`, including what the
+    Python processes the tests start execute."""
+    rcfile, child_rcfile = write_rcfiles(work, paths, repo)
+    junit, nodeid_list, plugin_notes = work / "junit.xml", work / "nodeids.txt", work / "plugin-notes.txt"
     argv = coverage_command(command, rcfile, junit, policy_source)
     plugin_dir = Path(__file__).parent / "plugin"
-    env = dict(os.environ)
+    env = measured_env(dict(os.environ), child_rcfile)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(plugin_dir), str(repo), env.get("PYTHONPATH")) if p)
     env["GATEKEEPER_NODEIDS"] = str(nodeid_list)
+    env["GATEKEEPER_NOTES"] = str(plugin_notes)
     run = run_limited(argv, cwd=repo, env=env, timeout_s=timeout_s, log=work / "tests.log")
     record = {"origin": origin, "label": "tests", "command": " ".join(command), "exit_code": run.returncode}
     if run.timed_out:
@@ -78,7 +59,8 @@ def run_tests(command: tuple[str, ...], repo: Path, work: Path, paths: list[str]
     if not junit.exists():
         return TestRun(**record, error=clip(f"exited with status {run.returncode} without a JUnit report:\n{run.tail}"))
     cov = coverage.Coverage(config_file=str(rcfile))
-    cov.load()
+    notes = plugin_notes.read_text(encoding="utf-8").splitlines() if plugin_notes.exists() else []
+    notes += merge_process_data(work, cov.get_data(), lambda name: repository_path(repo, name))
     table = ContextTable()
     files = from_coverage_data(cov, repo, paths, table)
     try:
@@ -86,4 +68,4 @@ def run_tests(command: tuple[str, ...], repo: Path, work: Path, paths: list[str]
         tests = parse_junit(junit, {junit_key(name): name for name in nodeids})
     except InputError as exc:
         return TestRun(**record, error=clip(f"unreadable JUnit report: {exc}"))
-    return TestRun(**record, tests=tests, contexts=table.names, files=files)
+    return TestRun(**record, notes=tuple(clip(n) for n in notes), tests=tests, contexts=table.names, files=files)
