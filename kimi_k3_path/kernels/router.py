@@ -1,14 +1,15 @@
 """Router in one launch: fp32 logits of x [M, H] against the router weight [E, H], sigmoid, + correction bias for
 selection only, top-k, renormalized weights; and the expert plan the grouped expert kernels read.
 
-Every CTA computes the logits of 8 experts for all tokens; the last CTA to finish (a device-scope counter that it
+Every CTA computes the logits of one expert for all tokens; the last CTA to finish (a device-scope counter that it
 resets for the next launch, so CUDA-graph replays need no host work) selects the top-k for every token, one warp per
-token, and groups the (token, slot) pairs by expert:
+token (radix select of the k-th key, then a rank sort of the k winners), and groups the (token, slot) pairs by
+expert with all its warps:
   - ties: equal keys go to the lower expert index (the reference's stable descending sort);
-  - NaN: a NaN key ranks below every number and is taken only when fewer than k numbers remain;
+  - NaN: a NaN key ranks below every number (-inf included) and is taken only when fewer than k numbers remain,
+    the lowest indices first;
   - plan: active experts in ascending index order; each one's pairs p = token*k + slot in ascending token order,
-    so the plan, and therefore the expert kernels' reading order, is deterministic.
-"""
+    so the plan, and therefore the expert kernels' reading order, is deterministic."""
 
 from __future__ import annotations
 

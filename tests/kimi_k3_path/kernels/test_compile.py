@@ -117,6 +117,7 @@ def test_lanes_per_row_divides_the_groups():
         (lambda: SkinnyGemm(3584, 7176, 1), "not a multiple of 32 \\(16-byte loads, 4-way split"),
         (lambda: SkinnyGemm(3583, 7168, 1), "N=3583 is not a multiple of 2"),
         (lambda: RouterTopK(896, 7168, 33, 1.0, 1), "top_k=33"),
+        (lambda: RouterTopK(928, 7168, 16, 1.0, 1), "experts=928 is not a multiple of 64"),
         (lambda: ExpertsGemm1Situ(896, 3000, 384, 16), "latent=3000"),
         (lambda: ExpertsGemm2Combine(896, 3584, 100, 16, 1e-5), "intermediate=100"),
         (lambda: Finalize(7168, 3584, 100, 1), "K=100"),
