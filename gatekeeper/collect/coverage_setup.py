@@ -11,7 +11,6 @@ already expanded, so every child would record the parent's context.)
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 

@@ -8,7 +8,6 @@ change nothing.
 from __future__ import annotations
 
 import textwrap
-from pathlib import Path
 
 import pytest
 from coverage import CoverageData
