@@ -8,7 +8,7 @@ Method (GPU): per (layer, tp) one set of random weights per copy, per batch fres
 copy; every variant of every copy captured in its own CUDA graph; replays alternate variants and rotate through
 the copies, so consecutive replays touch disjoint weights and inputs and the L2 (about 60 MB on the H200) never
 serves a replay from the previous one. Each replay is timed with CUDA events; rows report the median, the
-p10-p90 spread and the count. Before timing, the candidate's output is checked against the baseline's.
+p10-p90 spread and the count. Before timing, the candidate MoE's output is checked against the fp32 reference.
 
 Variants: `baseline` is `kimi_k3_path.reference.stock` (vLLM's stock op sequence on Hopper). `candidate` is the
 specialized path: the same stock-like layer with its latent MoE replaced by
@@ -285,6 +285,7 @@ class Bench:
             if layer == "mla_moe":
                 w["mla"] = stock.GpuMla.from_reference(random_mla_weights(dims.mla, gen), dims.mla, self.device)
             w["candidate_moe"] = CandidateMoe(ref_moe, dims.moe, self.device) if self.candidate_kind == "kernels" else None
+            w["ref_moe"] = ref_moe if copy == 0 and w["candidate_moe"] is not None else None  # for check() only
             return w
 
         weights = [make_weights(0)]
@@ -310,7 +311,8 @@ class Bench:
             pairs = list(zip(weights, inputs))
             base_fns = [self.layer_fn(layer, dims, pos, w, item, None) for w, item in pairs]
             cand_fns = [self.layer_fn(layer, dims, pos, w, item, w["candidate_moe"]) for w, item in pairs]
-            self.check(layer, dims, pos, weights[0], inputs[0], tp, batch)
+            err = self.check(layer, dims, pos, weights[0], inputs[0], tp, batch)
+            checked = "" if err is None else f"; candidate MoE rel err {err:.2e} vs the fp32 reference"
             for fn in (base_fns[0], cand_fns[0]):  # compile and autotune outside the profiler
                 fn()
             base_kernels = self.kernel_count(base_fns[0], f"{layer} tp={tp} batch={batch}" if self.args.breakdown else None)
@@ -319,8 +321,25 @@ class Bench:
             yield Case(layer, tp, batch, base_fns, cand_fns, floor, (
                 f"baseline = stock-like ({base_kernels} kernels); {self.candidate_note} ({cand_kernels} kernels); "
                 f"layer {pos.layer} (0-based); {copies} copies of weights+inputs rotated; "
-                f"floor = {floor} B / 4.3e12 B/s; stock expert intermediate {dims.stock_intermediate}{ctx}"
+                f"floor = {floor} B / 4.3e12 B/s; stock expert intermediate {dims.stock_intermediate}{ctx}{checked}"
             ))
+
+    def attention_fn(self, layer: str, dims: Any, pos: Any, w: dict[str, Any], item: dict[str, Any]) -> Callable[[], Any]:
+        """A closure computing the MoE input of one decode step on copy `item`: the stock attention part (the same
+        code in both variants, on its own copies of the stream/state/cache), or the input itself for the bare block."""
+        from kimi_k3_path.reference import stock
+
+        if layer == "moe":
+            x = item["x"]
+            return lambda: x
+        stream = stock.GpuStream.from_reference(item["stream"], self.device)
+        delta = item["x"]
+        norms = w["norms"]
+        if layer == "kda_moe":
+            state = stock.GpuKdaState.from_reference(item["state"], self.device)
+            return lambda: stock.kda_attention_part(delta, stream, norms, w["kda"], state, pos, dims.kda)
+        cache = stock.GpuLatentCache.from_reference(item["cache"], self.device, sms=self.sms())
+        return lambda: stock.mla_attention_part(delta, stream, norms, w["mla"], cache, pos, dims.mla)
 
     def layer_fn(self, layer: str, dims: Any, pos: Any, w: dict[str, Any], item: dict[str, Any], cand_moe: Any) -> Callable[[], Any]:
         """A closure running one decode step of `layer` on copy `item` (its own stream/state/cache)."""
@@ -328,34 +347,27 @@ class Bench:
 
         moe = w["moe"]
         moe_fn = cand_moe if cand_moe is not None else (lambda h: stock.latent_moe(h, moe, dims.moe))
-        if layer == "moe":
-            x = item["x"]
-            return lambda: moe_fn(x)
-        stream = stock.GpuStream.from_reference(item["stream"], self.device)
-        delta = item["x"]
-        norms = w["norms"]
-        if layer == "kda_moe":
-            state = stock.GpuKdaState.from_reference(item["state"], self.device)
-            return lambda: moe_fn(stock.kda_attention_part(delta, stream, norms, w["kda"], state, pos, dims.kda))
-        cache = stock.GpuLatentCache.from_reference(item["cache"], self.device, sms=self.sms())
-        return lambda: moe_fn(stock.mla_attention_part(delta, stream, norms, w["mla"], cache, pos, dims.mla))
+        attention = self.attention_fn(layer, dims, pos, w, item)
+        return lambda: moe_fn(attention())
 
     def sms(self) -> int:
         import torch
 
         return torch.cuda.get_device_properties(0).multi_processor_count if self.device == "cuda" else 4
 
-    def check(self, layer: str, dims: Any, pos: Any, w: dict[str, Any], item: dict[str, Any], tp: int, batch: int) -> None:
-        """The candidate computes what the baseline computes, from identical fresh copies of the state."""
-        from kimi_k3_path.reference import rel_err
+    def check(self, layer: str, dims: Any, pos: Any, w: dict[str, Any], item: dict[str, Any], tp: int, batch: int) -> float | None:
+        """The candidate computes the latent MoE: on this step's MoE input, its bf16 output is within 1e-2 of the fp32
+        reference (issue 6's bar). Only the MoE differs between the variants, so that is what is compared; the
+        stock-like baseline has its own GPU tests. Returns the relative error, or None with no candidate."""
+        from kimi_k3_path.reference import latent_moe, rel_err
 
         if w["candidate_moe"] is None:
-            return
-        base = self.layer_fn(layer, dims, pos, w, item, None)()
-        cand = self.layer_fn(layer, dims, pos, w, item, w["candidate_moe"])()
-        err = rel_err(cand, base)
-        if not err < 2e-2:
-            raise BenchError(f"{layer} tp={tp} batch={batch}: candidate differs from the baseline, rel err {err:.3g}")
+            return None
+        h = self.attention_fn(layer, dims, pos, w, item)()
+        err = rel_err(w["candidate_moe"](h), latent_moe(h.float(), w["ref_moe"], dims.moe))
+        if not err < 1e-2:
+            raise BenchError(f"{layer} tp={tp} batch={batch}: the candidate MoE is {err:.3g} from the fp32 reference (bar 1e-2)")
+        return err
 
     def kernel_count(self, fn: Callable[[], Any], breakdown_label: str | None = None) -> int | str:
         """Kernels one step launches; with a label, also print the step's device time per kernel name."""

@@ -78,3 +78,26 @@ def test_missing_gpu_is_a_clear_error(capsys):
         pytest.skip("this machine has a GPU")
     assert bench.main(["--layer", "moe", "--tp", "8", "--batch", "1"]) == 2
     assert "no CUDA GPU" in capsys.readouterr().err
+
+
+def test_the_correctness_gate_compares_the_candidate_moe_with_the_fp32_reference():
+    import torch
+
+    from kimi_k3_path.reference import latent_moe, random_moe_weights
+    from kimi_k3_path.reference.dims import layer_dims
+
+    b = bench.Bench(bench.parse_args(["--cpu-smoke"]), "cpu")
+    dims = layer_dims(b.config, 8)
+    gen = b.generator(7)
+    ref_moe = random_moe_weights(dims.moe, gen)
+    item = {"x": torch.randn(3, dims.moe.hidden, generator=gen)}
+
+    def candidate(scale: float):
+        return lambda h: (latent_moe(h.float(), ref_moe, dims.moe) * scale).to(torch.bfloat16)
+
+    exact = {"candidate_moe": candidate(1.0), "ref_moe": ref_moe}
+    assert b.check("moe", dims, None, exact, item, 8, 3) < 1e-2
+    off = {"candidate_moe": candidate(1.03), "ref_moe": ref_moe}
+    with pytest.raises(bench.BenchError, match="from the fp32 reference"):
+        b.check("moe", dims, None, off, item, 8, 3)
+    assert b.check("moe", dims, None, {"candidate_moe": None}, item, 8, 3) is None
