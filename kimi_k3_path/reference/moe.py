@@ -77,10 +77,13 @@ def random_mxfp4(shape: tuple[int, ...], gen: torch.Generator) -> tuple[torch.Te
 
 
 def random_moe_weights(d: MoeDims, gen: torch.Generator) -> MoeWeights:
-    """fp32 matrices scaled 1/sqrt(fan_in) and random MXFP4 experts, all on gen.device."""
+    """Matrices scaled 1/sqrt(fan_in) and random MXFP4 experts, all on gen.device. The matrices hold
+    bf16-representable values (as a bf16 checkpoint does) in fp32: every path then computes with the same weights,
+    and the fp32 reference differs from a bf16 path only by its arithmetic, not by a rounding of the router that
+    flips expert choices whose keys are 2e-4 apart (seen on the H200)."""
 
     def lin(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen, device=gen.device) / shape[-1] ** 0.5
+        return (torch.randn(*shape, generator=gen, device=gen.device) / shape[-1] ** 0.5).to(torch.bfloat16).float()
 
     w13_packed, w13_scales = random_mxfp4((d.experts, 2 * d.intermediate, d.latent), gen)
     w2_packed, w2_scales = random_mxfp4((d.experts, d.latent, d.intermediate), gen)
