@@ -2,7 +2,7 @@
 # Dogfood: `gatekeeper collect` + `gatekeeper check` on this repository's own reference contribution
 # (kimi_k3_path/ and its tests) with its own policy and the GPU evidence committed in the repository.
 #
-#   tools/dogfood.sh [BASE]
+#   [DOGFOOD_REQUIRE=rule,rule] tools/dogfood.sh [BASE]
 #
 # The contribution shares its history with the gatekeeper itself, so `BASE..HEAD` would also contain every
 # gatekeeper commit. Instead, in a throwaway clone, two commits are made on top of HEAD:
@@ -61,4 +61,30 @@ echo "dogfood: judging the contribution at $(git rev-parse --short "$head") (${b
 "$GATEKEEPER" collect --policy "$POLICY" --base "$start" --out "$OUT/evidence.json"
 "$GATEKEEPER" check --policy "$POLICY" --base "$start" --evidence "$OUT/evidence.json" --agent-assisted \
   --format markdown --output "$OUT/report.md" --strict || true
-"$GATEKEEPER" check --policy "$POLICY" --base "$start" --evidence "$OUT/evidence.json" --agent-assisted --strict
+"$GATEKEEPER" check --policy "$POLICY" --base "$start" --evidence "$OUT/evidence.json" --agent-assisted \
+  --format json --output "$OUT/verdict.json" --strict || true
+if [ -z "${DOGFOOD_REQUIRE:-}" ]; then
+  "$GATEKEEPER" check --policy "$POLICY" --base "$start" --evidence "$OUT/evidence.json" --agent-assisted --strict
+  exit
+fi
+# DOGFOOD_REQUIRE=rule,rule: print the whole verdict, but fail only when one of those rules does not pass (for CI
+# while the others wait on evidence that only a GPU session can produce; the report names them).
+"$GATEKEEPER" check --policy "$POLICY" --base "$start" --evidence "$OUT/evidence.json" --agent-assisted || true
+"$PYTHON" - "$OUT/verdict.json" "$DOGFOOD_REQUIRE" <<'PY'
+import json
+import sys
+
+verdict = json.load(open(sys.argv[1], encoding="utf-8"))
+status = {check["id"]: check["status"] for check in verdict["checks"]}
+required = [rule for rule in sys.argv[2].split(",") if rule]
+unknown = [rule for rule in required if rule not in status]
+failing = [f"{rule}={status[rule]}" for rule in required if rule in status and status[rule] != "pass"]
+waived = [f"{rule}={state}" for rule, state in status.items() if rule not in required and state != "pass"]
+if unknown:
+    sys.exit(f"dogfood: DOGFOOD_REQUIRE names unknown rules: {', '.join(unknown)}")
+if waived:
+    print(f"dogfood: NOT required here, and not passing: {', '.join(waived)}", file=sys.stderr)
+if failing:
+    sys.exit(f"dogfood: FAIL: required rules do not pass: {', '.join(failing)}")
+print(f"dogfood: required rules pass: {', '.join(required)}", file=sys.stderr)
+PY
