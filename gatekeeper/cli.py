@@ -12,7 +12,7 @@ import sys
 
 from gatekeeper.errors import InputError
 
-COMMAND_MODULES = ("check", "policy", "collect", "serve", "audit")
+COMMAND_MODULES = ("check", "policy", "collect", "gpu_report", "serve", "audit")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
 # One device run that regenerates the GPU evidence the policy reads (carry [".cute", ".whl"]):
-#   $OUT/gpu/junit.xml, $OUT/gpu/coverage.json  GPU tests under coverage.py with per-test contexts
-#                                               (-> kimi_k3_path/evidence/gpu/, the policy's gpu_report_globs)
+#   $OUT/gpu/junit.xml, $OUT/gpu/.coverage      GPU tests under coverage.py with per-test contexts: the
+#   $OUT/gpu/nodeids.txt                        raw data file (a few MB; its `coverage json --show-contexts`
+#                                               report repeats every test id on every line, 16+ MB) and the
+#                                               collected node ids. Afterwards, on the CPU machine, in a
+#                                               checkout of $SHA (docs/evidence.md, "GPU reports"):
+#                                                 gatekeeper gpu-report --junit gpu/junit.xml --coverage gpu/.coverage \
+#                                                   --nodeids gpu/nodeids.txt --commit $SHA --repo . \
+#                                                   --out kimi_k3_path/evidence/gpu/gpu-evidence.json
+#                                               (-> the policy's gpu_report_globs; commit only that JSON)
 #   $OUT/perf/h200.json                         per-layer bench, CuTe DSL kernels vs the stock-like path
 #                                               (-> kimi_k3_path/evidence/perf/, the policy's evidence_globs)
 #   $OUT/kernels/*.json                         with KERNEL_BENCH=1: the MoE block and each kernel alone at M=1
-#   $OUT/tests.log, $OUT/bench.log              everything printed (at most 8 files come back from a run)
+#   $OUT/tests.log, $OUT/bench.log              everything printed (at most 8 files come back from a run:
+#                                               these are 8 with KERNEL_BENCH=1)
 # Usage on the device: SHA=<commit measured> bash tools/gpu-evidence.sh
 set -uo pipefail
 : "${SHA:?set SHA to the commit being measured}" "${OUT:?}"
@@ -14,11 +22,12 @@ mkdir -p "$OUT/gpu" "$OUT/perf" "$OUT/kernels"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv | tee "$OUT/tests.log"
 
 gpu_tests=$(grep -l "pytest.mark.gpu" -r tests/kimi_k3_path | sort)
-PYTHONPATH="$PYTHONPATH:gatekeeper/collect/plugin" python3 -m coverage run --source=kimi_k3_path \
-  --data-file=/tmp/gpu.coverage -m pytest $gpu_tests -q -p no:cacheprovider -p gatekeeper_pytest_contexts \
+PYTHONPATH="$PYTHONPATH:gatekeeper/collect/plugin" GATEKEEPER_NODEIDS="$OUT/gpu/nodeids.txt" \
+  python3 -m coverage run --source=kimi_k3_path --data-file="$OUT/gpu/.coverage" \
+  -m pytest $gpu_tests -q -p no:cacheprovider -p gatekeeper_pytest_contexts \
   --junitxml="$OUT/gpu/junit.xml" 2>&1 | tee -a "$OUT/tests.log"
 tests_rc=${PIPESTATUS[0]}
-python3 -m coverage json --data-file=/tmp/gpu.coverage --show-contexts -o "$OUT/gpu/coverage.json"
+ls -l "$OUT/gpu" | tee -a "$OUT/tests.log"
 
 python3 -m kimi_k3_path.bench --layer kda_moe,mla_moe,moe --tp 8,16 --batch 1,2,4,8,16,32,64 \
   --candidate kernels --replays "${REPLAYS:-200}" --commit "$SHA" --out "$OUT/perf/h200.json" 2>&1 | tee "$OUT/bench.log"

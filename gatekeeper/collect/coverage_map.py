@@ -1,20 +1,25 @@
-"""Per-test line coverage -> `FileCoverage`: from coverage.py's data file (the collector's own run) or from a
-`coverage json --show-contexts` report (an attached GPU run)."""
+"""Per-test line coverage -> `FileCoverage`: from coverage.py's data file (the collector's own run, or a GPU
+run's `.coverage` file read by `gatekeeper gpu-report`) or from a `coverage json --show-contexts` report (an
+attached GPU run)."""
 
 from __future__ import annotations
 
 import ast
 import json
 from collections.abc import Iterable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import coverage
+from coverage import CoverageData
+from coverage.exceptions import CoverageException
 
 from gatekeeper.errors import InputError
 from gatekeeper.evidence import FileCoverage
 
 COLLECTION = "(collection)"  # code that ran outside any test: imports while pytest collected the tests
 MAX_COVERAGE_JSON_BYTES = 64 * 1024 * 1024
+MAX_COVERAGE_DATA_BYTES = 256 * 1024 * 1024
+_SQLITE_MAGIC = b"SQLite format 3\0"  # coverage.py's data file is an SQLite database
 
 
 class ContextTable:
@@ -50,9 +55,50 @@ def from_coverage_data(cov: coverage.Coverage, repo: Path, paths: Iterable[str],
     return tuple(files)
 
 
-def from_coverage_json(report: Path, repo: Path, paths: Iterable[str], table: ContextTable) -> tuple[FileCoverage, ...]:
-    """Coverage of `paths` from a `coverage json --show-contexts` report made elsewhere (a GPU machine):
-    its file names may be absolute, so each is matched to the repository path it ends with."""
+def from_coverage_report(report: Path, repo: Path, table: ContextTable) -> tuple[FileCoverage, ...]:
+    """Coverage of every file of `repo` measured in a run made elsewhere (a GPU machine), from its coverage.py
+    data file or its `coverage json --show-contexts` report, whichever `report` is."""
+    try:
+        with open(report, "rb") as handle:
+            start = handle.read(len(_SQLITE_MAGIC))
+    except OSError as exc:
+        raise InputError(str(report), f"cannot read coverage data: {exc.strerror or exc}") from None
+    if start == _SQLITE_MAGIC:
+        return from_coverage_data_file(report, repo, table)
+    if start.lstrip()[:1] == b"{":
+        return from_coverage_json(report, repo, None, table)
+    raise InputError(str(report), "neither a coverage.py data file (.coverage) nor a `coverage json` report")
+
+
+def from_coverage_data_file(data_file: Path, repo: Path, table: ContextTable) -> tuple[FileCoverage, ...]:
+    """Coverage of every file of `repo` that a coverage.py data file made elsewhere measured. Its file names
+    may be absolute paths of that machine: each is matched to the repository path it ends with."""
+    try:
+        size = data_file.stat().st_size
+        if size > MAX_COVERAGE_DATA_BYTES:
+            raise InputError(str(data_file), f"coverage data is {size} bytes, more than the {MAX_COVERAGE_DATA_BYTES}-byte limit")
+        measured = CoverageData(str(data_file), read_only=True)  # a fetched file may be read-only
+        measured.read()
+        names = measured.measured_files()
+    except OSError as exc:
+        raise InputError(str(data_file), f"cannot read coverage data: {exc.strerror or exc}") from None
+    except CoverageException as exc:
+        raise InputError(str(data_file), f"not a readable coverage.py data file: {exc}") from None
+    if not measured.measured_contexts() - {""}:
+        raise InputError(str(data_file), "the data has no per-test contexts: run the tests with "
+                                         "`-p gatekeeper_pytest_contexts` (or pytest-cov's `--cov-context=test`)")
+    paths = _repository_paths(data_file, names, repo)
+    # Our statement analysis runs here, against the repository's sources; only the executed lines and their
+    # contexts come from the data, under repository paths.
+    cov = coverage.Coverage(data_file=None, config_file=False)
+    cov.get_data().update(measured, map_path=lambda name: paths.get(name, name))
+    return from_coverage_data(cov, repo, sorted(set(paths.values())), table)
+
+
+def from_coverage_json(report: Path, repo: Path, paths: Iterable[str] | None, table: ContextTable) -> tuple[FileCoverage, ...]:
+    """Coverage of `paths` (None: every file of `repo` it reports) from a `coverage json --show-contexts`
+    report made elsewhere (a GPU machine): its file names may be absolute, so each is matched to the
+    repository path it ends with."""
     try:
         size = report.stat().st_size
         if size > MAX_COVERAGE_JSON_BYTES:
@@ -67,6 +113,8 @@ def from_coverage_json(report: Path, repo: Path, paths: Iterable[str], table: Co
         raise InputError(str(report), "not a `coverage json` report: no 'files' object")
     if not data.get("meta", {}).get("show_contexts"):
         raise InputError(str(report), "the report has no per-test contexts: make it with `coverage json --show-contexts`")
+    if paths is None:
+        paths = sorted(set(_repository_paths(report, reported, repo).values()))
     files = []
     for path in paths:
         name = next((n for n in reported if n == path or n.replace("\\", "/").endswith("/" + path)), None)
@@ -112,6 +160,24 @@ def statement_spans(source: str) -> tuple[tuple[int, int], ...]:
         if last > first:
             spans.append((first, last))
     return tuple(sorted(spans))
+
+
+def _repository_paths(report: Path, names: Iterable[str], repo: Path) -> dict[str, str]:
+    """Recorded file name -> the repository path it ends with (the longest one that is a file of `repo`);
+    names of files outside the repository are left out. None of them in the repository is an error: the
+    report belongs to another project, or `repo` is not its checkout."""
+    names = list(names)
+    found = {}
+    for name in names:
+        parts = PurePosixPath(name.replace("\\", "/")).parts
+        suffixes = ("/".join(parts[i:]) for i in range(len(parts)) if parts[i] != "/")
+        path = next((p for p in suffixes if (repo / p).is_file()), None)
+        if path is not None:
+            found[name] = path
+    if names and not found:
+        raise InputError(str(report), f"none of its {len(names)} measured files is a file of {repo} "
+                                      f"(e.g. {sorted(names)[0]}): is --repo the checkout the tests ran in?")
+    return found
 
 
 def repository_path(repo: Path, filename: str) -> str:

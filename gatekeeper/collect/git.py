@@ -1,4 +1,4 @@
-"""The two history questions the collector asks git (everything else goes through gatekeeper.sources.git)."""
+"""The history questions the collector and `gpu-report` ask git (everything else goes through gatekeeper.sources.git)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,18 @@ def ancestors(repo: Path, sha: str, count: int) -> tuple[str, ...]:
 def changed_since(repo: Path, sha: str, head: str) -> set[str] | None:
     """The paths that differ between `sha` and `head`; None when `sha` is not a commit of this clone."""
     listing = _git(repo, "diff", "--name-only", "--no-renames", "-z", sha, head, "--")
+    return None if listing is None else {p for p in listing.split("\0") if p}
+
+
+def commit_sha(repo: Path, rev: str) -> str | None:
+    """The full SHA of the commit `rev` names; None when it names no commit of this clone."""
+    listing = _git(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
+    return listing.strip() if listing else None
+
+
+def changed_in_worktree(repo: Path, sha: str) -> set[str] | None:
+    """The paths whose checked-out content (staged or not) differs from commit `sha`; None when git cannot say."""
+    listing = _git(repo, "diff", "--name-only", "--no-renames", "-z", sha, "--")
     return None if listing is None else {p for p in listing.split("\0") if p}
 
 

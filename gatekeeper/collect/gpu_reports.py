@@ -1,9 +1,10 @@
 """GPU test reports committed in the pull request (`gpu_report_globs`): lines only a GPU executes may be
 covered by them. Labelled self-reported: nobody here saw them run. Two formats:
 
-- an evidence file written by `gatekeeper collect` on the GPU machine (the easy way: same tool, same
-  per-test contexts). It records the commit it ran at, so coverage of files changed since is dropped
-  (its line numbers no longer describe the head) and the run says so;
+- an evidence file written by `gatekeeper collect` on the GPU machine, or by `gatekeeper gpu-report` here
+  from that machine's JUnit report and coverage data (`gpu_report_run`). It records the commit the tests ran
+  at, so coverage of files changed since is dropped (its line numbers no longer describe the head) and the
+  run says so;
 - a directory of `*.xml` JUnit reports and `*.json` `coverage json --show-contexts` reports (one run per
   directory). Their line numbers are taken as describing the head: nothing records where they were made.
 """
@@ -13,11 +14,11 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path, PurePosixPath
 
-from gatekeeper.collect.coverage_map import ContextTable, from_coverage_json
+from gatekeeper.collect.coverage_map import ContextTable, from_coverage_json, from_coverage_report
 from gatekeeper.collect.git import changed_since
 from gatekeeper.collect.junit import junit_key, parse_junit
 from gatekeeper.errors import InputError
-from gatekeeper.evidence import Origin, TestRun, load_evidence
+from gatekeeper.evidence import Origin, TestCase, TestRun, load_evidence
 from gatekeeper.paths import matches_any
 from gatekeeper.snapshot import Snapshot
 
@@ -80,10 +81,31 @@ def _from_junit_and_coverage(repo: Path, directory: str, files: list[str], paths
     table = ContextTable()
     try:
         coverage = [c for f in files if f.endswith(".json") for c in from_coverage_json(repo / f, repo, paths, table)]
-        nodeids = {junit_key(name): name for name in table.names}
-        tests = tuple(t for f in files if f.endswith(".xml") for t in parse_junit(repo / f, nodeids))
+        tests = _outcomes([repo / f for f in files if f.endswith(".xml")], table)
     except InputError as exc:
         return TestRun(origin=origin, label=directory, error=f"unusable GPU report: {exc}")
     if not tests:
         return TestRun(origin=origin, label=directory, error="no JUnit report (*.xml) among the matched files")
     return TestRun(origin=origin, label=directory, tests=tests, contexts=table.names, files=tuple(coverage))
+
+
+def gpu_report_run(junit: Path, coverage_report: Path, repo: Path, label: str, nodeids: tuple[str, ...] = ()) -> TestRun:
+    """One GPU run as the test run of an evidence file (what `gatekeeper gpu-report` writes): the JUnit
+    outcomes, and the per-test coverage of every measured file of `repo` from the run's coverage.py data file
+    or `coverage json --show-contexts` report. `nodeids` (the plugin's list of collected tests) names tests
+    that ran no measured code by their node ids too. InputError when an input is unusable."""
+    table = ContextTable()
+    files = from_coverage_report(coverage_report, repo, table)
+    tests = _outcomes([junit], table, nodeids)
+    if not tests:
+        raise InputError(str(junit), "the JUnit report holds no <testcase>: no test ran")
+    # Self-reported whatever it says: the collector that loads the file assigns trust (see _from_evidence).
+    origin = Origin(trust="self_reported", source=f"gatekeeper gpu-report of {junit.name} and {coverage_report.name}")
+    return TestRun(origin=origin, label=label,
+                   tests=tests, contexts=table.names, files=files)
+
+
+def _outcomes(junit_files: list[Path], table: ContextTable, nodeids: tuple[str, ...] = ()) -> tuple[TestCase, ...]:
+    """JUnit outcomes, tests named by node id where the coverage contexts (or the plugin's list) know it."""
+    by_key = {junit_key(name): name for name in (*nodeids, *table.names)}
+    return tuple(t for f in junit_files for t in parse_junit(f, by_key))
