@@ -94,17 +94,16 @@ def parse_trailers(message: str, known_tokens: Iterable[str] = ()) -> tuple[tupl
             trailers[-1][1] += " " + line.strip()  # a continuation of the previous trailer's value
             continue
         match = _TRAILER_LINE.match(line)
-        if match is None:
+        generated = line.casefold().startswith(_GIT_GENERATED_PREFIXES)
+        if match is None and not generated:
             other_lines += 1
             trailers.append(["", ""])  # a non-trailer line ends any continuation
             continue
+        # A line git generates counts as a trailer line for the 25% rule, even "(cherry picked from commit ...)",
+        # which has no "token: value" and so is never reported as a trailer.
         trailer_lines += 1
-        token = match.group(1)
-        if token.casefold() in known:
-            recognized = True
-        trailers.append([token, match.group(2).strip()])
-    if any(line.casefold().startswith(_GIT_GENERATED_PREFIXES) for line in block):
-        recognized = True
+        recognized = recognized or generated or (match is not None and match.group(1).casefold() in known)
+        trailers.append([match.group(1), match.group(2).strip()] if match else ["", ""])
     if other_lines and not (recognized and trailer_lines * 4 >= trailer_lines + other_lines):
         return ()
     return tuple((token, value) for token, value in trailers if token)

@@ -98,6 +98,9 @@ MESSAGES_FOR_GIT = [
     "Subject\n\nToken : spaced separator\n",
     "Subject\r\n\r\nAssisted-by: Claude\r\n",
     "\nAssisted-by: Claude\n",  # a leading blank line leaves an empty title: git reads the trailer (found by hypothesis)
+    # A cherry-pick line counts as a trailer line for git's 25% rule (found by hypothesis in CI).
+    "\nSubject line\nSubject line\nSubject line\nAssisted-by: Claude\n"
+    "(cherry picked from commit 0123456789abcdef0123456789abcdef01234567)\n",
 ]
 
 
