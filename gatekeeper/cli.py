@@ -16,7 +16,11 @@ COMMAND_MODULES = ("check", "policy", "collect", "gpu_report", "serve", "audit")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gatekeeper", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="gatekeeper",
+        description="Enforce a bounded-review policy on agent-assisted pull requests.",
+        epilog="Exit codes: 0 pass, 1 fail, 2 usage or input error.",
+    )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(f"gatekeeper.commands.{name}").register(subparsers)
