@@ -201,7 +201,7 @@ def run(args) -> tuple[dict, list[dict]]:
         for m in args.batch:
             xs = [torch.randn(m, d.hidden, generator=gen, device="cuda").to(torch.bfloat16) for _ in refs]
             outs = [torch.empty(m, d.hidden, device="cuda", dtype=torch.bfloat16) for _ in refs]
-            steps = [decode_steps(x, w, ws, o) for x, w, ws, o in zip(xs, ours, spaces, outs)]
+            steps = [decode_steps(x, w, ws, o, args.max_regs) for x, w, ws, o in zip(xs, ours, spaces, outs)]
 
             def candidate(st, steps=steps):
                 for block in steps:
@@ -245,24 +245,42 @@ def run(args) -> tuple[dict, list[dict]]:
                     print(f"    {name:44} {t['median']:7.1f} us {nbytes / 1e6:7.1f} MB "
                           f"{nbytes / (t['median'] * 1e-6) / 1e12:5.2f} TB/s  floor {nbytes / bandwidth * 1e6:6.1f} us",
                           flush=True)
-            if m == 1:
-                for i, step in enumerate(steps[0]):
-                    def one(st, i=i, steps=steps):
-                        for block in steps:
+            variants = [("", steps)]
+            if m > 8 and args.compare_cuda_cores:
+                simt = [decode_steps(x, w, ws, o, args.max_regs, tensor_cores=False)
+                        for x, w, ws, o in zip(xs, ours, spaces, outs)]
+                variants.append((" [CUDA cores]", simt))
+
+                def simt_block(st, simt=simt):
+                    for block in simt:
+                        for step in block:
+                            step.launch(st)
+
+                t = measurement(time_graph(simt_block, args.replays, len(refs)))
+                simt_err = rel_err(outs[0], stock.latent_moe(xs[0], stocks[0], d).float())
+                print(f"    block on CUDA cores only{'':20} {t['median']:7.1f} us (spread {t['spread_pct']:.1f}%), "
+                      f"tensor cores {cand['median']:.1f} us: {t['median'] / cand['median']:.2f}x; err {simt_err:.1e}",
+                      flush=True)
+                kernel_rows.append({"tp": tp, "batch": m, "kernel": "block [CUDA cores]", "median_us": t["median"],
+                                    "spread_pct": t["spread_pct"], "tensor_core_block_us": cand["median"]})
+            for suffix, variant in variants if m in args.steps_at else ():
+                for i, step in enumerate(variant[0]):
+                    def one(st, i=i, variant=variant):
+                        for block in variant:
                             block[i].launch(st)
 
                     t = measurement(time_graph(one, args.replays, len(refs)))
                     nbytes = step.weight_bytes()
                     kernel_rows.append({
-                        "tp": tp, "batch": 1, "kernel": step.name, "median_us": t["median"],
+                        "tp": tp, "batch": m, "kernel": step.name + suffix, "median_us": t["median"],
                         "spread_pct": t["spread_pct"], "weight_bytes": nbytes,
                         "effective_tb_s": nbytes / (t["median"] * 1e-6) / 1e12,
                         "floor_us": nbytes / bandwidth * 1e6,
                     })
-                    print(f"    {step.name:44} {t['median']:7.1f} us {nbytes / 1e6:7.1f} MB "
+                    print(f"    {step.name + suffix:44} {t['median']:7.1f} us {nbytes / 1e6:7.1f} MB "
                           f"{nbytes / (t['median'] * 1e-6) / 1e12:5.2f} TB/s  floor {nbytes / bandwidth * 1e6:6.1f} us",
                           flush=True)
-            del steps, xs, outs
+            del steps, variants, xs, outs
         del refs, ours, spaces, stocks
         torch.cuda.empty_cache()
     props = torch.cuda.get_device_properties(0)
@@ -280,6 +298,18 @@ def run(args) -> tuple[dict, list[dict]]:
     return evidence, kernel_rows
 
 
+def parse_max_regs(text: str) -> dict[str, int]:
+    from kimi_k3_path.kernels.moe import MAX_REGS
+
+    caps = {}
+    for item in text.split(","):
+        name, _, value = item.partition("=")
+        if name not in MAX_REGS or not value.isdigit():
+            raise argparse.ArgumentTypeError(f"{item!r}: expected LAUNCH=N with LAUNCH one of {', '.join(MAX_REGS)}")
+        caps[name] = int(value)
+    return caps
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tp", type=lambda s: [int(v) for v in s.split(",")], default=[8, 16])
@@ -290,6 +320,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--kernels-out", type=Path, default=None)
     p.add_argument("--sweep", action="store_true", help="also time the variants (split, load hint, register caps)")
+    p.add_argument("--steps-at", type=lambda s: [int(v) for v in s.split(",")], default=[1],
+                   help="batches at which each launch of the block is also timed alone (default: 1)")
+    p.add_argument("--compare-cuda-cores", action="store_true",
+                   help="above 8 tokens, also time the block with every kernel on the CUDA cores (same run)")
+    p.add_argument("--max-regs", type=parse_max_regs, default=None, metavar="LAUNCH=N,...",
+                   help="register caps per launch of the block (front, gemm1, gemm2, finalize)")
     p.add_argument("--profile-once", action="store_true", help="one eager pass for ncu, then exit")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():

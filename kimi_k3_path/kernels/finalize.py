@@ -5,7 +5,8 @@ down-projection, summed into the block output:
 
 The weighted top-k combine already happened in the GEMM2 epilogue (fp32 reductions into y_lat), and GEMM2's last
 CTA wrote normed = rms_norm(y_lat) in bf16, so this is one skinny GEMM over two K segments with one accumulator per
-segment. Split-K over the CTA's warps as in gemv.py.
+segment. Split-K over the CTA's warps as in gemv.py; above 8 tokens on the tensor cores (mma.py), where both segments
+accumulate into the same C fragments.
 """
 
 from __future__ import annotations
@@ -17,6 +18,18 @@ from cutlass import BFloat16, Int32, Int64
 
 from .common import DEFAULT_WEIGHT_LOAD, WARP
 from .gemv import BF16_PER_VEC, SCRATCH_BYTES, WARPS_PER_CTA, alloc_scratch, check_k, dot_slice, split_k_reduce, zero_acc
+from .mma import (
+    MMA_ROWS,
+    TILE_TOKENS,
+    alloc_tile_scratch,
+    check_mma,
+    mma_segment,
+    reduce_tiles,
+    scratch_bytes,
+    store_rows,
+    uses_tensor_cores,
+    zero_tiles,
+)
 
 FINALIZE_SPLIT = 4
 
@@ -56,6 +69,36 @@ def finalize_part(
                     out[m_first + mi, row] = acc[0, mi].to(BFloat16)
 
 
+@cute.jit
+def mma_finalize_part(
+    normed: cute.Tensor,
+    w_up: cute.Tensor,
+    a_sh: cute.Tensor,
+    w_sh2: cute.Tensor,
+    out: cute.Tensor,
+    scratch: cute.Tensor,
+    cta: Int32,
+    tidx: Int32,
+    m_count: Int32,
+    latent: cutlass.Constexpr,
+    inter: cutlass.Constexpr,
+    mt: cutlass.Constexpr,
+):
+    """CTA `cta`: output rows 16*cta .. +15 for every token, both K segments on the tensor cores."""
+    tiles: cutlass.Constexpr = mt // TILE_TOKENS
+    warp, lane = tidx // WARP, tidx % WARP
+    row0 = cta * MMA_ROWS
+    up_addr = w_up.iterator.toint() + Int64(row0 + lane // 4) * (latent * 2)
+    sh_addr = w_sh2.iterator.toint() + Int64(row0 + lane // 4) * (inter * 2)
+    acc = zero_tiles(tiles)
+    mma_segment(acc, up_addr, up_addr + Int64(8 * latent * 2), normed.iterator.toint(), warp, lane, m_count, latent,
+                tiles, DEFAULT_WEIGHT_LOAD)
+    mma_segment(acc, sh_addr, sh_addr + Int64(8 * inter * 2), a_sh.iterator.toint(), warp, lane, m_count, inter,
+                tiles, DEFAULT_WEIGHT_LOAD)
+    reduce_tiles(acc, scratch, tidx, tiles)
+    store_rows(scratch, out, row0, tidx, m_count, mt)
+
+
 class Finalize:
     """out [M, H] bf16 = normed [M, L] @ W_up [H, L]^T + a_sh [M, Ish] @ W_sh2 [H, Ish]^T (bf16, fp32 accumulation)."""
 
@@ -64,27 +107,35 @@ class Finalize:
             raise ValueError(f"Finalize: hidden={hidden} is not a multiple of {WARPS_PER_CTA // FINALIZE_SPLIT}")
         check_k(latent, FINALIZE_SPLIT, "Finalize (latent)")
         check_k(shared_inter, FINALIZE_SPLIT, "Finalize (shared intermediate)")
+        if uses_tensor_cores(mt):
+            check_mma(hidden, latent, "Finalize (latent)")
+            check_mma(hidden, shared_inter, "Finalize (shared intermediate)")
         self.h, self.l, self.s, self.mt = hidden, latent, shared_inter, mt
 
     def ctas(self) -> int:
-        return self.h // (WARPS_PER_CTA // FINALIZE_SPLIT)
+        return self.h // (MMA_ROWS if uses_tensor_cores(self.mt) else WARPS_PER_CTA // FINALIZE_SPLIT)
 
     @cute.jit
     def __call__(self, normed, w_up, a_sh, w_sh2, out, stream: cuda.CUstream):
+        smem = scratch_bytes(self.mt) if uses_tensor_cores(self.mt) else SCRATCH_BYTES
         self.kernel(normed, w_up, a_sh, w_sh2, out, normed.shape[0]).launch(
-            grid=[self.ctas(), 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1], smem=SCRATCH_BYTES, stream=stream
+            grid=[self.ctas(), 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1], smem=smem, stream=stream
         )
 
     @cute.kernel
     def kernel(self, normed, w_up, a_sh, w_sh2, out, m_count: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        scratch = alloc_scratch(cutlass.memory.SmemAllocator())
-        finalize_part(normed, w_up, a_sh, w_sh2, out, scratch, bidx, tidx // WARP, tidx % WARP, m_count,
-                      self.l, self.s, self.mt)
+        smem = cutlass.memory.SmemAllocator()
+        if cutlass.const_expr(uses_tensor_cores(self.mt)):
+            mma_finalize_part(normed, w_up, a_sh, w_sh2, out, alloc_tile_scratch(smem, self.mt), bidx, tidx, m_count,
+                              self.l, self.s, self.mt)
+        else:
+            finalize_part(normed, w_up, a_sh, w_sh2, out, alloc_scratch(smem), bidx, tidx // WARP, tidx % WARP,
+                          m_count, self.l, self.s, self.mt)
 
 
-def finalize(normed, w_up, a_sh, w_sh2, out, stream, max_regs: int | None = None) -> None:
+def finalize(normed, w_up, a_sh, w_sh2, out, stream, max_regs: int | None = None, tensor_cores: bool = True) -> None:
     """out = normed @ w_up^T + a_sh @ w_sh2^T (normed: the bf16 latent RMSNorm output GEMM2's last CTA writes)."""
     from .gemv import token_tile
     from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
@@ -96,7 +147,7 @@ def finalize(normed, w_up, a_sh, w_sh2, out, stream, max_regs: int | None = None
     expect("a_sh", a_sh, (m, inter), "bfloat16")
     expect("w_sh2", w_sh2, (hidden, inter), "bfloat16")
     expect("out", out, (m, hidden), "bfloat16")
-    mt = token_tile(m)
+    mt = token_tile(m, tensor_cores)
 
     def build():
         md = dyn()

@@ -7,6 +7,7 @@ striding it in 16-byte vectors (coalesced 512 B per warp load); partial sums mee
 keeps thousands of warps streaming even when N is small (the router has 896 rows), and many small CTAs balance
 across the 132 SMs. Tokens come in compile-time tiles of `mt` (1, 2, 4 or 8) with a run-time loop over tiles;
 fp32 accumulation. Weights bypass L1 (read once); activations stay in L1 (every warp of the SM rereads them).
+Batches above 8 tokens run on the tensor cores instead (mma.py): 16 rows per CTA, every token in one pass.
 """
 
 from __future__ import annotations
@@ -27,15 +28,17 @@ from .common import (
     ld_weight_v4,
     load_bf16_tokens,
 )
+from .mma import MMA_ROWS, alloc_tile_scratch, check_mma, mma_rows_part, scratch_bytes, uses_tensor_cores
 
 WARPS_PER_CTA = 8
 MAX_TILE = 8  # largest token tile; shared-memory scratch holds WARPS_PER_CTA x 2 rows x MAX_TILE partials
 GEMV_SPLIT = 4
 
 
-def token_tile(m: int) -> int:
-    """Compile-time token tile for a batch of m tokens (a run-time loop covers the rest)."""
-    for mt in (1, 2, 4):
+def token_tile(m: int, tensor_cores: bool = True) -> int:
+    """Compile-time token tile for a batch of m tokens: 1, 2, 4 or 8 on the CUDA cores, where a run-time loop covers
+    the rest of a larger batch; with tensor_cores, batches of 9 to 64 tokens get one tile of 16, 32 or 64 (mma.py)."""
+    for mt in (1, 2, 4, 8, 16, 32, 64) if tensor_cores else (1, 2, 4):
         if m <= mt:
             return mt
     return MAX_TILE
@@ -175,26 +178,35 @@ class SkinnyGemm:
     """y = x @ W^T for bf16 x [M, K] (M dynamic), W [N, K] and y [M, N]."""
 
     def __init__(self, n: int, k: int, mt: int, split: int = GEMV_SPLIT, hint: str = DEFAULT_WEIGHT_LOAD):
-        if n % (WARPS_PER_CTA // split):
+        if uses_tensor_cores(mt):
+            check_mma(n, k, "SkinnyGemm")
+        elif n % (WARPS_PER_CTA // split):
             raise ValueError(f"SkinnyGemm: N={n} is not a multiple of {WARPS_PER_CTA // split}")
         check_k(k, split, "SkinnyGemm")
         self.n, self.k, self.mt, self.split, self.hint = n, k, mt, split, hint
 
     def ctas(self) -> int:
-        return self.n // (WARPS_PER_CTA // self.split)
+        return self.n // (MMA_ROWS if uses_tensor_cores(self.mt) else WARPS_PER_CTA // self.split)
+
+    def smem_bytes(self) -> int:
+        return scratch_bytes(self.mt) if uses_tensor_cores(self.mt) else SCRATCH_BYTES
 
     @cute.jit
     def __call__(self, x: cute.Tensor, w: cute.Tensor, y: cute.Tensor, stream: cuda.CUstream):
         self.kernel(x, w, y, x.shape[0]).launch(
-            grid=[self.ctas(), 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1], smem=SCRATCH_BYTES, stream=stream
+            grid=[self.ctas(), 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1], smem=self.smem_bytes(), stream=stream
         )
 
     @cute.kernel
     def kernel(self, x: cute.Tensor, w: cute.Tensor, y: cute.Tensor, m_count: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        scratch = alloc_scratch(cutlass.memory.SmemAllocator())
-        gemv_part(x, w, y, scratch, bidx, tidx // WARP, tidx % WARP, m_count, self.k, self.split, self.mt, self.hint)
+        smem = cutlass.memory.SmemAllocator()
+        if cutlass.const_expr(uses_tensor_cores(self.mt)):
+            mma_rows_part(x, w, y, alloc_tile_scratch(smem, self.mt), bidx, tidx, m_count, self.k, self.mt, self.hint)
+        else:
+            gemv_part(x, w, y, alloc_scratch(smem), bidx, tidx // WARP, tidx % WARP, m_count, self.k, self.split,
+                      self.mt, self.hint)
 
 
 def _compile_skinny_gemm(n: int, k: int, mt: int, split: int, hint: str):

@@ -27,33 +27,45 @@ from cutlass import BFloat16, Float16, Float32, Int32
 from .common import DEFAULT_WEIGHT_LOAD, WARP
 from .experts import experts_gemm1_situ, experts_gemm2_combine
 from .finalize import finalize
-from .gemv import GEMV_SPLIT, WARPS_PER_CTA, alloc_scratch, check_k, gemv_part, token_tile
+from .gemv import GEMV_SPLIT, MAX_TILE, WARPS_PER_CTA, alloc_scratch, check_k, gemv_part, token_tile
+from .mma import MMA_ROWS, alloc_tile_scratch, check_mma, mma_rows_part, scratch_bytes, uses_tensor_cores
 from .router import MAX_TOKENS, alloc_router_smem, check_router, router_part, router_smem_bytes
-from .shared import check_shared, shared_part
+from .shared import check_shared, mma_shared_part, shared_ctas, shared_part
 
 
 class FrontKernel:
-    """The three consumers of x in one launch: CTAs [0, E) route, the next L/(8/split) project down, the last Ish
-    compute the shared experts' activation. Router CTAs come first so the top-k tail overlaps the other streams."""
+    """The three consumers of x in one launch: CTAs [0, E) route, the next ones project down, the last ones compute
+    the shared experts' activation. Router CTAs come first so the top-k tail overlaps the other streams. Above 8
+    tokens the down-projection and shared CTAs run on the tensor cores (16 rows each, mma.py); the router stays on
+    the CUDA cores in tiles of 8 tokens (its logits are fp32 dots of one expert row)."""
 
     def __init__(self, experts: int, hidden: int, latent: int, shared_inter: int, top_k: int, scaling: float, mt: int):
         check_router(experts, hidden, top_k)
-        check_shared(shared_inter, hidden)
+        check_shared(shared_inter, hidden, mt)
         check_k(hidden, GEMV_SPLIT, "FrontKernel (down-projection)")
-        rows_per_cta = WARPS_PER_CTA // GEMV_SPLIT
+        if uses_tensor_cores(mt):
+            check_mma(latent, hidden, "FrontKernel (down-projection)")
+            rows_per_cta = MMA_ROWS
+        else:
+            rows_per_cta = WARPS_PER_CTA // GEMV_SPLIT
         if latent % rows_per_cta:
             raise ValueError(f"FrontKernel: latent={latent} is not a multiple of {rows_per_cta}")
         self.e, self.h, self.l, self.s, self.k, self.scaling, self.mt = (
             experts, hidden, latent, shared_inter, top_k, scaling, mt)
+        self.router_mt = min(mt, MAX_TILE)
         self.down_ctas = latent // rows_per_cta
+        self.shared_ctas = shared_ctas(shared_inter, mt)
+
+    def smem_bytes(self) -> int:
+        return router_smem_bytes(self.e, self.k) + (scratch_bytes(self.mt) if uses_tensor_cores(self.mt) else 0)
 
     @cute.jit
     def __call__(self, x, w_router, bias, logits, counter, ids, weights, n_active, slot_expert, slot_count,
                  slot_pairs, w_down, x_lat, w_sh13, a_sh, stream: cuda.CUstream):
         self.kernel(x, w_router, bias, logits, counter, ids, weights, n_active, slot_expert, slot_count, slot_pairs,
                     w_down, x_lat, w_sh13, a_sh, x.shape[0]).launch(
-            grid=[self.e + self.down_ctas + self.s, 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1],
-            smem=router_smem_bytes(self.e, self.k), stream=stream,
+            grid=[self.e + self.down_ctas + self.shared_ctas, 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1],
+            smem=self.smem_bytes(), stream=stream,
         )
 
     @cute.kernel
@@ -64,25 +76,35 @@ class FrontKernel:
         smem = cutlass.memory.SmemAllocator()
         state = alloc_router_smem(smem, self.e, self.k)
         scratch = alloc_scratch(smem)
+        tiles_scratch = alloc_tile_scratch(smem, self.mt) if cutlass.const_expr(uses_tensor_cores(self.mt)) else None
         warp, lane = tidx // WARP, tidx % WARP
         if bidx < self.e:
             router_part(x, w_router, bias, logits, counter, ids, weights, n_active, slot_expert, slot_count,
-                        slot_pairs, state, scratch, bidx, tidx, m_count, self.e, self.h, self.k, self.scaling, self.mt)
+                        slot_pairs, state, scratch, bidx, tidx, m_count, self.e, self.h, self.k, self.scaling,
+                        self.router_mt)
         elif bidx < self.e + self.down_ctas:
-            gemv_part(x, w_down, x_lat, scratch, bidx - self.e, warp, lane, m_count, self.h, GEMV_SPLIT, self.mt,
-                      DEFAULT_WEIGHT_LOAD)
+            if cutlass.const_expr(uses_tensor_cores(self.mt)):
+                mma_rows_part(x, w_down, x_lat, tiles_scratch, bidx - self.e, tidx, m_count,
+                              self.h, self.mt, DEFAULT_WEIGHT_LOAD)
+            else:
+                gemv_part(x, w_down, x_lat, scratch, bidx - self.e, warp, lane, m_count, self.h, GEMV_SPLIT, self.mt,
+                          DEFAULT_WEIGHT_LOAD)
         else:
-            shared_part(x, w_sh13, a_sh, scratch, bidx - self.e - self.down_ctas, warp, lane, m_count, self.s, self.h,
-                        self.mt)
+            if cutlass.const_expr(uses_tensor_cores(self.mt)):
+                mma_shared_part(x, w_sh13, a_sh, tiles_scratch, bidx - self.e - self.down_ctas,
+                                tidx, m_count, self.s, self.h, self.mt)
+            else:
+                shared_part(x, w_sh13, a_sh, scratch, bidx - self.e - self.down_ctas, warp, lane, m_count, self.s,
+                            self.h, self.mt)
 
 
-def front(x, w, ws, m: int, stream, max_regs: int | None = None) -> None:
+def front(x, w, ws, m: int, stream, max_regs: int | None = None, tensor_cores: bool = True) -> None:
     """Launch 1 of the block (see FrontKernel) on `stream`."""
     from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
 
     e, h, lat, s, k = w.experts, w.hidden, w.latent, w.shared_intermediate, w.top_k
     expect("x", x, (m, h), "bfloat16")
-    mt = token_tile(m)
+    mt = token_tile(m, tensor_cores)
 
     def build():
         md = dyn()
@@ -211,9 +233,11 @@ MAX_REGS: dict[str, int | None] = {"front": None, "gemm1": None, "gemm2": None, 
 
 
 def decode_steps(
-    x: torch.Tensor, w: MoeKernelWeights, ws: MoeWorkspace, out: torch.Tensor, max_regs: dict | None = None
+    x: torch.Tensor, w: MoeKernelWeights, ws: MoeWorkspace, out: torch.Tensor, max_regs: dict | None = None,
+    tensor_cores: bool = True,
 ) -> list[Step]:
-    """The launches of `latent_moe_decode`, in order (the bench times them one by one)."""
+    """The launches of `latent_moe_decode`, in order (the bench times them one by one). tensor_cores=False keeps
+    batches above 8 tokens on the CUDA cores (the bench's same-run comparison)."""
     regs = {**MAX_REGS, **(max_regs or {})}
     m = x.shape[0]
     if not 1 <= m <= MAX_TOKENS:
@@ -224,7 +248,7 @@ def decode_steps(
         return int(ws.plan[0][0])
 
     return [
-        Step("front (router + down_proj + shared_gate_up)", lambda st: front(x, w, ws, m, st, regs["front"]),
+        Step("front (router + down_proj + shared_gate_up)", lambda st: front(x, w, ws, m, st, regs["front"], tensor_cores),
              lambda: e * h * 2 + e * 4 + lat * h * 2 + 2 * s * h * 2),
         Step("experts_gemm1_situ", lambda st: experts_gemm1_situ(ws.x_lat[:m], w.w13_packed, w.w13_scales, ws.plan, k,
                                                                  ws.a[: m * k], ws.y_lat[:m], st, regs["gemm1"]),
@@ -235,7 +259,8 @@ def decode_steps(
                                               st, regs["gemm2"]),
              lambda: active() * (lat * i // 2 + lat * i // 32) + lat * 4),
         Step("finalize (up_proj + shared down)",
-             lambda st: finalize(ws.normed[:m], w.up, ws.a_sh[:m], w.shared2, out, st, regs["finalize"]),
+             lambda st: finalize(ws.normed[:m], w.up, ws.a_sh[:m], w.shared2, out, st, regs["finalize"],
+                                tensor_cores),
              lambda: h * lat * 2 + h * s * 2),
     ]
 

@@ -353,7 +353,7 @@ def router_topk(x, w, bias, top_k: int, scaling: float, logits, counter, ids, we
     expect("slot_expert", slot_expert, (experts,), "int32")
     expect("slot_count", slot_count, (experts,), "int32")
     expect("slot_pairs", slot_pairs, (experts, MAX_TOKENS), "int32")
-    mt = token_tile(m)
+    mt = token_tile(m, tensor_cores=False)  # the router's dots stay on the CUDA cores
 
     def build():
         md = dyn()

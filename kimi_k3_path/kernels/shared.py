@@ -1,7 +1,9 @@
 """Shared experts' first half: a[M, Ish] = situ_glu(x @ W_sh13[:Ish]^T, x @ W_sh13[Ish:]^T) for this rank's
 shard. One CTA per output column j; its 8 warps split K and each reads gate row j and up row Ish + j in the same
-pass over x, so the pair meets in registers / shared memory, never in device memory. The second half (a @ W_sh2^T) is fused into the finalize kernel's up-projection; `SkinnyGemm`
-runs it alone where it is needed alone."""
+pass over x, so the pair meets in registers / shared memory, never in device memory. Above 8 tokens (tensor cores,
+mma.py) a CTA owns 8 columns: its 16 MMA rows are gate rows j..j+7 and up rows Ish+j..Ish+j+7. The second half
+(a @ W_sh2^T) is fused into the finalize kernel's up-projection; `SkinnyGemm` runs it alone where it is needed
+alone."""
 
 from __future__ import annotations
 
@@ -12,14 +14,34 @@ from cutlass import BFloat16, Int32, Int64
 
 from .common import DEFAULT_WEIGHT_LOAD, WARP, situ_glu
 from .gemv import BF16_PER_VEC, SCRATCH_BYTES, WARPS_PER_CTA, alloc_scratch, check_k, dot_slice, split_k_reduce, zero_acc
+from .mma import (
+    MMA_ROWS,
+    TILE_TOKENS,
+    alloc_tile_scratch,
+    check_mma,
+    mma_segment,
+    reduce_tiles,
+    scratch_bytes,
+    uses_tensor_cores,
+    zero_tiles,
+)
 
 SHARED_SPLIT = 8  # one (gate, up) row pair per CTA, K split over its 8 warps
 
 
-def check_shared(inter: int, hidden: int) -> None:
+MMA_COLUMNS = MMA_ROWS // 2  # columns of a per tensor-core CTA: its gate rows, then the matching up rows
+
+
+def check_shared(inter: int, hidden: int, mt: int) -> None:
     if inter < 1:
         raise ValueError(f"SharedGateUpSitu: shared intermediate={inter} must be positive")
     check_k(hidden, SHARED_SPLIT, "SharedGateUpSitu")
+    if uses_tensor_cores(mt):
+        check_mma(2 * inter, hidden, "SharedGateUpSitu")
+
+
+def shared_ctas(inter: int, mt: int) -> int:
+    return inter // MMA_COLUMNS if uses_tensor_cores(mt) else inter
 
 
 @cute.jit
@@ -51,25 +73,62 @@ def shared_part(
                     a[m_first + mi, cta] = situ_glu(acc[0, mi], acc[1, mi]).to(BFloat16)
 
 
+@cute.jit
+def mma_shared_part(
+    x: cute.Tensor,
+    w13: cute.Tensor,
+    a: cute.Tensor,
+    scratch: cute.Tensor,
+    cta: Int32,
+    tidx: Int32,
+    m_count: Int32,
+    inter: cutlass.Constexpr,
+    hidden: cutlass.Constexpr,
+    mt: cutlass.Constexpr,
+):
+    """CTA `cta` computes columns j0 = 8*cta .. j0 + 7 of a on the tensor cores (MMA rows g: gate j0 + g; g + 8: up)."""
+    tiles: cutlass.Constexpr = mt // TILE_TOKENS
+    lane = tidx % WARP
+    j0 = cta * MMA_COLUMNS
+    gate_addr = w13.iterator.toint() + Int64(j0 + lane // 4) * (hidden * 2)
+    up_addr = gate_addr + Int64(inter) * (hidden * 2)
+    acc = zero_tiles(tiles)
+    mma_segment(acc, gate_addr, up_addr, x.iterator.toint(), tidx // WARP, lane, m_count, hidden, tiles,
+                DEFAULT_WEIGHT_LOAD)
+    reduce_tiles(acc, scratch, tidx, tiles)
+    outputs: cutlass.Constexpr = mt * MMA_COLUMNS
+    for o in cutlass.range_constexpr((outputs + WARPS_PER_CTA * WARP - 1) // (WARPS_PER_CTA * WARP)):
+        idx = tidx + o * WARPS_PER_CTA * WARP
+        token = idx // MMA_COLUMNS
+        j = idx % MMA_COLUMNS
+        if idx < outputs and token < m_count:
+            a[token, j0 + j] = situ_glu(scratch[0, token, j], scratch[0, token, j + MMA_COLUMNS]).to(BFloat16)
+
+
 class SharedGateUpSitu:
     """x [M, H] bf16 (M dynamic), w13 [2*Ish, H] bf16 (gate rows then up rows) -> a [M, Ish] bf16."""
 
     def __init__(self, inter: int, hidden: int, mt: int):
-        check_shared(inter, hidden)
+        check_shared(inter, hidden, mt)
         self.i, self.h, self.mt = inter, hidden, mt
 
     @cute.jit
     def __call__(self, x: cute.Tensor, w13: cute.Tensor, a: cute.Tensor, stream: cuda.CUstream):
+        smem = scratch_bytes(self.mt) if uses_tensor_cores(self.mt) else SCRATCH_BYTES
         self.kernel(x, w13, a, x.shape[0]).launch(
-            grid=[self.i, 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1], smem=SCRATCH_BYTES, stream=stream
+            grid=[shared_ctas(self.i, self.mt), 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1], smem=smem, stream=stream
         )
 
     @cute.kernel
     def kernel(self, x: cute.Tensor, w13: cute.Tensor, a: cute.Tensor, m_count: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        scratch = alloc_scratch(cutlass.memory.SmemAllocator())
-        shared_part(x, w13, a, scratch, bidx, tidx // WARP, tidx % WARP, m_count, self.i, self.h, self.mt)
+        smem = cutlass.memory.SmemAllocator()
+        if cutlass.const_expr(uses_tensor_cores(self.mt)):
+            mma_shared_part(x, w13, a, alloc_tile_scratch(smem, self.mt), bidx, tidx, m_count, self.i, self.h, self.mt)
+        else:
+            shared_part(x, w13, a, alloc_scratch(smem), bidx, tidx // WARP, tidx % WARP, m_count, self.i, self.h,
+                        self.mt)
 
 
 def shared_gate_up_situ(x, w13, a, stream) -> None:

@@ -45,7 +45,7 @@ def test_router_compiles(dims):
     )
 
 
-@pytest.mark.parametrize("mt", [1, 8])
+@pytest.mark.parametrize("mt", [1, 8, 16, 64])
 def test_down_projection_compiles(mt, dims):
     d = dims(8)
     m = dyn()
@@ -73,29 +73,31 @@ def test_experts_compile(tp, dims):
     )
 
 
+@pytest.mark.parametrize("mt", [2, 32])
 @pytest.mark.parametrize("tp", [8, 16])
-def test_shared_and_finalize_compile(tp, dims):
+def test_shared_and_finalize_compile(tp, mt, dims):
     d = dims(tp)
     m = dyn()
     h, lat, s = d.hidden, d.latent, d.shared_intermediate
     _compiles(
-        SharedGateUpSitu(s, h, 4),
+        SharedGateUpSitu(s, h, mt),
         fake(BFloat16, (m, h)), fake(BFloat16, (2 * s, h)), fake(BFloat16, (m, s)), fake_stream(),
     )
     _compiles(
-        Finalize(h, lat, s, 2),
+        Finalize(h, lat, s, mt),
         fake(BFloat16, (m, lat)), fake(BFloat16, (h, lat)), fake(BFloat16, (m, s)), fake(BFloat16, (h, s)),
         fake(BFloat16, (m, h)), fake_stream(),
     )
 
 
+@pytest.mark.parametrize("mt", [8, 64])
 @pytest.mark.parametrize("tp", [8, 16])
-def test_front_kernel_compiles(tp, dims):
+def test_front_kernel_compiles(tp, mt, dims):
     d = dims(tp)
     m = dyn()
     e, h, lat, s, k = d.experts, d.hidden, d.latent, d.shared_intermediate, d.top_k
     _compiles(
-        FrontKernel(e, h, lat, s, k, d.routed_scaling_factor, 8),
+        FrontKernel(e, h, lat, s, k, d.routed_scaling_factor, mt),
         fake(BFloat16, (m, h)), fake(BFloat16, (e, h)), fake(Float32, (e,)), fake(Float32, (m, e)), fake(Int32, (1,)),
         fake(Int32, (m, k)), fake(Float32, (m, k)), *_plan(e), fake(BFloat16, (lat, h)), fake(BFloat16, (m, lat)),
         fake(BFloat16, (2 * s, h)), fake(BFloat16, (m, s)), fake_stream(),
@@ -103,7 +105,9 @@ def test_front_kernel_compiles(tp, dims):
 
 
 def test_token_tile_covers_every_batch():
-    assert [token_tile(m) for m in (1, 2, 3, 4, 5, 8, 9, 64)] == [1, 2, 4, 4, 8, 8, 8, 8]
+    batches = (1, 2, 3, 4, 5, 8, 9, 16, 17, 33, 64, 65)
+    assert [token_tile(m) for m in batches] == [1, 2, 4, 4, 8, 8, 16, 16, 32, 64, 64, 8]
+    assert [token_tile(m, tensor_cores=False) for m in batches] == [1, 2, 4, 4, 8, 8, 8, 8, 8, 8, 8, 8]
 
 
 def test_lanes_per_row_divides_the_groups():
@@ -121,6 +125,8 @@ def test_lanes_per_row_divides_the_groups():
         (lambda: ExpertsGemm1Situ(896, 3000, 384, 16), "latent=3000"),
         (lambda: ExpertsGemm2Combine(896, 3584, 100, 16, 1e-5), "intermediate=100"),
         (lambda: Finalize(7168, 3584, 100, 1), "K=100"),
+        (lambda: SkinnyGemm(3592, 7168, 16), "3592 rows is not a multiple of 16"),
+        (lambda: Finalize(7168, 3584, 48, 64), "K=48 is not a multiple of 32"),
     ],
 )
 def test_unsupported_shapes_are_rejected_with_the_reason(build, message):

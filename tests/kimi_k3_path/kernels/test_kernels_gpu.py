@@ -1,5 +1,6 @@
 """GPU correctness of every latent-MoE kernel and of `latent_moe_decode` against the fp32 references, at the
-TP8 and TP16 per-rank shapes and M = 1, 7, 64: fresh random inputs each run (seed printed), outputs poisoned
+TP8 and TP16 per-rank shapes and M = 1, 7, 16, 33, 64 (CUDA cores up to 8 tokens, tensor cores above; 33 leaves
+most of its last 8-token tile empty): fresh random inputs each run (seed printed), outputs poisoned
 with NaN before each launch, routing where every token picks the same experts, exact ties, NaN logits.
 Relative error bound for bf16 outputs: 1e-2 (see kimi_k3_path.reference.rel_err)."""
 
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.gpu
 from kimi_k3_path.reference import latent_moe, rel_err, rms_norm, route, routed_experts, shared_experts  # noqa: E402
 
 TOL = 1e-2
-BATCHES = [1, 7, 64]
+BATCHES = [1, 7, 16, 33, 64]
 KEY_TIE = 1e-5  # fp32 logits from two summation orders differ by ~1e-7; closer keys may legitimately swap
 
 
@@ -272,12 +273,12 @@ def test_latent_moe_decode_matches_reference(tp, m, same_experts, gen, dims):
     assert rel_err(out, latent_moe(x, ref, d)) < TOL
 
 
-def test_latent_moe_decode_replays_in_a_cuda_graph(gen, dims):
+@pytest.mark.parametrize("m", [4, 33])
+def test_latent_moe_decode_replays_in_a_cuda_graph(m, gen, dims):
     """Captured once, replayed on new inputs in the same buffers: each replay matches the reference."""
     from kimi_k3_path.kernels.moe import latent_moe_decode
 
     d, ref, kw, ws = weights(dims, 8, gen)
-    m = 4
     x = torch.randn(m, d.hidden, generator=gen, device="cuda").to(torch.bfloat16)
     out = poisoned(m, d.hidden, dtype=torch.bfloat16)
     side = torch.cuda.Stream()
