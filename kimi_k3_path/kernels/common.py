@@ -71,33 +71,39 @@ def bf16x2_to_f32(word: Int32):
     )
 
 
+# E2M1 nibbles of {$r0} (element 2i in the low nibble of byte i) -> f16x2 pairs p0..p3 = elements (0, 2), (4, 6),
+# (1, 3), (5, 7), each value times 2^-6. Each nibble s|ee|m is moved into an FP8 E4M3 byte s|0ee|m00, whose value is
+# exactly the E2M1 value times 2^-6 (subnormals included), and Hopper converts E4M3 pairs to f16x2 in one instruction.
+_FP4X8_TO_F16X2_PTX = (
+    ".reg .b32 lo, hi, t, p0, p1, p2, p3;\n"
+    ".reg .b16 a0, a1, a2, a3;\n"
+    "and.b32 lo, {$r0}, 0x08080808;\n"
+    "shl.b32 lo, lo, 4;\n"
+    "and.b32 t, {$r0}, 0x07070707;\n"
+    "shl.b32 t, t, 2;\n"
+    "or.b32 lo, lo, t;\n"
+    "and.b32 hi, {$r0}, 0x80808080;\n"
+    "shr.b32 t, {$r0}, 2;\n"
+    "and.b32 t, t, 0x1C1C1C1C;\n"
+    "or.b32 hi, hi, t;\n"
+    "mov.b32 {a0, a1}, lo;\n"
+    "mov.b32 {a2, a3}, hi;\n"
+    "cvt.rn.f16x2.e4m3x2 p0, a0;\n"
+    "cvt.rn.f16x2.e4m3x2 p1, a1;\n"
+    "cvt.rn.f16x2.e4m3x2 p2, a2;\n"
+    "cvt.rn.f16x2.e4m3x2 p3, a3;\n"
+)
+
+
 def fp4x8_fma_f16x2(word: Int32, x01: Int32, x23: Int32, x45: Int32, x67: Int32, acc0: Int32, acc1: Int32):
     """(acc0, acc1) + products of eight E2M1 nibbles (element 2i in the low nibble of byte i) with eight fp16
-    activations (x01..x67: packed pairs in element order), in packed f16x2 arithmetic.
-
-    Each nibble s|ee|m is moved into an FP8 E4M3 byte s|0ee|m00, whose value is exactly the E2M1 value times 2^-6
-    (subnormals included); Hopper converts E4M3 pairs to f16x2 in one instruction, so 8 values cost 4 conversions
-    and 4 HFMA2. The conversion pairs elements (0,2), (4,6), (1,3), (5,7); byte permutes pair the activations the
-    same way. The 2^6 goes into the group scale (e8m0_scale_times_64)."""
+    activations (x01..x67: packed pairs in element order), in packed f16x2 arithmetic: 4 conversions and 4 HFMA2
+    for 8 values. The conversion pairs elements (0,2), (4,6), (1,3), (5,7); byte permutes pair the activations the
+    same way. The products carry a 2^-6 that the group scale undoes (e8m0_scale_times_64)."""
     return cute.arch.inline_ptx(
         "{\n"
-        ".reg .b32 lo, hi, t, p0, p1, p2, p3, q0, q1, q2, q3, s0, s1;\n"
-        ".reg .b16 a0, a1, a2, a3;\n"
-        "and.b32 lo, {$r0}, 0x08080808;\n"
-        "shl.b32 lo, lo, 4;\n"
-        "and.b32 t, {$r0}, 0x07070707;\n"
-        "shl.b32 t, t, 2;\n"
-        "or.b32 lo, lo, t;\n"
-        "and.b32 hi, {$r0}, 0x80808080;\n"
-        "shr.b32 t, {$r0}, 2;\n"
-        "and.b32 t, t, 0x1C1C1C1C;\n"
-        "or.b32 hi, hi, t;\n"
-        "mov.b32 {a0, a1}, lo;\n"
-        "mov.b32 {a2, a3}, hi;\n"
-        "cvt.rn.f16x2.e4m3x2 p0, a0;\n"
-        "cvt.rn.f16x2.e4m3x2 p1, a1;\n"
-        "cvt.rn.f16x2.e4m3x2 p2, a2;\n"
-        "cvt.rn.f16x2.e4m3x2 p3, a3;\n"
+        + _FP4X8_TO_F16X2_PTX
+        + ".reg .b32 q0, q1, q2, q3, s0, s1;\n"
         "prmt.b32 q0, {$r1}, {$r2}, 0x5410;\n"
         "prmt.b32 q2, {$r1}, {$r2}, 0x7632;\n"
         "prmt.b32 q1, {$r3}, {$r4}, 0x5410;\n"
@@ -113,6 +119,36 @@ def fp4x8_fma_f16x2(word: Int32, x01: Int32, x23: Int32, x45: Int32, x67: Int32,
         "}",
         write_only_types=[Int32, Int32],
         read_only_args=[word, x01, x23, x45, x67, acc0, acc1],
+    )
+
+
+def fp4x8_to_f16x2(word: Int32):
+    """The eight E2M1 nibbles of `word` as four f16x2 pairs, elements (0, 2), (4, 6), (1, 3), (5, 7), times 2^-6."""
+    return cute.arch.inline_ptx(
+        "{\n" + _FP4X8_TO_F16X2_PTX
+        + "mov.b32 {$w0}, p0;\nmov.b32 {$w1}, p1;\nmov.b32 {$w2}, p2;\nmov.b32 {$w3}, p3;\n}",
+        write_only_types=[Int32] * 4,
+        read_only_args=[word],
+    )
+
+
+def pair_like_fp4x8(x01: Int32, x23: Int32, x45: Int32, x67: Int32):
+    """Eight fp16 values (four packed pairs in element order) regrouped as fp4x8_to_f16x2 pairs its elements:
+    (0, 2), (4, 6), (1, 3), (5, 7)."""
+    return cute.arch.inline_ptx(
+        "prmt.b32 {$w0}, {$r0}, {$r1}, 0x5410;\n"
+        "prmt.b32 {$w1}, {$r2}, {$r3}, 0x5410;\n"
+        "prmt.b32 {$w2}, {$r0}, {$r1}, 0x7632;\n"
+        "prmt.b32 {$w3}, {$r2}, {$r3}, 0x7632;",
+        write_only_types=[Int32] * 4,
+        read_only_args=[x01, x23, x45, x67],
+    )
+
+
+def ld_weight_b32(addr: Int64) -> Int32:
+    """4 bytes of a weight read once per step (bypassing L1, as ld_weight_v4)."""
+    return cute.arch.inline_ptx(
+        "ld.global.nc.L1::no_allocate.b32 {$w0}, [{$r0}];", write_only_types=[Int32], read_only_args=[addr]
     )
 
 

@@ -62,6 +62,75 @@ def lanes_per_row(groups: int) -> int:
     return 1
 
 
+@cute.jit
+def zero_y_lat(y_lat: cute.Tensor, first: Int32, threads: Int32, m_count: Int32, latent: cutlass.Constexpr):
+    """Zero y_lat [M, L] for this step's GEMM2, grid-stride (stream order puts GEMM2 after the GEMM1 launch)."""
+    for idx in cutlass.range(first, m_count * latent, threads):
+        y_lat[idx // latent, idx % latent] = Float32(0.0)
+
+
+def alloc_tail_smem(smem):
+    """(flag, partial): the last-CTA flag and the norm's per-warp partial sums (64 bytes)."""
+    flag = smem.allocate_tensor(Int32, cute.make_layout(4), byte_alignment=16)
+    partial = smem.allocate_tensor(Float32, cute.make_layout(WARPS_PER_CTA), byte_alignment=16)
+    return flag, partial
+
+
+TAIL_SMEM_BYTES = 64
+
+
+@cute.jit
+def norm_tail(
+    y_lat: cute.Tensor,
+    gamma: cute.Tensor,
+    normed: cute.Tensor,
+    counter: cute.Tensor,
+    flag: cute.Tensor,
+    partial: cute.Tensor,
+    tidx: Int32,
+    m_count: Int32,
+    ctas: Int32,
+    latent: cutlass.Constexpr,
+    eps: cutlass.Constexpr,
+):
+    """Every CTA of GEMM2 (empty slots too) counts in; the last of the `ctas` to arrive sees all reductions and writes
+    normed = rms_norm(y_lat) * gamma in bf16. One release fence by thread 0 after the barrier covers the CTA's
+    reductions (fences are cumulative); the counter is left at zero for the next launch."""
+    cute.arch.sync_threads()
+    if tidx == 0:
+        cute.arch.fence_acq_rel_gpu()
+        arrived = cute.arch.atomic_add(counter.iterator, Int32(1), scope="gpu")
+        flag[0] = Int32(0)
+        if arrived == ctas - 1:
+            flag[0] = Int32(1)
+            counter[0] = Int32(0)
+    cute.arch.sync_threads()
+    if flag[0] == 1:
+        cute.arch.fence_acq_rel_gpu()
+        # All 256 threads per token row (coalesced 4-byte loads from L2), partial sums meet in shared memory.
+        per_thread: cutlass.Constexpr = latent // (WARPS_PER_CTA * WARP)
+        lane = tidx % WARP
+        for t in cutlass.range(m_count, unroll=1):
+            row_addr = y_lat.iterator.toint() + Int64(t) * (latent * 4)
+            sq = Float32(0.0)
+            for i in cutlass.range_constexpr(per_thread):
+                v = ld_coherent_f32(row_addr + Int64(tidx + i * WARPS_PER_CTA * WARP) * 4)
+                sq = sq + v * v
+            sq = lane_group_sum(sq, WARP)
+            if lane == 0:
+                partial[tidx // WARP] = sq
+            cute.arch.sync_threads()
+            total = Float32(0.0)
+            for w in cutlass.range_constexpr(WARPS_PER_CTA):
+                total = total + partial[w]
+            rstd = cute.math.rsqrt(total / Float32(latent) + Float32(eps))
+            for i in cutlass.range_constexpr(per_thread):
+                k = tidx + i * WARPS_PER_CTA * WARP
+                v = ld_coherent_f32(row_addr + Int64(k) * 4)
+                normed[t, k] = (v * rstd * gamma[k]).to(BFloat16)
+            cute.arch.sync_threads()
+
+
 class ExpertsGemm1Situ:
     """a[p, j] = situ_glu(x_lat[t] . w13[e, j], x_lat[t] . w13[e, I + j]) for every planned pair p = t*k + slot.
     Tensors: x_lat [M, L] fp16, w13 [E, 2I, L/2] uint8, s13 [E, 2I, L/32] uint8, plan (n_active [1],
@@ -89,10 +158,8 @@ class ExpertsGemm1Situ:
         tidx, _, _ = cute.arch.thread_idx()
         slot, tile, _ = cute.arch.block_idx()
         grid_x, grid_y, _ = cute.arch.grid_dim()
-        # Zero y_lat for this step's GEMM2 (stream order puts GEMM2 after this launch).
-        threads = grid_x * grid_y * WARPS_PER_CTA * WARP
-        for idx in cutlass.range((tile * grid_x + slot) * WARPS_PER_CTA * WARP + tidx, m_count * self.l, threads):
-            y_lat[idx // self.l, idx % self.l] = Float32(0.0)
+        zero_y_lat(y_lat, (tile * grid_x + slot) * WARPS_PER_CTA * WARP + tidx, grid_x * grid_y * WARPS_PER_CTA * WARP,
+                   m_count, self.l)
 
         if slot < n_active[0]:
             lane = tidx % WARP
@@ -152,7 +219,8 @@ class ExpertsGemm2Combine:
         slots = cutlass.min(m * self.k, self.e)
         self.kernel(a, w2, s2, n_active, slot_expert, slot_count, slot_pairs, topk_w, y_lat, counter, gamma, normed,
                     m).launch(
-            grid=[slots, self.l // self.rows_per_cta, 1], block=[WARPS_PER_CTA * WARP, 1, 1], smem=64, stream=stream
+            grid=[slots, self.l // self.rows_per_cta, 1], block=[WARPS_PER_CTA * WARP, 1, 1], smem=TAIL_SMEM_BYTES,
+            stream=stream,
         )
 
     @cute.kernel
@@ -161,9 +229,7 @@ class ExpertsGemm2Combine:
         tidx, _, _ = cute.arch.thread_idx()
         slot, tile, _ = cute.arch.block_idx()
         grid_x, grid_y, _ = cute.arch.grid_dim()
-        smem = cutlass.memory.SmemAllocator()
-        flag = smem.allocate_tensor(Int32, cute.make_layout(4), byte_alignment=16)
-        partial = smem.allocate_tensor(Float32, cute.make_layout(WARPS_PER_CTA), byte_alignment=16)
+        flag, partial = alloc_tail_smem(cutlass.memory.SmemAllocator())
         if slot < n_active[0]:
             sub = tidx % self.lanes
             row = tile * self.rows_per_cta + tidx // self.lanes
@@ -191,42 +257,7 @@ class ExpertsGemm2Combine:
                     weight = topk_w[token, pair % self.k]
                     red_add_f32(y_lat.iterator.toint() + (Int64(token) * self.l + Int64(row)) * 4, acc * weight)
 
-        # Every CTA (empty slots too) counts in; the last one sees all reductions and normalizes y_lat.
-        # One release fence by thread 0 after the barrier covers the CTA's reductions (fences are cumulative).
-        cute.arch.sync_threads()
-        if tidx == 0:
-            cute.arch.fence_acq_rel_gpu()
-            arrived = cute.arch.atomic_add(counter.iterator, Int32(1), scope="gpu")
-            flag[0] = Int32(0)
-            if arrived == grid_x * grid_y - 1:
-                flag[0] = Int32(1)
-                counter[0] = Int32(0)
-        cute.arch.sync_threads()
-        if flag[0] == 1:
-            cute.arch.fence_acq_rel_gpu()
-            lane = tidx % WARP
-            # All 256 threads per token row (coalesced 4-byte loads from L2), partial sums meet in shared memory.
-            per_thread: cutlass.Constexpr = self.l // (WARPS_PER_CTA * WARP)
-            lane = tidx % WARP
-            for t in cutlass.range(m_count, unroll=1):
-                row_addr = y_lat.iterator.toint() + Int64(t) * (self.l * 4)
-                sq = Float32(0.0)
-                for i in cutlass.range_constexpr(per_thread):
-                    v = ld_coherent_f32(row_addr + Int64(tidx + i * WARPS_PER_CTA * WARP) * 4)
-                    sq = sq + v * v
-                sq = lane_group_sum(sq, WARP)
-                if lane == 0:
-                    partial[tidx // WARP] = sq
-                cute.arch.sync_threads()
-                total = Float32(0.0)
-                for w in cutlass.range_constexpr(WARPS_PER_CTA):
-                    total = total + partial[w]
-                rstd = cute.math.rsqrt(total / Float32(self.l) + Float32(self.eps))
-                for i in cutlass.range_constexpr(per_thread):
-                    k = tidx + i * WARPS_PER_CTA * WARP
-                    v = ld_coherent_f32(row_addr + Int64(k) * 4)
-                    normed[t, k] = (v * rstd * gamma[k]).to(BFloat16)
-                cute.arch.sync_threads()
+        norm_tail(y_lat, gamma, normed, counter, flag, partial, tidx, m_count, grid_x * grid_y, self.l, self.eps)
 
 
 def _plan_shapes(plan, experts: int) -> None:
@@ -247,7 +278,17 @@ def _fake_plan(experts: int):
     return (fake(Int32, (1,)), fake(Int32, (experts,)), fake(Int32, (experts,)), fake(Int32, (experts, MAX_TOKENS)))
 
 
-def experts_gemm1_situ(x_lat, w13, s13, plan, top_k: int, a, y_lat, stream, max_regs: int | None = None) -> None:
+def on_tensor_cores(m: int, tensor_cores: bool) -> bool:
+    """Whether a batch of m tokens runs the experts on the tensor cores (experts_mma.py): above 8 tokens, if allowed."""
+    from .gemv import token_tile
+    from .mma import uses_tensor_cores
+
+    return uses_tensor_cores(token_tile(m, tensor_cores))
+
+
+def experts_gemm1_situ(
+    x_lat, w13, s13, plan, top_k: int, a, y_lat, stream, max_regs: int | None = None, tensor_cores: bool = True
+) -> None:
     """a[M*k, I] = SiTU-GLU of each planned pair's GEMM1; zeroes y_lat [M, L] for GEMM2. Launched on `stream`."""
     from cutlass import Uint8
 
@@ -274,9 +315,14 @@ def experts_gemm1_situ(x_lat, w13, s13, plan, top_k: int, a, y_lat, stream, max_
             fake(Float32, (md, latent)),
             fake_stream(),
         )
+        if mma:
+            from .experts_mma import ExpertsGemm1SituMma
+
+            return ExpertsGemm1SituMma(experts, latent, inter, top_k), args
         return ExpertsGemm1Situ(experts, latent, inter, top_k), args
 
-    fn = compile_cached(("experts_gemm1_situ", experts, latent, inter, top_k), build, max_regs)
+    mma = on_tensor_cores(m, tensor_cores)
+    fn = compile_cached(("experts_gemm1_situ", experts, latent, inter, top_k, mma), build, max_regs)
     fn(
         to_cute(x_lat, True), to_cute(w13), to_cute(s13), *(to_cute(t) for t in plan),
         to_cute(a, True), to_cute(y_lat, True), cu_stream(stream),
@@ -284,7 +330,8 @@ def experts_gemm1_situ(x_lat, w13, s13, plan, top_k: int, a, y_lat, stream, max_
 
 
 def experts_gemm2_combine(
-    a, w2, s2, plan, topk_w, y_lat, counter, gamma, normed, eps: float, stream, max_regs: int | None = None
+    a, w2, s2, plan, topk_w, y_lat, counter, gamma, normed, eps: float, stream, max_regs: int | None = None,
+    tensor_cores: bool = True,
 ) -> None:
     """y_lat[t] += sum over t's pairs of weight * (a[pair] @ w2[e]^T) (y_lat must be zero: GEMM1 does it), then
     normed = rms_norm(y_lat, gamma, eps) in bf16. counter: int32 [1], zero before the first launch (left zero)."""
@@ -320,9 +367,14 @@ def experts_gemm2_combine(
             fake(BFloat16, (md, latent)),
             fake_stream(),
         )
+        if mma:
+            from .experts_mma import ExpertsGemm2CombineMma
+
+            return ExpertsGemm2CombineMma(experts, latent, inter, top_k, eps), args
         return ExpertsGemm2Combine(experts, latent, inter, top_k, eps), args
 
-    fn = compile_cached(("experts_gemm2_combine", experts, latent, inter, top_k, eps), build, max_regs)
+    mma = on_tensor_cores(m, tensor_cores)
+    fn = compile_cached(("experts_gemm2_combine", experts, latent, inter, top_k, eps, mma), build, max_regs)
     fn(
         to_cute(a, True), to_cute(w2), to_cute(s2), *(to_cute(t) for t in plan),
         to_cute(topk_w, True), to_cute(y_lat, True), to_cute(counter), to_cute(gamma), to_cute(normed, True),

@@ -13,9 +13,10 @@ pytest.importorskip("torch", reason="torch is not installed (the [kernels] extra
 os.environ["CUTE_DSL_ARCH"] = "sm_90a"
 
 import cutlass.cute as cute  # noqa: E402
-from cutlass import BFloat16, Float32, Int32, Uint8  # noqa: E402
+from cutlass import BFloat16, Float16, Float32, Int32, Uint8  # noqa: E402
 
 from kimi_k3_path.kernels.experts import ExpertsGemm1Situ, ExpertsGemm2Combine, lanes_per_row  # noqa: E402
+from kimi_k3_path.kernels.experts_mma import ExpertsGemm1SituMma, ExpertsGemm2CombineMma  # noqa: E402
 from kimi_k3_path.kernels.finalize import Finalize  # noqa: E402
 from kimi_k3_path.kernels.gemv import SkinnyGemm, token_tile  # noqa: E402
 from kimi_k3_path.kernels.moe import FrontKernel  # noqa: E402
@@ -55,19 +56,21 @@ def test_down_projection_compiles(mt, dims):
     )
 
 
+@pytest.mark.parametrize("tensor_cores", [False, True])
 @pytest.mark.parametrize("tp", [8, 16])
-def test_experts_compile(tp, dims):
+def test_experts_compile(tp, tensor_cores, dims):
     d = dims(tp)
     m, pairs = dyn(), dyn()
     e, lat, i = d.experts, d.latent, d.intermediate
+    gemm1, gemm2 = (ExpertsGemm1SituMma, ExpertsGemm2CombineMma) if tensor_cores else (ExpertsGemm1Situ, ExpertsGemm2Combine)
     _compiles(
-        ExpertsGemm1Situ(e, lat, i, d.top_k),
-        fake(BFloat16, (m, lat)), fake(Uint8, (e, 2 * i, lat // 2)), fake(Uint8, (e, 2 * i, lat // 32)), *_plan(e),
-        fake(BFloat16, (pairs, i)), fake(Float32, (m, lat)), fake_stream(),
+        gemm1(e, lat, i, d.top_k),
+        fake(Float16, (m, lat)), fake(Uint8, (e, 2 * i, lat // 2)), fake(Uint8, (e, 2 * i, lat // 32)), *_plan(e),
+        fake(Float16, (pairs, i)), fake(Float32, (m, lat)), fake_stream(),
     )
     _compiles(
-        ExpertsGemm2Combine(e, lat, i, d.top_k, d.eps),
-        fake(BFloat16, (pairs, i)), fake(Uint8, (e, lat, i // 2)), fake(Uint8, (e, lat, i // 32)), *_plan(e),
+        gemm2(e, lat, i, d.top_k, d.eps),
+        fake(Float16, (pairs, i)), fake(Uint8, (e, lat, i // 2)), fake(Uint8, (e, lat, i // 32)), *_plan(e),
         fake(Float32, (m, d.top_k)), fake(Float32, (m, lat)), fake(Int32, (1,)), fake(Float32, (lat,)),
         fake(BFloat16, (m, lat)), fake_stream(),
     )
@@ -126,6 +129,7 @@ def test_lanes_per_row_divides_the_groups():
         (lambda: ExpertsGemm2Combine(896, 3584, 100, 16, 1e-5), "intermediate=100"),
         (lambda: Finalize(7168, 3584, 100, 1), "K=100"),
         (lambda: SkinnyGemm(3592, 7168, 16), "3592 rows is not a multiple of 16"),
+        (lambda: ExpertsGemm1SituMma(896, 3584, 96, 16), "intermediate=96 is not a multiple of 64"),
         (lambda: Finalize(7168, 3584, 48, 64), "K=48 is not a multiple of 32"),
     ],
 )
