@@ -1,8 +1,8 @@
 """Device helpers shared by the latent-MoE kernels (traced inline into each @cute.kernel).
 
-Everything here is plain PTX the sm_90a target has: 16-byte vector loads with cache hints, bf16 and MXFP4 unpacking
-to fp32, lane-group reductions, the SiTU-GLU activation. The kernels are SIMT (CUDA-core fp32 FMAs): at decode
-batch sizes they are bound by bytes, and keeping them free of tensor-core fragment layouts keeps them reviewable.
+Everything here is plain PTX the sm_90a target has: vector loads with cache hints, bf16 and MXFP4 unpacking, lane-group
+reductions, the SiTU-GLU activation. Up to 8 tokens the kernels are SIMT (CUDA-core FMAs), where decode is bound by
+bytes; above 8 they move to mma.sync (mma.py, experts_mma.py), whose fragments are loaded straight from global memory.
 """
 
 from __future__ import annotations

@@ -3,12 +3,13 @@ weighted combine + latent-norm tail), grouped by the same router plan, with mma.
 
 A warp owns 16 weight rows of its slot's expert and the tokens that chose it, one tile of 8 at a time (a slot holds
 1 to 64 tokens; at M = 64 most hold one or two, and the MMA's idle columns cost nothing that matters: the expert's
-bytes are the bound; a slot of more than 8 tokens rereads its rows, from L2, once per further tile). For each MXFP4 group of 32 k (one E8M0 scale per row), lane (g, q) loads
-the 4-byte word q of rows g and g + 8 (elements 8q .. 8q+7) and converts them to f16x2 pairs times 2^-6
-(common.fp4x8_to_f16x2), and loads the same 8 k of its token g in fp16, paired alike (pair_like_fp4x8): pairs 0, 1
-feed one k16 step and pairs 2, 3 the next, a permutation of k that A and B share. The scale belongs to a (row,
-group), so each group's two steps go into a fresh fp32 tile that is scaled per row (rows g and g + 8 have their own
-scales) into the accumulator: exact for every E8M0 scale, where folding scales into fp16 weights could overflow.
+bytes are the bound; a slot of more than 8 tokens rereads its rows, from L2, once per further tile). For each MXFP4
+group of 32 k (one E8M0 scale per row), lane (g, q) loads the 4-byte word q of rows g and g + 8 (elements 8q ..
+8q+7) and converts them to f16x2 pairs times 2^-6 (common.fp4x8_to_f16x2), and loads the same 8 k of its token g in
+fp16, paired alike (pair_like_fp4x8): pairs 0, 1 feed one k16 step and pairs 2, 3 the next, a permutation of k that
+A and B share. The scale belongs to a (row, group), so each group's two steps go into a fresh fp32 tile that is
+scaled per row (rows g and g + 8 have their own scales) into the accumulator: exact for every E8M0 scale, where
+folding scales into fp16 weights could overflow.
 
 C fragment of token tile t: lane (g, q) holds rows (g, g + 8) x slot columns (8t + 2q, 8t + 2q + 1).
 GEMM1: MMA row g is gate row j0 + g and row g + 8 the up row I + j0 + g, so each lane holds gate and up of the same

@@ -248,7 +248,8 @@ def decode_steps(
         return int(ws.plan[0][0])
 
     return [
-        Step("front (router + down_proj + shared_gate_up)", lambda st: front(x, w, ws, m, st, regs["front"], tensor_cores),
+        Step("front (router + down_proj + shared_gate_up)",
+             lambda st: front(x, w, ws, m, st, regs["front"], tensor_cores),
              lambda: e * h * 2 + e * 4 + lat * h * 2 + 2 * s * h * 2),
         Step("experts_gemm1_situ", lambda st: experts_gemm1_situ(ws.x_lat[:m], w.w13_packed, w.w13_scales, ws.plan, k,
                                                                  ws.a[: m * k], ws.y_lat[:m], st, regs["gemm1"],

@@ -27,6 +27,15 @@ def test_measurement_median_spread_runs():
         bench.measurement_of([])
 
 
+def test_a_sample_is_the_mean_of_one_pass_over_the_copies():
+    # Copies that do different work (2 vs 6 us) must not widen the spread: each sample covers both.
+    samples = bench.per_cycle([2.0, 6.0, 2.2, 6.2, 1.8, 5.8, 2.0], copies=2)
+    assert samples == pytest.approx([4.0, 4.2, 3.8])  # the incomplete last pass is dropped
+    assert bench.measurement_of(samples)["spread_pct"] < 10
+    assert bench.per_cycle([5.0], copies=2) == [5.0]  # fewer replays than copies: one sample
+    assert bench.per_cycle([], copies=2) == []
+
+
 def test_expert_bytes_counts_mxfp4_payload_and_scales():
     # TP8: w13 768x3584 and w2 3584x384 at 4 bits, plus one byte per 32 elements.
     elements = 768 * 3584 + 3584 * 384
