@@ -14,7 +14,8 @@
 #   $OUT/kernels/*.json                         with KERNEL_BENCH=1: the MoE block and each kernel alone at M=1
 #   $OUT/tests.log, $OUT/bench.log              everything printed (at most 8 files come back from a run:
 #                                               these are 8 with KERNEL_BENCH=1)
-# Usage on the device: SHA=<commit measured> bash tools/gpu-evidence.sh
+# Usage on the device: SHA=<commit measured> [BENCH=0] bash tools/gpu-evidence.sh
+# (BENCH=0: the tests only, when the perf matrix of an ancestor within the policy's commit window still holds)
 set -uo pipefail
 : "${SHA:?set SHA to the commit being measured}" "${OUT:?}"
 . tools/gpu-env.sh
@@ -30,9 +31,12 @@ PYTHONPATH="$PYTHONPATH:gatekeeper/collect/plugin" GATEKEEPER_NODEIDS="$OUT/gpu/
 tests_rc=${PIPESTATUS[0]}
 ls -l "$OUT/gpu" | tee -a "$OUT/tests.log"
 
-python3 -m kimi_k3_path.bench --layer kda_moe,mla_moe,moe --tp 8,16 --batch 1,2,4,8,16,32,64 \
-  --candidate kernels --replays "${REPLAYS:-200}" --commit "$SHA" --out "$OUT/perf/h200.json" 2>&1 | tee "$OUT/bench.log"
-bench_rc=${PIPESTATUS[0]}
+bench_rc=0
+if [ "${BENCH:-1}" = 1 ]; then
+  python3 -m kimi_k3_path.bench --layer kda_moe,mla_moe,moe --tp 8,16 --batch 1,2,4,8,16,32,64 \
+    --candidate kernels --replays "${REPLAYS:-200}" --commit "$SHA" --out "$OUT/perf/h200.json" 2>&1 | tee "$OUT/bench.log"
+  bench_rc=${PIPESTATUS[0]}
+fi
 [ "${KERNEL_BENCH:-0}" = 1 ] && python3 -m kimi_k3_path.kernels.bench_moe --tp 8,16 --batch 1 --replays 50 --commit "$SHA" \
   --out "$OUT/kernels/moe_block_m1.json" --kernels-out "$OUT/kernels/moe_kernels_m1.json" 2>&1 | tee -a "$OUT/bench.log"
 echo "gpu tests rc=$tests_rc bench rc=$bench_rc"

@@ -7,7 +7,6 @@ import os
 from collections.abc import Callable, Hashable
 from typing import Any
 
-import cutlass
 import cutlass.cute as cute
 from cutlass.cute.runtime import from_dlpack, make_fake_compact_tensor, make_fake_stream
 
@@ -50,18 +49,6 @@ def fake_stream() -> Any:
 def dyn() -> Any:
     """A dynamic (run-time) dimension, e.g. the decode batch M."""
     return cute.sym_int32()
-
-
-_DTYPES: dict[str, type] = {
-    "torch.bfloat16": cutlass.BFloat16,
-    "torch.float32": cutlass.Float32,
-    "torch.int32": cutlass.Int32,
-    "torch.uint8": cutlass.Uint8,
-}
-
-
-def cute_dtype(t: Any) -> type:
-    return _DTYPES[str(t.dtype)]
 
 
 def to_cute(t: Any, dynamic_rows: bool = False) -> Any:

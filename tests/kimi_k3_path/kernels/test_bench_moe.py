@@ -1,0 +1,38 @@
+"""The MoE block benchmark's host side on CPU: its arguments, and what it records when tools are missing. The
+measurements themselves run on the H200 (test_bench_moe_gpu.py)."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the bench needs the [kernels] extra")
+
+from kimi_k3_path.kernels import bench_moe  # noqa: E402
+
+
+def test_register_caps_parse_per_launch():
+    assert bench_moe.parse_max_regs("front=128,finalize=96") == {"front": 128, "finalize": 96}
+
+
+@pytest.mark.parametrize("text", ["router=64", "front=", "front=lots", "front"])
+def test_bad_register_caps_name_the_item_and_the_launches(text):
+    with pytest.raises(argparse.ArgumentTypeError, match="expected LAUNCH=N with LAUNCH one of front, gemm1"):
+        bench_moe.parse_max_regs(text)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer on a machine without a GPU")
+def test_without_a_gpu_the_bench_says_so_and_exits_2(capsys):
+    assert bench_moe.main(["--out", "unused.json"]) == 2
+    assert "no CUDA GPU here" in capsys.readouterr().err
+
+
+def test_missing_tools_are_recorded_as_unknown(monkeypatch):
+    def missing(*args, **kwargs):
+        raise OSError("not installed")
+
+    monkeypatch.setattr(subprocess, "run", missing)
+    assert bench_moe.driver_version() == "unknown"
+    assert bench_moe.git_commit() == "0000000"

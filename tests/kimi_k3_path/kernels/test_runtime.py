@@ -1,0 +1,60 @@
+"""The kernels' host side on CPU: argument validation names the bad argument, and compiled kernels are cached per
+shape and register cap."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (the [kernels] extra)")
+pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed (the [kernels] extra)")
+
+from kimi_k3_path.kernels import runtime  # noqa: E402
+
+
+def _cuda_like(shape=(2, 8), dtype=torch.bfloat16, contiguous=True, address=4096):
+    """Stands in for a CUDA tensor, which this machine may not have: expect() reads only these attributes."""
+    return SimpleNamespace(shape=shape, dtype=dtype, is_contiguous=lambda: contiguous, is_cuda=True,
+                           data_ptr=lambda: address, device="cuda:0")
+
+
+@pytest.mark.parametrize(
+    ("tensor", "message"),
+    [
+        (_cuda_like(shape=(3, 8)), r"x: expected shape \(2, 8\), got \(3, 8\)"),
+        (_cuda_like(dtype=torch.float16), "x: expected dtype bfloat16, got torch.float16"),
+        (_cuda_like(contiguous=False), "x: must be contiguous"),
+        (torch.zeros(2, 8, dtype=torch.bfloat16), "x: must be a CUDA tensor"),
+        (_cuda_like(address=4100), "x: data pointer must be 16-byte aligned"),
+    ],
+)
+def test_expect_names_the_argument_and_what_is_wrong(tensor, message):
+    with pytest.raises(ValueError, match=message):
+        runtime.expect("x", tensor, (2, 8), "bfloat16")
+
+
+def test_expect_accepts_a_matching_tensor():
+    runtime.expect("x", _cuda_like(), (2, 8), "bfloat16")
+
+
+def test_compiled_kernels_are_cached_per_key_and_register_cap():
+    from cutlass import BFloat16
+
+    from kimi_k3_path.kernels.gemv import SkinnyGemm
+
+    builds = []
+
+    def build():
+        builds.append(1)
+        m = runtime.dyn()
+        args = (runtime.fake(BFloat16, (m, 256)), runtime.fake(BFloat16, (16, 256)), runtime.fake(BFloat16, (m, 16)),
+                runtime.fake_stream())
+        return SkinnyGemm(16, 256, 1), args
+
+    key = ("test_runtime_skinny", 16, 256)
+    capped = runtime.compile_cached(key, build, max_regs=64)
+    assert callable(capped)
+    assert runtime.compile_cached(key, build, max_regs=64) is capped  # cached: built once
+    uncapped = runtime.compile_cached(key, build)
+    assert uncapped is not capped and len(builds) == 2  # another cap is another kernel
