@@ -120,6 +120,9 @@ class HeadInfo(_Strict):
 
     sha: str = Field(pattern=r"^[0-9a-f]{40}$")
     ancestors: tuple[str, ...] = ()
+    # For commit_window_counts: owned, the commits among the head and its ancestors that change the owned paths,
+    # newest first (at most commit_window + 1 of them: older ones can no longer matter).
+    owned_changes: tuple[str, ...] | None = None
 
 
 class TestCase(_Strict):

@@ -160,6 +160,9 @@ class PerfMatrixSettings(_Strict):
     max_spread_pct: float = Field(default=10.0, gt=0)
     max_regression_pct: float = Field(default=2.0, ge=0)
     commit_window: int = Field(default=0, ge=0)  # how many commits behind the PR head the evidence may be
+    # What ages evidence: every commit ("all"), or only commits that change the owned paths ("owned": a commit
+    # elsewhere in the repository leaves the contribution, and so what was measured, as it was).
+    commit_window_counts: Literal["all", "owned"] = "all"
 
 
 class Checks(_Strict):

@@ -63,7 +63,7 @@ def run(ctx: CheckContext) -> CheckResult:
         return _result(status, ("Failed" if parse_errors else "Not decided") + f": {why}.", findings, details)
 
     head = _head_sha(ctx)
-    allowed = _allowed_commits(ctx, head, settings.commit_window)
+    allowed = _allowed_commits(ctx, head, settings)
     used: set[int] = set()
     verdicts = []
     for combo in required_rows(axes):
@@ -78,7 +78,7 @@ def run(ctx: CheckContext) -> CheckResult:
         if head is None:
             undecided.append("the PR head is unknown, so the evidence commit cannot be verified")
         elif not any(sha.startswith(sub.evidence.commit) for sha in allowed):
-            window = f" or one of its {settings.commit_window} nearest ancestors" if settings.commit_window else ""
+            window = _window_words(settings) if settings.commit_window else ""
             findings.append(Finding(message=(
                 f"perf evidence from {sub.origin.source} was measured at {sub.evidence.commit}, "
                 f"not at the PR head {head[:12]}{window}"
@@ -241,15 +241,32 @@ def _head_sha(ctx: CheckContext) -> str | None:
     return ctx.pull_request.head_sha if ctx.pull_request is not None else None
 
 
-def _allowed_commits(ctx: CheckContext, head: str | None, window: int) -> list[str]:
-    """The head and, where the collector recorded the head's ancestry, its `window` nearest ancestors."""
+def _allowed_commits(ctx: CheckContext, head: str | None, settings: PerfMatrixSettings) -> list[str]:
+    """The head and, where the collector recorded the head's ancestry, the ancestors within the commit window: the
+    `commit_window` nearest ones, or (commit_window_counts: owned) those with at most `commit_window` commits
+    changing the owned paths after them (the head included)."""
     if head is None:
         return []
-    allowed = [head]
     recorded = ctx.evidence.head if ctx.evidence is not None else None
-    if recorded is not None and recorded.sha.startswith(head):
-        allowed += list(recorded.ancestors[:window])
+    if recorded is None or not recorded.sha.startswith(head):
+        return [head]
+    if settings.commit_window_counts == "all":
+        return [head, *recorded.ancestors[: settings.commit_window]]
+    if recorded.owned_changes is None:
+        return [head]  # the collector did not record which commits changed the owned paths
+    owned, changes, allowed = set(recorded.owned_changes), 0, []
+    for sha in (recorded.sha, *recorded.ancestors):
+        if changes > settings.commit_window:
+            break
+        allowed.append(sha)
+        changes += sha in owned
     return allowed
+
+
+def _window_words(settings: PerfMatrixSettings) -> str:
+    if settings.commit_window_counts == "owned":
+        return f" or an ancestor at most {settings.commit_window} owned-path change(s) behind it"
+    return f" or one of its {settings.commit_window} nearest ancestors"
 
 
 # --- report -------------------------------------------------------------------------------------------

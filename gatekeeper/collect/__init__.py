@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from gatekeeper.collect.git import ancestors
+from gatekeeper.collect.git import ancestors, commits_changing
 from gatekeeper.collect.gpu_reports import load_gpu_reports
 from gatekeeper.collect.probes import run_probes
 from gatekeeper.collect.testrun import run_tests
@@ -26,6 +26,8 @@ from gatekeeper.sources.git import GitSnapshot, changes_from_git
 # How far back the head's ancestry is recorded when the policy allows no window: enough for a report to
 # say how stale evidence is.
 MIN_ANCESTORS = 20
+# ... and when only commits changing the owned paths age evidence (commit_window_counts: owned).
+OWNED_WINDOW_ANCESTORS = 500
 
 
 def collect(loaded: LoadedPolicy, repo: Path, base: str, perf_files: tuple[Path, ...] = (),
@@ -35,8 +37,7 @@ def collect(loaded: LoadedPolicy, repo: Path, base: str, perf_files: tuple[Path,
     repo = repo.resolve()
     origin = collector_origin()
     head = GitSnapshot(repo, "HEAD")
-    window = max(policy.checks.perf_matrix.commit_window, MIN_ANCESTORS)
-    evidence: dict = {"head": HeadInfo(sha=head.sha, ancestors=ancestors(repo, head.sha, window))}
+    evidence: dict = {"head": head_info(policy, repo, head.sha)}
     with tempfile.TemporaryDirectory(prefix="gatekeeper-collect-") as tmp:
         if policy.checks.changed_path_tests.enabled:
             evidence["tests"] = _test_runs(loaded, repo, base, head, Path(tmp), origin, console)
@@ -54,6 +55,16 @@ def collect(loaded: LoadedPolicy, repo: Path, base: str, perf_files: tuple[Path,
         for path in perf_files
     )
     return Evidence(**evidence)
+
+
+def head_info(policy, repo: Path, sha: str) -> HeadInfo:
+    """The head, its ancestry as far as the perf commit window can reach, and (commit_window_counts: owned) the
+    commits in it that change the owned paths."""
+    settings = policy.checks.perf_matrix
+    if settings.commit_window_counts == "owned":
+        owned = commits_changing(repo, sha, settings.commit_window + 1, policy.owned_paths)
+        return HeadInfo(sha=sha, ancestors=ancestors(repo, sha, OWNED_WINDOW_ANCESTORS), owned_changes=owned)
+    return HeadInfo(sha=sha, ancestors=ancestors(repo, sha, max(settings.commit_window, MIN_ANCESTORS)))
 
 
 def _test_runs(loaded: LoadedPolicy, repo: Path, base: str, head: GitSnapshot, work: Path, origin: Origin,

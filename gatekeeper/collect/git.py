@@ -12,6 +12,13 @@ def ancestors(repo: Path, sha: str, count: int) -> tuple[str, ...]:
     return tuple(listing.split()[1:]) if listing is not None else ()
 
 
+def commits_changing(repo: Path, sha: str, count: int, globs: tuple[str, ...]) -> tuple[str, ...]:
+    """The `count` newest commits from `sha` back (itself included) that change a path matching `globs`."""
+    pathspecs = [f":(glob){glob}" for glob in globs]
+    listing = _git(repo, "rev-list", f"--max-count={count}", sha, "--", *pathspecs)
+    return tuple(listing.split()) if listing is not None else ()
+
+
 def changed_since(repo: Path, sha: str, head: str) -> set[str] | None:
     """The paths that differ between `sha` and `head`; None when `sha` is not a commit of this clone."""
     listing = _git(repo, "diff", "--name-only", "--no-renames", "-z", sha, head, "--")

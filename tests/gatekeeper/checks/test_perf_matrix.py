@@ -16,6 +16,7 @@ from gatekeeper.verdict import Severity, Status
 HEAD = "a" * 40
 PARENT = "b" * 40
 GRANDPARENT = "c" * 40
+GREAT_GRANDPARENT = "d" * 40
 TRUSTED = Origin(trust="trusted", source="CI artifact perf.json")
 AXES = {"tp": (8, 16), "batch": (1, 64)}
 
@@ -32,6 +33,7 @@ checks:
     max_spread_pct: 5
     max_regression_pct: 2
     commit_window: {window}
+    commit_window_counts: {counts}
 """
 
 
@@ -49,11 +51,13 @@ def perf(rows=None, commit=HEAD) -> dict:
             "hardware": {"gpu": "NVIDIA H200", "count": 1, "driver": "570", "arch": "sm_90"}, "rows": rows}
 
 
-def check(doc=None, window=0, trusted="[]", files=None, body="", axes=AXES, origin=TRUSTED, head=HEAD):
-    policy = load_policy_text(POLICY.format(trusted=trusted, window=window), "policy.yaml")
+def check(doc=None, window=0, trusted="[]", files=None, body="", axes=AXES, origin=TRUSTED, head=HEAD, counts="all",
+          owned_changes=None):
+    policy = load_policy_text(POLICY.format(trusted=trusted, window=window, counts=counts), "policy.yaml")
     submissions = () if doc is None else (PerfSubmission(origin=origin, evidence=PerfEvidence.model_validate(doc)),)
     support = None if axes is None else SupportAxes(origin=TRUSTED, source="tiny.support:MATRIX", axes=axes)
-    evidence = Evidence(head=HeadInfo(sha=HEAD, ancestors=(PARENT, GRANDPARENT)), support_axes=support, perf=submissions)
+    ancestry = HeadInfo(sha=HEAD, ancestors=(PARENT, GRANDPARENT, GREAT_GRANDPARENT), owned_changes=owned_changes)
+    evidence = Evidence(head=ancestry, support_axes=support, perf=submissions)
     ctx = CheckContext(policy, ChangeSet(source="git", files=(), head_sha=head), Provenance(), Mode.strict, evidence,
                        DictSnapshot(files or {}), PullRequestInfo(body=body))
     return run(ctx)
@@ -89,6 +93,24 @@ def test_stale_commit_and_the_commit_window():
                              f"not at the PR head {HEAD[:12]} or one of its 1 nearest ancestors"]
     assert check(perf(commit=GRANDPARENT), window=2).status is Status.passed
     assert check(perf(commit=PARENT[:7]), window=1).status is Status.passed
+
+
+def test_with_owned_counting_only_commits_changing_the_owned_paths_age_the_evidence():
+    # The head changed the owned paths, its parent did not, the grandparent did again.
+    owned = (HEAD, GRANDPARENT)
+    assert check(perf(commit=GRANDPARENT), window=1, counts="owned", owned_changes=owned).status is Status.passed
+    stale = check(perf(commit=GREAT_GRANDPARENT), window=1, counts="owned", owned_changes=owned)
+    assert errors(stale) == [f"perf evidence from CI artifact perf.json was measured at {GREAT_GRANDPARENT}, not at "
+                             f"the PR head {HEAD[:12]} or an ancestor at most 1 owned-path change(s) behind it"]
+    assert check(perf(commit=GREAT_GRANDPARENT), window=2, counts="owned", owned_changes=owned).status is Status.passed
+    # Counted over all commits, the same evidence is too old for a window of 1.
+    assert check(perf(commit=GRANDPARENT), window=1).status is Status.failed
+
+
+def test_owned_counting_without_the_recorded_changes_accepts_only_the_head():
+    result = check(perf(commit=PARENT), window=5, counts="owned", owned_changes=None)
+    assert result.status is Status.failed
+    assert check(perf(), window=5, counts="owned", owned_changes=None).status is Status.passed
 
 
 def test_unknown_head_is_undecided():
@@ -161,7 +183,7 @@ def test_without_evidence_or_axes_the_rule_is_neutral():
 
 
 def test_a_declared_support_matrix_whose_axes_were_not_recorded_is_undecided():
-    policy = load_policy_text(POLICY.format(trusted="[]", window=0) + "  startup_guard: {guard: 'tiny.guard:check', support_matrix: 'tiny.support:MATRIX'}\n", "p.yaml")
+    policy = load_policy_text(POLICY.format(trusted="[]", window=0, counts="all") + "  startup_guard: {guard: 'tiny.guard:check', support_matrix: 'tiny.support:MATRIX'}\n", "p.yaml")
     evidence = Evidence(perf=(PerfSubmission(origin=TRUSTED, evidence=PerfEvidence.model_validate(perf())),))
     ctx = CheckContext(policy, ChangeSet(source="git", files=(), head_sha=HEAD), Provenance(), Mode.strict, evidence)
     result = run(ctx)
@@ -169,7 +191,7 @@ def test_a_declared_support_matrix_whose_axes_were_not_recorded_is_undecided():
 
 
 def test_support_matrix_that_could_not_be_read_fails():
-    policy = load_policy_text(POLICY.format(trusted="[]", window=0), "p.yaml")
+    policy = load_policy_text(POLICY.format(trusted="[]", window=0, counts="all"), "p.yaml")
     broken = SupportAxes(origin=TRUSTED, source="tiny.support:MATRIX", error="ImportError: no module named torch")
     evidence = Evidence(support_axes=broken, perf=(PerfSubmission(origin=TRUSTED, evidence=PerfEvidence.model_validate(perf())),))
     result = run(CheckContext(policy, ChangeSet(source="git", files=(), head_sha=HEAD), Provenance(), Mode.strict, evidence))

@@ -309,3 +309,19 @@ def test_gpu_report_covers_gpu_only_lines_until_the_file_changes(repo, monkeypat
     assert result.status is Status.failed
     warnings = [f.message for f in result.findings if f.severity is Severity.warning]
     assert any("coverage of tiny/kernels.py dropped: changed since the report's commit" in w for w in warnings)
+
+
+def test_with_owned_counting_the_collector_records_which_commits_changed_the_owned_paths(repo):
+    from gatekeeper.collect import head_info
+
+    contribution = git(repo, "rev-parse", "HEAD")
+    write(repo, {"README.md": "a project, elsewhere\n"})
+    elsewhere = commit(repo, "a change outside the owned paths")
+    write(repo, {"tiny/extra.py": "X = 1\n"})
+    owned = commit(repo, "a change inside")
+    text = POLICY.replace("TIMEOUT", "60").replace("min_runs: 5}", "min_runs: 5, commit_window: 1, commit_window_counts: owned}")
+    info = head_info(load_policy_text(text, "policy.yaml").policy, repo, owned)
+    assert info.sha == owned and info.ancestors[:2] == (elsewhere, contribution)
+    assert info.owned_changes == (owned, contribution)  # at most commit_window + 1, newest first
+    counted_all = head_info(load_policy_text(POLICY.replace("TIMEOUT", "60"), "policy.yaml").policy, repo, owned)
+    assert counted_all.owned_changes is None
