@@ -219,6 +219,11 @@ def load_policy_text(text: str, source: str) -> LoadedPolicy:
         raise InputError(source, f"invalid YAML: {getattr(exc, 'problem', None) or exc}", line) from None
     if not isinstance(data, dict):
         raise InputError(source, "a policy must be a YAML mapping", 1)
+    duplicate = _first_duplicate_key(root)
+    if duplicate is not None:
+        key, line, first_line = duplicate
+        raise InputError(source, f"duplicate key {key!r} (first set on line {first_line}; YAML would keep only the last)",
+                         line)
     try:
         policy = Policy.model_validate(data)
     except ValidationError as exc:
@@ -234,6 +239,26 @@ def load_policy_text(text: str, source: str) -> LoadedPolicy:
 
 
 _MAX_ERRORS = 5
+
+
+def _first_duplicate_key(node: yaml.Node | None) -> tuple[str, int, int] | None:
+    """(key, its line, the line it was first set on) of the first key repeated in one mapping, depth first."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key, value in node.value:
+            name = str(key.value)
+            if name in seen:
+                return name, key.start_mark.line + 1, seen[name]
+            seen[name] = key.start_mark.line + 1
+            found = _first_duplicate_key(value)
+            if found is not None:
+                return found
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            found = _first_duplicate_key(item)
+            if found is not None:
+                return found
+    return None
 
 
 def _field(loc: tuple[Any, ...]) -> str:

@@ -67,6 +67,10 @@ def test_minimal_policy_and_its_hash_is_of_the_text():
         (MINIMAL + "touchpoints:\n  - {path: \"a\\u202e.py\", max_added: 1, max_removed: 0}\n", 6,
          "contains control or invisible characters"),
         (MINIMAL + "checks:\n  perf_matrix:\n    evidence_globs: [a//b]\n", 7, "empty, '.' or '..' segment"),
+        (MINIMAL + "name: again\n", 5, "duplicate key 'name' (first set on line 2"),
+        (MINIMAL + "checks:\n  perf_matrix: {min_runs: 5}\n  confinement: {}\n  perf_matrix: {commit_window: 3}\n", 8,
+         "duplicate key 'perf_matrix' (first set on line 6"),
+        (MINIMAL + "checks:\n  startup_guard:\n    probes:\n      - {name: a, name: b}\n", 8, "duplicate key 'name'"),
     ],
 )
 def test_errors_name_the_yaml_line_and_field(text, line, reason):
