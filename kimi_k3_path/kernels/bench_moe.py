@@ -152,6 +152,7 @@ def git_commit() -> str:
 
 
 def run(args) -> tuple[dict, list[dict]]:
+    from kimi_k3_path.kernels.experts import on_tensor_cores
     from kimi_k3_path.kernels.moe import MoeWorkspace, decode_steps, prepare_weights, random_weights
     from kimi_k3_path.reference import rel_err
     from kimi_k3_path.reference import stock
@@ -215,7 +216,7 @@ def run(args) -> tuple[dict, list[dict]]:
                           f"{nbytes / (t['median'] * 1e-6) / 1e12:5.2f} TB/s  floor {nbytes / bandwidth * 1e6:6.1f} us",
                           flush=True)
             variants = [("", steps)]
-            if m > 8 and args.compare_cuda_cores:
+            if on_tensor_cores(m, True) and args.compare_cuda_cores:
                 simt = [decode_steps(x, w, ws, o, args.max_regs, tensor_cores=False)
                         for x, w, ws, o in zip(xs, ours, spaces, outs)]
                 variants.append((" [CUDA cores]", simt))
@@ -291,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps-at", type=lambda s: [int(v) for v in s.split(",")], default=[1],
                    help="batches at which each launch of the block is also timed alone (default: 1)")
     p.add_argument("--compare-cuda-cores", action="store_true",
-                   help="above 8 tokens, also time the block with every kernel on the CUDA cores (same run)")
+                   help="above 4 tokens, also time the block with every kernel on the CUDA cores (same run)")
     p.add_argument("--max-regs", type=parse_max_regs, default=None, metavar="LAUNCH=N,...",
                    help="register caps per launch of the block (front, gemm1, gemm2, finalize)")
     p.add_argument("--profile-once", action="store_true", help="one eager pass for ncu, then exit")

@@ -1,8 +1,8 @@
 """Device helpers shared by the latent-MoE kernels (traced inline into each @cute.kernel).
 
 Everything here is plain PTX the sm_90a target has: vector loads with cache hints, bf16 and MXFP4 unpacking, lane-group
-reductions, the SiTU-GLU activation. Up to 8 tokens the kernels are SIMT (CUDA-core FMAs), where decode is bound by
-bytes; above 8 they move to mma.sync (mma.py, experts_mma.py), whose fragments are loaded straight from global memory.
+reductions, the SiTU-GLU activation. Up to 4 tokens the kernels are SIMT (CUDA-core FMAs), where decode is bound by
+bytes; above 4 they move to mma.sync (mma.py, experts_mma.py), whose fragments are loaded straight from global memory.
 """
 
 from __future__ import annotations

@@ -279,7 +279,7 @@ def _fake_plan(experts: int):
 
 
 def on_tensor_cores(m: int, tensor_cores: bool) -> bool:
-    """Whether a batch of m tokens runs the experts on the tensor cores (experts_mma.py): above 8 tokens, if allowed."""
+    """Whether a batch of m tokens runs the experts on the tensor cores (experts_mma.py): above 4 tokens, if allowed."""
     from .gemv import token_tile
     from .mma import uses_tensor_cores
 

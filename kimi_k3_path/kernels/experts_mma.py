@@ -1,4 +1,4 @@
-"""Routed experts above 8 tokens on the tensor cores: the two launches of experts.py (GEMM1 + SiTU-GLU; GEMM2 +
+"""Routed experts above 4 tokens on the tensor cores: the two launches of experts.py (GEMM1 + SiTU-GLU; GEMM2 +
 weighted combine + latent-norm tail), grouped by the same router plan, with mma.sync m16n8k16 (fp16 in, fp32 out).
 
 A warp owns 16 weight rows of its slot's expert and the tokens that chose it, one tile of 8 at a time (a slot holds

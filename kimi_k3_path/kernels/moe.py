@@ -237,7 +237,7 @@ def decode_steps(
     tensor_cores: bool = True,
 ) -> list[Step]:
     """The launches of `latent_moe_decode`, in order (the bench times them one by one). tensor_cores=False keeps
-    batches above 8 tokens on the CUDA cores (the bench's same-run comparison)."""
+    batches above 4 tokens on the CUDA cores (the bench's same-run comparison)."""
     regs = {**MAX_REGS, **(max_regs or {})}
     m = x.shape[0]
     if not 1 <= m <= MAX_TOKENS:

@@ -109,7 +109,7 @@ def test_front_kernel_compiles(tp, mt, dims):
 
 def test_token_tile_covers_every_batch():
     batches = (1, 2, 3, 4, 5, 8, 9, 16, 17, 33, 64, 65)
-    assert [token_tile(m) for m in batches] == [1, 2, 4, 4, 8, 8, 16, 16, 32, 64, 64, 8]
+    assert [token_tile(m) for m in batches] == [1, 2, 4, 4, 16, 16, 16, 16, 32, 64, 64, 8]
     assert [token_tile(m, tensor_cores=False) for m in batches] == [1, 2, 4, 4, 8, 8, 8, 8, 8, 8, 8, 8]
 
 

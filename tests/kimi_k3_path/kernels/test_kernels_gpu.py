@@ -1,5 +1,5 @@
 """GPU correctness of every latent-MoE kernel and of `latent_moe_decode` against the fp32 references, at the
-TP8 and TP16 per-rank shapes and M = 1, 7, 16, 33, 64 (CUDA cores up to 8 tokens, tensor cores above; 33 leaves
+TP8 and TP16 per-rank shapes and M = 1, 7, 16, 33, 64 (CUDA cores up to 4 tokens, tensor cores above; 33 leaves
 most of its last 8-token tile empty): fresh random inputs each run (seed printed), outputs poisoned
 with NaN before each launch, routing where every token picks the same experts, exact ties, NaN logits.
 Relative error bound for bf16 outputs: 1e-2 (see kimi_k3_path.reference.rel_err)."""
