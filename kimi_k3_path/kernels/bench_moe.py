@@ -20,14 +20,9 @@ from pathlib import Path
 
 import torch
 
+from kimi_k3_path.bench import measurement_of  # the same median and p10-p90 spread as the per-layer bench
+
 L2_ROTATION_SETS = 3  # each weight set is > 100 MB, so three in a row never hit the 50 MB L2
-
-
-def measurement(samples: list[float]) -> dict:
-    ordered = sorted(samples)
-    med = statistics.median(ordered)
-    p10, p90 = ordered[len(ordered) // 10], ordered[(len(ordered) * 9) // 10 - 1]
-    return {"median": med, "spread_pct": (p90 - p10) / med * 100.0, "runs": len(ordered)}
 
 
 def time_graph(launch_all, replays: int, per_replay: int) -> list[float]:
@@ -184,8 +179,8 @@ def run(args) -> tuple[dict, list[dict]]:
                 for x, g in zip(xs, stocks):
                     stock.latent_moe(x, g, d)
 
-            cand = measurement(time_graph(candidate, args.replays, len(refs)))
-            base = measurement(time_graph(baseline, args.replays, len(refs)))
+            cand = measurement_of(time_graph(candidate, args.replays, len(refs)))
+            base = measurement_of(time_graph(baseline, args.replays, len(refs)))
             err = rel_err(outs[0], stock.latent_moe(xs[0], stocks[0], d).float())
             weight_bytes = sum(step.weight_bytes() for step in steps[0])
             floor_us = weight_bytes / bandwidth * 1e6
@@ -205,7 +200,7 @@ def run(args) -> tuple[dict, list[dict]]:
             if m == 1 and tp == args.tp[0]:  # router and down-projection shapes do not depend on TP
                 standalone = standalone_steps(xs, ours, spaces, d)
                 for name, one in standalone:
-                    t = measurement(time_graph(one, args.replays, len(refs)))
+                    t = measurement_of(time_graph(one, args.replays, len(refs)))
                     nbytes = dict(STANDALONE_BYTES(d))[name]
                     kernel_rows.append({
                         "tp": tp, "batch": 1, "kernel": name, "median_us": t["median"], "spread_pct": t["spread_pct"],
@@ -226,7 +221,7 @@ def run(args) -> tuple[dict, list[dict]]:
                         for step in block:
                             step.launch(st)
 
-                t = measurement(time_graph(simt_block, args.replays, len(refs)))
+                t = measurement_of(time_graph(simt_block, args.replays, len(refs)))
                 simt_err = rel_err(outs[0], stock.latent_moe(xs[0], stocks[0], d).float())
                 print(f"    block on CUDA cores only{'':20} {t['median']:7.1f} us (spread {t['spread_pct']:.1f}%), "
                       f"tensor cores {cand['median']:.1f} us: {t['median'] / cand['median']:.2f}x; err {simt_err:.1e}",
@@ -239,7 +234,7 @@ def run(args) -> tuple[dict, list[dict]]:
                         for block in variant:
                             block[i].launch(st)
 
-                    t = measurement(time_graph(one, args.replays, len(refs)))
+                    t = measurement_of(time_graph(one, args.replays, len(refs)))
                     nbytes = step.weight_bytes()
                     kernel_rows.append({
                         "tp": tp, "batch": m, "kernel": step.name + suffix, "median_us": t["median"],

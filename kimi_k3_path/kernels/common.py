@@ -58,6 +58,23 @@ def ld_coherent_f32(addr: Int64) -> Float32:
     return cute.arch.inline_ptx("ld.global.cg.f32 {$w0}, [{$r0}];", write_only_types=[Float32], read_only_args=[addr])
 
 
+@cute.jit
+def count_in(counter: cute.Tensor, flag: cute.Tensor, tidx: Int32, ctas: Int32):
+    """Count this CTA in once its results are written; afterwards flag[0] is 1 in the last of `ctas` CTAs to arrive
+    (which also resets the counter for the next launch, so CUDA-graph replays need no host work) and 0 elsewhere. The
+    barrier makes the CTA's writes visible to thread 0, whose device-scope release fence (fences are cumulative)
+    then covers them all; the last CTA must take an acquire fence before it reads what the others wrote."""
+    cute.arch.sync_threads()
+    if tidx == 0:
+        cute.arch.fence_acq_rel_gpu()
+        arrived = cute.arch.atomic_add(counter.iterator, Int32(1), scope="gpu")
+        flag[0] = Int32(0)
+        if arrived == ctas - 1:
+            flag[0] = Int32(1)
+            counter[0] = Int32(0)
+    cute.arch.sync_threads()
+
+
 def red_add_f32(addr: Int64, value: Float32) -> None:
     cute.arch.inline_ptx("red.global.add.f32 [{$r0}], {$r1};", read_only_args=[addr, value])
 

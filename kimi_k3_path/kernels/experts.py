@@ -27,6 +27,7 @@ from .common import (
     FP4_GROUP,
     VEC_BYTES,
     WARP,
+    count_in,
     e8m0_scale_times_64,
     f16x2_pair_sum_f32,
     fp4x8_fma_f16x2,
@@ -94,17 +95,8 @@ def norm_tail(
     eps: cutlass.Constexpr,
 ):
     """Every CTA of GEMM2 (empty slots too) counts in; the last of the `ctas` to arrive sees all reductions and writes
-    normed = rms_norm(y_lat) * gamma in bf16. One release fence by thread 0 after the barrier covers the CTA's
-    reductions (fences are cumulative); the counter is left at zero for the next launch."""
-    cute.arch.sync_threads()
-    if tidx == 0:
-        cute.arch.fence_acq_rel_gpu()
-        arrived = cute.arch.atomic_add(counter.iterator, Int32(1), scope="gpu")
-        flag[0] = Int32(0)
-        if arrived == ctas - 1:
-            flag[0] = Int32(1)
-            counter[0] = Int32(0)
-    cute.arch.sync_threads()
+    normed = rms_norm(y_lat) * gamma in bf16."""
+    count_in(counter, flag, tidx, ctas)
     if flag[0] == 1:
         cute.arch.fence_acq_rel_gpu()
         # All 256 threads per token row (coalesced 4-byte loads from L2), partial sums meet in shared memory.

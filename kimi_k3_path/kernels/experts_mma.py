@@ -39,21 +39,11 @@ from .common import (
     situ_glu,
 )
 from .experts import TAIL_SMEM_BYTES, alloc_tail_smem, norm_tail, zero_y_lat
-from .mma import MMA_ROWS, TILE_TOKENS, zero_tiles
+from .mma import MMA_ROWS, TILE_TOKENS, mma_16816, zero_tiles
 
 WARPS_PER_CTA = 8
 GROUPS_IN_FLIGHT = 4  # MXFP4 groups whose weight words and scales are loaded before their MMAs
 GEMM1_COLUMNS = MMA_ROWS // 2  # a's columns per warp: 8 gate rows + the 8 matching up rows
-
-
-def mma_f16_16816(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-    """D = A @ B + C for one m16n8k16 tile: A, B as packed fp16 pairs, C and D fp32 (PTX fragment layout)."""
-    return cute.arch.inline_ptx(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-        "{{$w0}, {$w1}, {$w2}, {$w3}}, {{$r0}, {$r1}, {$r2}, {$r3}}, {{$r4}, {$r5}}, {{$r6}, {$r7}, {$r8}, {$r9}};",
-        write_only_types=[Float32] * 4,
-        read_only_args=[a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
-    )
 
 
 def token_row(slot_pairs, slot, count, column, top_k: int, by_token: bool, base: Int64, row_bytes: int, q) -> Int64:
@@ -91,8 +81,8 @@ def groups_mma(
         a_g8 = fp4x8_to_f16x2(word_g8)
         b = pair_like_fp4x8(xw[0], xw[1], xw[2], xw[3])
         zero = Float32(0.0)
-        d = mma_f16_16816(a_g[0], a_g8[0], a_g[1], a_g8[1], b[0], b[1], zero, zero, zero, zero)
-        d = mma_f16_16816(a_g[2], a_g8[2], a_g[3], a_g8[3], b[2], b[3], d[0], d[1], d[2], d[3])
+        d = mma_16816(a_g[0], a_g8[0], a_g[1], a_g8[1], b[0], b[1], zero, zero, zero, zero, "f16")
+        d = mma_16816(a_g[2], a_g8[2], a_g[3], a_g8[3], b[2], b[3], d[0], d[1], d[2], d[3], "f16")
         sg = e8m0_scale_times_64(scale_g)
         sg8 = e8m0_scale_times_64(scale_g8)
         acc[0, 0] = acc[0, 0] + d[0] * sg

@@ -58,10 +58,11 @@ def alloc_tile_scratch(smem, mt: int):
     )
 
 
-def mma_bf16_16816(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-    """D = A @ B + C for one m16n8k16 tile: A, B as packed bf16 pairs, C and D fp32 (PTX fragment layout)."""
+def mma_16816(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, operands: str = "bf16"):
+    """D = A @ B + C for one m16n8k16 tile: A, B as packed pairs of `operands` ("bf16" or "f16"), C and D fp32 (PTX
+    fragment layout)."""
     return cute.arch.inline_ptx(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        f"mma.sync.aligned.m16n8k16.row.col.f32.{operands}.{operands}.f32 "
         "{{$w0}, {$w1}, {$w2}, {$w3}}, {{$r0}, {$r1}, {$r2}, {$r3}}, {{$r4}, {$r5}}, {{$r6}, {$r7}, {$r8}, {$r9}};",
         write_only_types=[Float32] * 4,
         read_only_args=[a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
@@ -90,7 +91,7 @@ def chunks_mma(acc, row_addr: Int64, row8_addr: Int64, x_addr: Int64, x_row_byte
             xs.append(ld_act_v4(x_addr + Int64(token) * x_row_bytes + offsets[i]))
         for t in range(tiles):
             for s in range(2):
-                d = mma_bf16_16816(wa[2 * s], wb[2 * s], wa[2 * s + 1], wb[2 * s + 1], xs[t][2 * s], xs[t][2 * s + 1],
+                d = mma_16816(wa[2 * s], wb[2 * s], wa[2 * s + 1], wb[2 * s + 1], xs[t][2 * s], xs[t][2 * s + 1],
                                    acc[t, 0], acc[t, 1], acc[t, 2], acc[t, 3])
                 for c in range(4):
                     acc[t, c] = d[c]

@@ -18,7 +18,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
-from .common import DEFAULT_WEIGHT_LOAD, WARP, lane_group_sum, ld_coherent_f32, sigmoid
+from .common import DEFAULT_WEIGHT_LOAD, WARP, count_in, lane_group_sum, ld_coherent_f32, sigmoid
 from .gemv import BF16_PER_VEC, SCRATCH_BYTES, WARPS_PER_CTA, alloc_scratch, check_k, dot_slice, split_k_reduce, zero_acc
 
 INT32_MIN = -(2**31)  # order key of a NaN router key; also the sign-bit flip between signed and unsigned order
@@ -102,17 +102,8 @@ def router_part(
                 if m_first + mi < m_count:
                     logits[m_first + mi, cta] = acc[0, mi]
 
-    # Publish the logits, then count this CTA in; the last one to arrive owns the selection. The barrier makes the
-    # CTA's writes visible to thread 0, whose device-scope release fence (cumulative) then covers them all.
-    cute.arch.sync_threads()
-    if tidx == 0:
-        cute.arch.fence_acq_rel_gpu()
-        arrived = cute.arch.atomic_add(counter.iterator, Int32(1), scope="gpu")
-        flag[0] = Int32(0)
-        if arrived == experts - 1:
-            flag[0] = Int32(1)
-            counter[0] = Int32(0)
-    cute.arch.sync_threads()
+    # Publish the logits, then count this CTA in; the last one to arrive owns the selection.
+    count_in(counter, flag, tidx, experts)
     if flag[0] == 1:
         cute.arch.fence_acq_rel_gpu()
         # Unrolled, so that every thread's bias loads are in flight together (one round trip, not four).
