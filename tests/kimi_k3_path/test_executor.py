@@ -385,7 +385,8 @@ def test_the_kernel_op_prepares_once_and_returns_fp32(gen):
     assert (kernels.prepared, kernels.launches) == (1, 2)
     assert first.dtype == torch.float32 and first.shape == (5, d.moe.hidden)
     assert_close(first, latent_moe(x, w, d.moe), 2e-2)  # the input crossed in bf16
-    assert_close(second, first[:2], 1e-5)  # the rows, batched differently (BLAS blocking may reorder sums)
+    # The output crosses in bf16: the same rows batched differently (BLAS may reorder sums) can round one ulp apart.
+    assert_close(second, first[:2], 2.0**-8)
     op(x, replace(w, router_bias=w.router_bias.clone()), d.moe)  # other weights: prepared again
     assert kernels.prepared == 2
 
