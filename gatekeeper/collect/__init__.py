@@ -20,7 +20,7 @@ from gatekeeper.collect.testrun import run_tests
 from gatekeeper.errors import InputError
 from gatekeeper.evidence import Evidence, HeadInfo, Origin, PerfSubmission, TestRun, load_perf_evidence
 from gatekeeper.paths import matches_any
-from gatekeeper.policy import LoadedPolicy
+from gatekeeper.policy import LoadedPolicy, Policy
 from gatekeeper.sources.git import GitSnapshot, changes_from_git
 
 # How far back the head's ancestry is recorded when the policy allows no window: enough for a report to
@@ -57,7 +57,7 @@ def collect(loaded: LoadedPolicy, repo: Path, base: str, perf_files: tuple[Path,
     return Evidence(**evidence)
 
 
-def head_info(policy, repo: Path, sha: str) -> HeadInfo:
+def head_info(policy: Policy, repo: Path, sha: str) -> HeadInfo:
     """The head, its ancestry as far as the perf commit window can reach, and (commit_window_counts: owned) the
     commits in it that change the owned paths."""
     settings = policy.checks.perf_matrix
