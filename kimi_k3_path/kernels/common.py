@@ -1,8 +1,9 @@
 """Device helpers shared by the latent-MoE kernels (traced inline into each @cute.kernel).
 
 Everything here is plain PTX the sm_90a target has: vector loads with cache hints, bf16 and MXFP4 unpacking, lane-group
-reductions, the SiTU-GLU activation. Up to 4 tokens the kernels are SIMT (CUDA-core FMAs), where decode is bound by
-bytes; above 4 they move to mma.sync (mma.py, experts_mma.py), whose fragments are loaded straight from global memory.
+reductions, the SiTU-GLU activation. The SIMT (CUDA-core) kernels serve one-token bf16 GEMMs, the router, and every
+batch when tensor cores are turned off; the rest runs on mma.sync (mma.py, experts_mma.py), with fragments loaded
+straight from global memory.
 """
 
 from __future__ import annotations

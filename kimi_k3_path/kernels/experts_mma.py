@@ -1,7 +1,8 @@
-"""Routed experts above 4 tokens on the tensor cores: the two launches of experts.py (GEMM1 + SiTU-GLU; GEMM2 +
+"""Routed experts on the tensor cores (every batch size, unless turned off): the two launches of experts.py (GEMM1 + SiTU-GLU; GEMM2 +
 weighted combine + latent-norm tail), grouped by the same router plan, with mma.sync m16n8k16 (fp16 in, fp32 out).
 
-A warp owns 16 weight rows of its slot's expert and the tokens that chose it, one tile of 8 at a time (a slot holds
+A warp owns 16 weight rows of its slot's expert (GEMM1: a slice of their K groups, GEMM2: all of K) and the tokens
+that chose it, one tile of 8 at a time (a slot holds
 1 to 64 tokens; at M = 64 most hold one or two, and the MMA's idle columns cost nothing that matters: the expert's
 bytes are the bound; a slot of more than 8 tokens rereads its rows, from L2, once per further tile). For each MXFP4
 group of 32 k (one E8M0 scale per row), lane (g, q) loads the 4-byte word q of rows g and g + 8 (elements 8q ..
@@ -39,10 +40,13 @@ from .common import (
     situ_glu,
 )
 from .experts import TAIL_SMEM_BYTES, alloc_tail_smem, norm_tail, zero_y_lat
-from .mma import MMA_ROWS, TILE_TOKENS, mma_16816, zero_tiles
+from .mma import MMA_ROWS, TILE_TOKENS, alloc_tile_scratch, mma_16816, reduce_tiles, scratch_bytes, zero_tiles
 
 WARPS_PER_CTA = 8
-GROUPS_IN_FLIGHT = 4  # MXFP4 groups whose weight words and scales are loaded before their MMAs
+# MXFP4 groups whose weight words, scales and activations are loaded before their MMAs (measured, v7: more costs
+# occupancy, e.g. GEMM2 with 12 took 21.5 us at M=1 against 13.1 with 4).
+GEMM1_GROUPS_IN_FLIGHT = 7  # half of a warp's 14 groups at L = 3584
+GEMM2_GROUPS_IN_FLIGHT = 4
 GEMM1_COLUMNS = MMA_ROWS // 2  # a's columns per warp: 8 gate rows + the 8 matching up rows
 
 
@@ -92,47 +96,50 @@ def groups_mma(
 
 
 @cute.jit
-def all_groups_mma(
+def group_span_mma(
     acc: cute.Tensor,
     x_row: Int64,
     w_g: Int64,
     w_g8: Int64,
     s_g: Int64,
     s_g8: Int64,
+    first_group: Int32,
     q: Int32,
     groups: cutlass.Constexpr,
+    in_flight: cutlass.Constexpr,
 ):
-    batches: cutlass.Constexpr = groups // GROUPS_IN_FLIGHT
+    """acc += groups first_group .. first_group + groups - 1, `in_flight` groups' loads at a time."""
+    batches: cutlass.Constexpr = groups // in_flight
     for b in cutlass.range(batches, unroll=1):
-        groups_mma(acc, x_row, w_g, w_g8, s_g, s_g8, b * GROUPS_IN_FLIGHT, q, GROUPS_IN_FLIGHT)
-    if cutlass.const_expr(groups % GROUPS_IN_FLIGHT != 0):
-        groups_mma(acc, x_row, w_g, w_g8, s_g, s_g8, batches * GROUPS_IN_FLIGHT, q, groups % GROUPS_IN_FLIGHT)
+        groups_mma(acc, x_row, w_g, w_g8, s_g, s_g8, first_group + b * in_flight, q, in_flight)
+    if cutlass.const_expr(groups % in_flight != 0):
+        groups_mma(acc, x_row, w_g, w_g8, s_g, s_g8, first_group + batches * in_flight, q, groups % in_flight)
 
 
 def check_mma_experts(latent: int, inter: int) -> None:
     if latent % (WARPS_PER_CTA * MMA_ROWS) or latent % (WARPS_PER_CTA * WARP):
         raise ValueError(f"experts (tensor cores): latent={latent} is not a multiple of {WARPS_PER_CTA * WARP}")
-    if inter % (WARPS_PER_CTA * GEMM1_COLUMNS) or inter % FP4_GROUP:
-        raise ValueError(
-            f"experts (tensor cores): intermediate={inter} is not a multiple of {WARPS_PER_CTA * GEMM1_COLUMNS}"
-        )
+    if inter % FP4_GROUP:  # whole MXFP4 groups per w2 row; GEMM1's CTAs take 8 columns each (32 = 4 x 8)
+        raise ValueError(f"experts (tensor cores): intermediate={inter} is not a multiple of {FP4_GROUP}")
 
 
 class ExpertsGemm1SituMma:
-    """ExpertsGemm1Situ (same tensors and results) on the tensor cores; CTA (slot, tile) computes a's columns
-    64*tile .. +63 of the slot's pairs, 8 per warp."""
+    """ExpertsGemm1Situ (same tensors and results) on the tensor cores. CTA (slot, tile) computes a's columns
+    8*tile .. 8*tile + 7 of the slot's pairs: MMA rows g are gate rows j0 + g, rows g + 8 the matching up rows. Its 8
+    warps split the K groups (14 each at L = 3584) and meet in shared memory, so even one token keeps 8 warps per 16
+    rows streaming; threads (token, column) then apply SiTU-GLU to the totals."""
 
-    def __init__(self, experts: int, latent: int, inter: int, top_k: int):
-        check_mma_experts(latent, inter)
-        self.e, self.l, self.i, self.k = experts, latent, inter, top_k
+    def __init__(self, experts: int, latent: int, inter: int, top_k: int, in_flight: int = GEMM1_GROUPS_IN_FLIGHT):
+        check_mma_experts(latent, inter)  # latent % 256 == 0: the 8 warps get whole, equal shares of the K groups
+        self.e, self.l, self.i, self.k, self.in_flight = experts, latent, inter, top_k, in_flight
 
     @cute.jit
     def __call__(self, x_lat, w13, s13, n_active, slot_expert, slot_count, slot_pairs, a, y_lat, stream: cuda.CUstream):
         m = x_lat.shape[0]
         slots = cutlass.min(m * self.k, self.e)
         self.kernel(x_lat, w13, s13, n_active, slot_expert, slot_count, slot_pairs, a, y_lat, m).launch(
-            grid=[slots, self.i // (WARPS_PER_CTA * GEMM1_COLUMNS), 1], block=[WARPS_PER_CTA * WARP, 1, 1],
-            stream=stream,
+            grid=[slots, self.i // GEMM1_COLUMNS, 1], block=[WARPS_PER_CTA * WARP, 1, 1],
+            smem=scratch_bytes(TILE_TOKENS), stream=stream,
         )
 
     @cute.kernel
@@ -140,12 +147,13 @@ class ExpertsGemm1SituMma:
         tidx, _, _ = cute.arch.thread_idx()
         slot, tile, _ = cute.arch.block_idx()
         grid_x, grid_y, _ = cute.arch.grid_dim()
+        scratch = alloc_tile_scratch(cutlass.memory.SmemAllocator(), TILE_TOKENS)
         zero_y_lat(y_lat, (tile * grid_x + slot) * WARPS_PER_CTA * WARP + tidx, grid_x * grid_y * WARPS_PER_CTA * WARP,
                    m_count, self.l)
         if slot < n_active[0]:
-            lane = tidx % WARP
+            warp, lane = tidx // WARP, tidx % WARP
             g, q = lane // 4, lane % 4
-            j0 = (tile * WARPS_PER_CTA + tidx // WARP) * GEMM1_COLUMNS
+            j0 = tile * GEMM1_COLUMNS
             expert = slot_expert[slot]
             count = slot_count[slot]
             n_tiles = (count + TILE_TOKENS - 1) // TILE_TOKENS
@@ -153,27 +161,32 @@ class ExpertsGemm1SituMma:
             up_row = gate_row + Int64(self.i)
             packed: cutlass.Constexpr = self.l // 2
             groups: cutlass.Constexpr = self.l // FP4_GROUP
-            # One token tile at a time: a slot rarely holds more than 8 tokens, and then its weights come from L2.
+            per_warp: cutlass.Constexpr = groups // WARPS_PER_CTA
             for t in cutlass.range(n_tiles, unroll=1):
                 x_row = token_row(slot_pairs, slot, count, t * TILE_TOKENS + g, self.k, True, x_lat.iterator.toint(),
                                   self.l * 2, q)
                 acc = zero_tiles(1)
-                all_groups_mma(acc, x_row, w13.iterator.toint() + gate_row * packed,
+                group_span_mma(acc, x_row, w13.iterator.toint() + gate_row * packed,
                                w13.iterator.toint() + up_row * packed, s13.iterator.toint() + gate_row * groups,
-                               s13.iterator.toint() + up_row * groups, q, groups)
-                for c in cutlass.range_constexpr(2):
-                    column = t * TILE_TOKENS + 2 * q + c
+                               s13.iterator.toint() + up_row * groups, warp * per_warp, q, per_warp, self.in_flight)
+                reduce_tiles(acc, scratch, tidx, 1)
+                if tidx < TILE_TOKENS * GEMM1_COLUMNS:
+                    token, j = tidx // GEMM1_COLUMNS, tidx % GEMM1_COLUMNS
+                    column = t * TILE_TOKENS + token
                     if column < count:
-                        a[slot_pairs[slot, column], j0 + g] = situ_glu(acc[0, c], acc[0, 2 + c]).to(Float16)
+                        gate, up = scratch[0, token, j], scratch[0, token, j + GEMM1_COLUMNS]
+                        a[slot_pairs[slot, column], j0 + j] = situ_glu(gate, up).to(Float16)
+                cute.arch.sync_threads()  # the next tile's reduce_tiles overwrites scratch
 
 
 class ExpertsGemm2CombineMma:
     """ExpertsGemm2Combine (same tensors and results) on the tensor cores; CTA (slot, tile) computes latent rows
     128*tile .. +127 of the slot's pairs, 16 per warp."""
 
-    def __init__(self, experts: int, latent: int, inter: int, top_k: int, eps: float):
+    def __init__(self, experts: int, latent: int, inter: int, top_k: int, eps: float,
+                 in_flight: int = GEMM2_GROUPS_IN_FLIGHT):
         check_mma_experts(latent, inter)
-        self.e, self.l, self.i, self.k, self.eps = experts, latent, inter, top_k, eps
+        self.e, self.l, self.i, self.k, self.eps, self.in_flight = experts, latent, inter, top_k, eps, in_flight
 
     @cute.jit
     def __call__(self, a, w2, s2, n_active, slot_expert, slot_count, slot_pairs, topk_w, y_lat, counter, gamma,
@@ -208,8 +221,9 @@ class ExpertsGemm2CombineMma:
                 x_row = token_row(slot_pairs, slot, count, t * TILE_TOKENS + g, self.k, False, a.iterator.toint(),
                                   self.i * 2, q)
                 acc = zero_tiles(1)
-                all_groups_mma(acc, x_row, w2.iterator.toint() + row * packed, w2.iterator.toint() + (row + 8) * packed,
-                               s2.iterator.toint() + row * groups, s2.iterator.toint() + (row + 8) * groups, q, groups)
+                group_span_mma(acc, x_row, w2.iterator.toint() + row * packed, w2.iterator.toint() + (row + 8) * packed,
+                               s2.iterator.toint() + row * groups, s2.iterator.toint() + (row + 8) * groups, Int32(0), q,
+                               groups, self.in_flight)
                 for c in cutlass.range_constexpr(2):
                     column = t * TILE_TOKENS + 2 * q + c
                     if column < count:

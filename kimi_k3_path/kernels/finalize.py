@@ -5,7 +5,7 @@ down-projection, summed into the block output:
 
 The weighted top-k combine already happened in the GEMM2 epilogue (fp32 reductions into y_lat), and GEMM2's last
 CTA wrote normed = rms_norm(y_lat) in bf16, so this is one skinny GEMM over two K segments with one accumulator per
-segment. Split-K over the CTA's warps as in gemv.py; above 4 tokens on the tensor cores (mma.py), where both segments
+segment. Split-K over the CTA's warps as in gemv.py; from 2 tokens on the tensor cores (mma.py), where both segments
 accumulate into the same C fragments.
 """
 

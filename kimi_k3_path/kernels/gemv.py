@@ -7,7 +7,7 @@ striding it in 16-byte vectors (coalesced 512 B per warp load); partial sums mee
 keeps thousands of warps streaming even when N is small (the router has 896 rows), and many small CTAs balance
 across the 132 SMs. Tokens come in compile-time tiles of `mt` (1, 2, 4 or 8) with a run-time loop over tiles;
 fp32 accumulation. Weights bypass L1 (read once); activations stay in L1 (every warp of the SM rereads them).
-Batches above 4 tokens run on the tensor cores instead (mma.py): 16 rows per CTA, every token in one pass.
+Batches of 2 or more tokens run on the tensor cores instead (mma.py): 16 rows per CTA, every token in one pass.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from .common import (
     ld_weight_v4,
     load_bf16_tokens,
 )
-from .mma import MMA_ROWS, alloc_tile_scratch, check_mma, mma_rows_part, scratch_bytes, uses_tensor_cores
+from .mma import MAX_MMA_TOKENS, MMA_ROWS, alloc_tile_scratch, check_mma, mma_rows_part, scratch_bytes, uses_tensor_cores
 
 WARPS_PER_CTA = 8
 MAX_TILE = 8  # largest token tile; shared-memory scratch holds WARPS_PER_CTA x 2 rows x MAX_TILE partials
@@ -37,9 +37,11 @@ GEMV_SPLIT = 4
 
 def token_tile(m: int, tensor_cores: bool = True) -> int:
     """Compile-time token tile for a batch of m tokens: 1, 2, 4 or 8 on the CUDA cores, where a run-time loop covers
-    the rest of a larger batch; with tensor_cores, batches of 5 to 64 tokens get one tile of 16, 32 or 64 (mma.py:
-    above 4 tokens the CUDA cores' FMAs, not the bytes, set the time)."""
-    for mt in (1, 2, 4, 16, 32, 64) if tensor_cores else (1, 2, 4):
+    the rest of a larger batch; with tensor_cores, batches of 2 to 64 tokens get one tile of 16, 32 or 64 (mma.py:
+    measured on the H200, the tensor cores win from 2 tokens on and lose by ~2 us per GEMM at one token)."""
+    if tensor_cores and 1 < m <= MAX_MMA_TOKENS:
+        return 16 if m <= 16 else (32 if m <= 32 else 64)
+    for mt in (1, 2, 4):
         if m <= mt:
             return mt
     return MAX_TILE

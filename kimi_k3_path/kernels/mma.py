@@ -1,6 +1,6 @@
-"""Tensor-core row dots for decode batches above 4 tokens: mma.sync m16n8k16, bf16 in, fp32 accumulate.
+"""Tensor-core row dots for decode batches of 2 to 64 tokens: mma.sync m16n8k16, bf16 in, fp32 accumulate.
 
-Above 4 tokens the SIMT kernels stop being bound by bytes: every weight meets every token on the CUDA cores (with a
+Above one token the SIMT kernels stop being bound by bytes: every weight meets every token on the CUDA cores (with a
 bf16 -> fp32 unpack per weight), and a batch of 64 walks each weight row once per tile of 8 tokens. Here a warp owns
 16 weight rows and all tokens; its lanes load their MMA fragments straight from global memory (no shared-memory
 staging: each weight is used by one warp only):

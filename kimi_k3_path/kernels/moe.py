@@ -35,11 +35,13 @@ from .shared import check_shared, mma_shared_part, shared_ctas, shared_part
 
 class FrontKernel:
     """The three consumers of x in one launch: CTAs [0, E) route, the next ones project down, the last ones compute
-    the shared experts' activation. Router CTAs come first so the top-k tail overlaps the other streams. Above 8
-    tokens the down-projection and shared CTAs run on the tensor cores (16 rows each, mma.py); the router stays on
-    the CUDA cores in tiles of 8 tokens (its logits are fp32 dots of one expert row)."""
+    the shared experts' activation. Router CTAs come first so the top-k tail overlaps the other streams. From 2
+    tokens (token tile mt >= 16) the down-projection and shared CTAs run on the tensor cores (16 rows each, mma.py);
+    the router stays on the CUDA cores in its own tile of router_mt <= 8 tokens (its logits are fp32 dots of one
+    expert row)."""
 
-    def __init__(self, experts: int, hidden: int, latent: int, shared_inter: int, top_k: int, scaling: float, mt: int):
+    def __init__(self, experts: int, hidden: int, latent: int, shared_inter: int, top_k: int, scaling: float, mt: int,
+                 router_mt: int):
         check_router(experts, hidden, top_k)
         check_shared(shared_inter, hidden, mt)
         check_k(hidden, GEMV_SPLIT, "FrontKernel (down-projection)")
@@ -52,7 +54,7 @@ class FrontKernel:
             raise ValueError(f"FrontKernel: latent={latent} is not a multiple of {rows_per_cta}")
         self.e, self.h, self.l, self.s, self.k, self.scaling, self.mt = (
             experts, hidden, latent, shared_inter, top_k, scaling, mt)
-        self.router_mt = min(mt, MAX_TILE)
+        self.router_mt = router_mt
         self.down_ctas = latent // rows_per_cta
         self.shared_ctas = shared_ctas(shared_inter, mt)
 
@@ -105,6 +107,7 @@ def front(x, w, ws, m: int, stream, max_regs: int | None = None, tensor_cores: b
     e, h, lat, s, k = w.experts, w.hidden, w.latent, w.shared_intermediate, w.top_k
     expect("x", x, (m, h), "bfloat16")
     mt = token_tile(m, tensor_cores)
+    router_mt = token_tile(m, tensor_cores=False)
 
     def build():
         md = dyn()
@@ -115,9 +118,9 @@ def front(x, w, ws, m: int, stream, max_regs: int | None = None, tensor_cores: b
             fake(BFloat16, (lat, h)), fake(Float16, (md, lat)), fake(BFloat16, (2 * s, h)), fake(BFloat16, (md, s)),
             fake_stream(),
         )
-        return FrontKernel(e, h, lat, s, k, w.routed_scaling_factor, mt), args
+        return FrontKernel(e, h, lat, s, k, w.routed_scaling_factor, mt, router_mt), args
 
-    fn = compile_cached(("moe_front", e, h, lat, s, k, w.routed_scaling_factor, mt), build, max_regs)
+    fn = compile_cached(("moe_front", e, h, lat, s, k, w.routed_scaling_factor, mt, router_mt), build, max_regs)
     fn(
         to_cute(x, True), to_cute(w.router), to_cute(w.router_bias), to_cute(ws.logits[:m], True),
         to_cute(ws.router_counter), to_cute(ws.ids[:m], True), to_cute(ws.weights[:m], True),
@@ -237,7 +240,7 @@ def decode_steps(
     tensor_cores: bool = True,
 ) -> list[Step]:
     """The launches of `latent_moe_decode`, in order (the bench times them one by one). tensor_cores=False keeps
-    batches above 4 tokens on the CUDA cores (the bench's same-run comparison)."""
+    every launch on the CUDA cores (the bench's same-run comparison)."""
     regs = {**MAX_REGS, **(max_regs or {})}
     m = x.shape[0]
     if not 1 <= m <= MAX_TOKENS:

@@ -1,6 +1,6 @@
 """Shared experts' first half: a[M, Ish] = situ_glu(x @ W_sh13[:Ish]^T, x @ W_sh13[Ish:]^T) for this rank's
 shard. One CTA per output column j; its 8 warps split K and each reads gate row j and up row Ish + j in the same
-pass over x, so the pair meets in registers / shared memory, never in device memory. Above 4 tokens (tensor cores,
+pass over x, so the pair meets in registers / shared memory, never in device memory. From 2 tokens (tensor cores,
 mma.py) a CTA owns 8 columns: its 16 MMA rows are gate rows j..j+7 and up rows Ish+j..Ish+j+7. The second half
 (a @ W_sh2^T) is fused into the finalize kernel's up-projection; `SkinnyGemm` runs it alone where it is needed
 alone."""

@@ -101,7 +101,7 @@ def test_front_kernel_compiles(tp, mt, dims):
     m = dyn()
     e, h, lat, s, k = d.experts, d.hidden, d.latent, d.shared_intermediate, d.top_k
     _compiles(
-        FrontKernel(e, h, lat, s, k, d.routed_scaling_factor, mt),
+        FrontKernel(e, h, lat, s, k, d.routed_scaling_factor, mt, token_tile(mt, tensor_cores=False)),
         fake(BFloat16, (m, h)), fake(BFloat16, (e, h)), fake(Float32, (e,)), fake(Float32, (m, e)), fake(Int32, (1,)),
         fake(Int32, (m, k)), fake(Float32, (m, k)), *_plan(e), fake(BFloat16, (lat, h)), fake(BFloat16, (m, lat)),
         fake(BFloat16, (2 * s, h)), fake(BFloat16, (m, s)), fake_stream(),
@@ -123,7 +123,7 @@ def test_stream_gemv_gives_every_warp_the_same_rows_within_one_cta_per_sm():
 
 def test_token_tile_covers_every_batch():
     batches = (1, 2, 3, 4, 5, 8, 9, 16, 17, 33, 64, 65)
-    assert [token_tile(m) for m in batches] == [1, 2, 4, 4, 16, 16, 16, 16, 32, 64, 64, 8]
+    assert [token_tile(m) for m in batches] == [1, 16, 16, 16, 16, 16, 16, 16, 32, 64, 64, 8]
     assert [token_tile(m, tensor_cores=False) for m in batches] == [1, 2, 4, 4, 8, 8, 8, 8, 8, 8, 8, 8]
 
 
@@ -144,7 +144,8 @@ def test_lanes_per_row_divides_the_groups():
         (lambda: Finalize(7168, 3584, 100, 1), "K=100"),
         (lambda: SkinnyGemm(3592, 7168, 16), "3592 rows is not a multiple of 16"),
         (lambda: StreamGemv(3584, 7000, 132), "K=7000 is not a multiple of 1792"),
-        (lambda: ExpertsGemm1SituMma(896, 3584, 96, 16), "intermediate=96 is not a multiple of 64"),
+        (lambda: ExpertsGemm1SituMma(896, 3584, 80, 16), "intermediate=80 is not a multiple of 32"),
+        (lambda: ExpertsGemm1SituMma(896, 3200, 384, 16), "latent=3200 is not a multiple of 256"),
         (lambda: Finalize(7168, 3584, 48, 64), "K=48 is not a multiple of 32"),
     ],
 )
