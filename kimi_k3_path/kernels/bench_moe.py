@@ -100,7 +100,6 @@ def STANDALONE_BYTES(d) -> list[tuple[str, int]]:
     return [
         ("router_topk (alone)", d.experts * d.hidden * 2 + d.experts * 4),
         ("down_proj skinny_gemm (alone)", d.latent * d.hidden * 2),
-        ("down_proj stream_gemv (alone)", d.latent * d.hidden * 2),
         ("shared_gate_up_situ (alone)", 2 * d.shared_intermediate * d.hidden * 2),
     ]
 
@@ -108,7 +107,6 @@ def STANDALONE_BYTES(d) -> list[tuple[str, int]]:
 def standalone_steps(xs, ours, spaces, d):
     """The front kernel's three parts as their own launches (the GEMV-class bandwidth criteria are per kernel)."""
     from kimi_k3_path.kernels.gemv import skinny_gemm
-    from kimi_k3_path.kernels.gemv_stream import stream_gemv
     from kimi_k3_path.kernels.router import router_topk
     from kimi_k3_path.kernels.shared import shared_gate_up_situ
 
@@ -124,16 +122,12 @@ def standalone_steps(xs, ours, spaces, d):
         for x, w, o in zip(xs, ours, lat_outs):
             skinny_gemm(x, w.down, o, st)
 
-    def down_streamed(st):
-        for x, w, o in zip(xs, ours, lat_outs):
-            stream_gemv(x, w.down, o, st)
-
     def shared(st):
         for x, w, ws in zip(xs, ours, spaces):
             shared_gate_up_situ(x, w.shared13, ws.a_sh[:m], st)
 
     names = [name for name, _ in STANDALONE_BYTES(d)]
-    return list(zip(names, (router, down, down_streamed, shared)))
+    return list(zip(names, (router, down, shared)))
 
 
 def driver_version() -> str:

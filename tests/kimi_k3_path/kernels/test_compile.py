@@ -19,7 +19,6 @@ from kimi_k3_path.kernels.experts import ExpertsGemm1Situ, ExpertsGemm2Combine, 
 from kimi_k3_path.kernels.experts_mma import ExpertsGemm1SituMma, ExpertsGemm2CombineMma  # noqa: E402
 from kimi_k3_path.kernels.finalize import Finalize  # noqa: E402
 from kimi_k3_path.kernels.gemv import SkinnyGemm, token_tile  # noqa: E402
-from kimi_k3_path.kernels.gemv_stream import StreamGemv, rows_per_warp  # noqa: E402
 from kimi_k3_path.kernels.moe import FrontKernel  # noqa: E402
 from kimi_k3_path.kernels.router import MAX_TOKENS, RouterTopK  # noqa: E402
 from kimi_k3_path.kernels.runtime import dyn, fake, fake_stream  # noqa: E402
@@ -108,19 +107,6 @@ def test_front_kernel_compiles(tp, mt, dims):
     )
 
 
-@pytest.mark.parametrize(("n", "k"), [(3584, 7168), (7168, 3584)])
-def test_stream_gemv_compiles(n, k):
-    _compiles(StreamGemv(n, k, 132), fake(BFloat16, (1, k)), fake(BFloat16, (n, k)), fake(BFloat16, (1, n)),
-              fake_stream())
-
-
-def test_stream_gemv_gives_every_warp_the_same_rows_within_one_cta_per_sm():
-    assert rows_per_warp(3584, 132) == 4 and StreamGemv(3584, 7168, 132).ctas() == 112  # 4 x 8 x 112 = 3584
-    assert rows_per_warp(7168, 132) == 7 and StreamGemv(7168, 3584, 132).ctas() == 128
-    assert rows_per_warp(448, 132) == 1 and StreamGemv(448, 7168, 132).ctas() == 56
-    assert rows_per_warp(8 * 7, 1) == 7  # one SM: everything in one CTA
-
-
 def test_token_tile_covers_every_batch():
     batches = (1, 2, 3, 4, 5, 8, 9, 16, 17, 33, 64, 65)
     assert [token_tile(m) for m in batches] == [1, 16, 16, 16, 16, 16, 16, 16, 32, 64, 64, 8]
@@ -143,7 +129,6 @@ def test_lanes_per_row_divides_the_groups():
         (lambda: ExpertsGemm2Combine(896, 3584, 100, 16, 1e-5), "intermediate=100"),
         (lambda: Finalize(7168, 3584, 100, 1), "K=100"),
         (lambda: SkinnyGemm(3592, 7168, 16), "3592 rows is not a multiple of 16"),
-        (lambda: StreamGemv(3584, 7000, 132), "K=7000 is not a multiple of 1792"),
         (lambda: ExpertsGemm1SituMma(896, 3584, 80, 16), "intermediate=80 is not a multiple of 32"),
         (lambda: ExpertsGemm1SituMma(896, 3200, 384, 16), "latent=3200 is not a multiple of 256"),
         (lambda: Finalize(7168, 3584, 48, 64), "K=48 is not a multiple of 32"),

@@ -109,19 +109,6 @@ def test_skinny_gemm_and_sharded_down_projection(m, gen, dims):
     assert rel_err(shard, ref[:, rank * cols : (rank + 1) * cols]) < TOL
 
 
-@pytest.mark.parametrize(("n", "k"), [(3584, 7168), (7168, 3584), (448, 7168)])
-def test_stream_gemv_matches_reference(n, k, gen):
-    """The one-token streaming GEMV (the down-projection, the up-projection, a TP8 column shard)."""
-    from kimi_k3_path.kernels.gemv_stream import stream_gemv
-
-    x = torch.randn(1, k, generator=gen, device="cuda").to(torch.bfloat16)
-    w = (torch.randn(n, k, generator=gen, device="cuda") / k**0.5).to(torch.bfloat16)
-    out = poisoned(1, n, dtype=torch.bfloat16)
-    stream_gemv(x, w, out, stream())
-    torch.cuda.synchronize()
-    assert rel_err(out, x.float() @ w.float().T) < TOL
-
-
 @pytest.mark.parametrize("m", BATCHES)
 def test_router_matches_reference(m, gen, dims):
     d, ref, kw, ws = weights(dims, 8, gen)
