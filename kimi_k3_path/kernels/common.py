@@ -50,6 +50,17 @@ def ld_act_v4(addr: Int64):
     )
 
 
+def after_all_loads(value: Int32, loaded, zero: Int32) -> Int32:
+    """`value`, unchanged, but computed from every register in `loaded` (zero: 0 at run time, unknown to the compiler).
+    ptxas sinks each load next to its first use to save registers, which turns a batch of loads meant to be in flight
+    together into one DRAM round trip per use (seen in the SASS of the experts kernels, v8). Feeding the batch's first
+    use through this keeps every load of the batch ahead of it; one instruction of a vector load needs one register."""
+    folded = loaded[0]
+    for v in loaded[1:]:
+        folded = folded ^ v
+    return value | (folded & zero)
+
+
 def ld_u8(addr: Int64) -> Int32:
     return cute.arch.inline_ptx("ld.global.nc.u8 {$w0}, [{$r0}];", write_only_types=[Int32], read_only_args=[addr])
 

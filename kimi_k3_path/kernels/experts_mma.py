@@ -30,6 +30,7 @@ from .common import (
     FP4_GROUP,
     VEC_BYTES,
     WARP,
+    after_all_loads,
     e8m0_scale_times_64,
     fp4x8_to_f16x2,
     ld_act_v4,
@@ -43,10 +44,13 @@ from .experts import TAIL_SMEM_BYTES, alloc_tail_smem, norm_tail, zero_y_lat
 from .mma import MMA_ROWS, TILE_TOKENS, alloc_tile_scratch, mma_16816, reduce_tiles, scratch_bytes, zero_tiles
 
 WARPS_PER_CTA = 8
-# MXFP4 groups whose weight words, scales and activations are loaded before their MMAs (measured, v7: more costs
-# occupancy, e.g. GEMM2 with 12 took 21.5 us at M=1 against 13.1 with 4).
-GEMM1_GROUPS_IN_FLIGHT = 7  # half of a warp's 14 groups at L = 3584
+# MXFP4 groups whose weight words, scales and activations are in flight together (common.after_all_loads keeps
+# ptxas from splitting a batch into one round trip per group). Measured in one run (v8, TP8 M=1): GEMM1 with 4
+# 17.2 us, with 7 20.1 (registers cost occupancy); GEMM2 with 4 of its 12 groups 14.3 us, 6 16.6, 12 23.3; but at
+# TP16 (6 groups) 4 + 2 took 17.4 us and all 6 at once 12.8: a short row goes in one batch.
+GEMM1_GROUPS_IN_FLIGHT = 4
 GEMM2_GROUPS_IN_FLIGHT = 4
+ONE_BATCH_GROUPS = 6
 GEMM1_COLUMNS = MMA_ROWS // 2  # a's columns per warp: 8 gate rows + the 8 matching up rows
 
 
@@ -68,10 +72,12 @@ def groups_mma(
     s_g8: Int64,
     first_group: Int32,
     q: Int32,
+    zero: Int32,
     count: cutlass.Constexpr,
 ):
     """acc += `count` MXFP4 groups from first_group of rows g / g + 8 (packed rows at w_g / w_g8, scale rows at s_g /
-    s_g8) times one token tile's activations (x_row: this lane's token row). Loads first, then the math."""
+    s_g8) times one token tile's activations (x_row: this lane's token row). Loads first, then the math (zero: a
+    run-time 0 for common.after_all_loads)."""
     frags = []
     for i in cutlass.range_constexpr(count):
         group = Int64(first_group + i)
@@ -79,6 +85,9 @@ def groups_mma(
                  ld_weight_b32(w_g8 + group * VEC_BYTES + Int64(q) * 4))
         scales = (ld_u8(s_g + group), ld_u8(s_g8 + group))
         frags.append((words, scales, ld_act_v4(x_row + group * (FP4_GROUP * 2))))
+    (first_g, first_g8), first_scales, first_x = frags[0]
+    first_g = after_all_loads(first_g, [v for words, scales, xw in frags for v in (*words, *scales, xw[0])], zero)
+    frags[0] = ((first_g, first_g8), first_scales, first_x)
     for i in cutlass.range_constexpr(count):
         (word_g, word_g8), (scale_g, scale_g8), xw = frags[i]
         a_g = fp4x8_to_f16x2(word_g)
@@ -105,15 +114,16 @@ def group_span_mma(
     s_g8: Int64,
     first_group: Int32,
     q: Int32,
+    zero: Int32,
     groups: cutlass.Constexpr,
     in_flight: cutlass.Constexpr,
 ):
     """acc += groups first_group .. first_group + groups - 1, `in_flight` groups' loads at a time."""
     batches: cutlass.Constexpr = groups // in_flight
     for b in cutlass.range(batches, unroll=1):
-        groups_mma(acc, x_row, w_g, w_g8, s_g, s_g8, first_group + b * in_flight, q, in_flight)
+        groups_mma(acc, x_row, w_g, w_g8, s_g, s_g8, first_group + b * in_flight, q, zero, in_flight)
     if cutlass.const_expr(groups % in_flight != 0):
-        groups_mma(acc, x_row, w_g, w_g8, s_g, s_g8, first_group + batches * in_flight, q, groups % in_flight)
+        groups_mma(acc, x_row, w_g, w_g8, s_g, s_g8, first_group + batches * in_flight, q, zero, groups % in_flight)
 
 
 def check_mma_experts(latent: int, inter: int) -> None:
@@ -168,7 +178,8 @@ class ExpertsGemm1SituMma:
                 acc = zero_tiles(1)
                 group_span_mma(acc, x_row, w13.iterator.toint() + gate_row * packed,
                                w13.iterator.toint() + up_row * packed, s13.iterator.toint() + gate_row * groups,
-                               s13.iterator.toint() + up_row * groups, warp * per_warp, q, per_warp, self.in_flight)
+                               s13.iterator.toint() + up_row * groups, warp * per_warp, q, m_count >> 31, per_warp,
+                               self.in_flight)
                 reduce_tiles(acc, scratch, tidx, 1)
                 if tidx < TILE_TOKENS * GEMM1_COLUMNS:
                     token, j = tidx // GEMM1_COLUMNS, tidx % GEMM1_COLUMNS
@@ -186,6 +197,9 @@ class ExpertsGemm2CombineMma:
     def __init__(self, experts: int, latent: int, inter: int, top_k: int, eps: float,
                  in_flight: int = GEMM2_GROUPS_IN_FLIGHT):
         check_mma_experts(latent, inter)
+        groups = inter // FP4_GROUP
+        if groups <= ONE_BATCH_GROUPS:
+            in_flight = groups
         self.e, self.l, self.i, self.k, self.eps, self.in_flight = experts, latent, inter, top_k, eps, in_flight
 
     @cute.jit
@@ -223,7 +237,7 @@ class ExpertsGemm2CombineMma:
                 acc = zero_tiles(1)
                 group_span_mma(acc, x_row, w2.iterator.toint() + row * packed, w2.iterator.toint() + (row + 8) * packed,
                                s2.iterator.toint() + row * groups, s2.iterator.toint() + (row + 8) * groups, Int32(0), q,
-                               groups, self.in_flight)
+                               m_count >> 31, groups, self.in_flight)
                 for c in cutlass.range_constexpr(2):
                     column = t * TILE_TOKENS + 2 * q + c
                     if column < count:

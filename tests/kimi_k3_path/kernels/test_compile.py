@@ -4,6 +4,9 @@ dynamic batch dimension, at the TP8 and TP16 per-rank shapes of the shipped conf
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -16,14 +19,17 @@ import cutlass.cute as cute  # noqa: E402
 from cutlass import BFloat16, Float16, Float32, Int32, Uint8  # noqa: E402
 
 from kimi_k3_path.kernels.experts import ExpertsGemm1Situ, ExpertsGemm2Combine, lanes_per_row  # noqa: E402
-from kimi_k3_path.kernels.experts_mma import ExpertsGemm1SituMma, ExpertsGemm2CombineMma  # noqa: E402
+from kimi_k3_path.kernels.experts_mma import (  # noqa: E402
+    GEMM2_GROUPS_IN_FLIGHT,
+    ExpertsGemm1SituMma,
+    ExpertsGemm2CombineMma,
+)
 from kimi_k3_path.kernels.finalize import Finalize  # noqa: E402
 from kimi_k3_path.kernels.gemv import SkinnyGemm, token_tile  # noqa: E402
 from kimi_k3_path.kernels.moe import FrontKernel  # noqa: E402
 from kimi_k3_path.kernels.router import MAX_TOKENS, RouterTopK  # noqa: E402
 from kimi_k3_path.kernels.runtime import dyn, fake, fake_stream  # noqa: E402
 from kimi_k3_path.kernels.shared import SharedGateUpSitu  # noqa: E402
-
 
 
 def _compiles(op, *args) -> None:
@@ -56,24 +62,68 @@ def test_down_projection_compiles(mt, dims):
     )
 
 
+def _gemm1_args(d):
+    m, pairs = dyn(), dyn()
+    e, lat, i = d.experts, d.latent, d.intermediate
+    return (fake(Float16, (m, lat)), fake(Uint8, (e, 2 * i, lat // 2)), fake(Uint8, (e, 2 * i, lat // 32)), *_plan(e),
+            fake(Float16, (pairs, i)), fake(Float32, (m, lat)), fake_stream())
+
+
+def _gemm2_args(d):
+    m, pairs = dyn(), dyn()
+    e, lat, i = d.experts, d.latent, d.intermediate
+    return (fake(Float16, (pairs, i)), fake(Uint8, (e, lat, i // 2)), fake(Uint8, (e, lat, i // 32)), *_plan(e),
+            fake(Float32, (m, d.top_k)), fake(Float32, (m, lat)), fake(Int32, (1,)), fake(Float32, (lat,)),
+            fake(BFloat16, (m, lat)), fake_stream())
+
+
 @pytest.mark.parametrize("tensor_cores", [False, True])
 @pytest.mark.parametrize("tp", [8, 16])
 def test_experts_compile(tp, tensor_cores, dims):
     d = dims(tp)
-    m, pairs = dyn(), dyn()
-    e, lat, i = d.experts, d.latent, d.intermediate
     gemm1, gemm2 = (ExpertsGemm1SituMma, ExpertsGemm2CombineMma) if tensor_cores else (ExpertsGemm1Situ, ExpertsGemm2Combine)
-    _compiles(
-        gemm1(e, lat, i, d.top_k),
-        fake(Float16, (m, lat)), fake(Uint8, (e, 2 * i, lat // 2)), fake(Uint8, (e, 2 * i, lat // 32)), *_plan(e),
-        fake(Float16, (pairs, i)), fake(Float32, (m, lat)), fake_stream(),
-    )
-    _compiles(
-        gemm2(e, lat, i, d.top_k, d.eps),
-        fake(Float16, (pairs, i)), fake(Uint8, (e, lat, i // 2)), fake(Uint8, (e, lat, i // 32)), *_plan(e),
-        fake(Float32, (m, d.top_k)), fake(Float32, (m, lat)), fake(Int32, (1,)), fake(Float32, (lat,)),
-        fake(BFloat16, (m, lat)), fake_stream(),
-    )
+    _compiles(gemm1(d.experts, d.latent, d.intermediate, d.top_k), *_gemm1_args(d))
+    _compiles(gemm2(d.experts, d.latent, d.intermediate, d.top_k, d.eps), *_gemm2_args(d))
+
+
+def _cuobjdump() -> str:
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    triton = pytest.importorskip("triton", reason="no cuobjdump on PATH and no Triton to borrow it from")
+    bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not bundled.exists():
+        pytest.skip(f"no cuobjdump on PATH or at {bundled}")
+    return str(bundled)
+
+
+def _sass(op, args, dump_dir: Path) -> list[str]:
+    cute.compile(op, *args, options=f"--keep-cubin --dump-dir={dump_dir}")
+    (cubin,) = dump_dir.glob("*.cubin")
+    out = subprocess.run([_cuobjdump(), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    return out.splitlines()
+
+
+@pytest.mark.parametrize("gemm", ["gemm1", "gemm2"])
+@pytest.mark.parametrize("tp", [8, 16])
+def test_expert_weight_loads_of_a_batch_are_all_issued_before_its_first_mma(tp, gemm, dims, tmp_path):
+    """ptxas sinks each load next to its first use unless common.after_all_loads pins the batch (v8): without it
+    only group 0's two weight words preceded the first HMMA, one DRAM round trip per group. Weight loads bypass L1
+    (LDG...NA, ld.global.nc.L1::no_allocate); activations and scales do not."""
+    d = dims(tp)
+    if gemm == "gemm1":
+        op, args = ExpertsGemm1SituMma(d.experts, d.latent, d.intermediate, d.top_k), _gemm1_args(d)
+    else:
+        op, args = ExpertsGemm2CombineMma(d.experts, d.latent, d.intermediate, d.top_k, d.eps), _gemm2_args(d)
+    lines = _sass(op, args, tmp_path)
+    first_mma = next(n for n, line in enumerate(lines) if "HMMA" in line)
+    weight_loads = sum("LDG.E.NA" in line for line in lines[:first_mma])
+    assert weight_loads == 2 * op.in_flight  # two rows (g, g + 8) per group
+
+
+def test_gemm2_takes_a_short_row_in_one_batch(dims):
+    assert ExpertsGemm2CombineMma(896, 3584, 384, 16, 1e-5).in_flight == GEMM2_GROUPS_IN_FLIGHT  # 12 groups: 3 x 4
+    assert ExpertsGemm2CombineMma(896, 3584, 192, 16, 1e-5).in_flight == 6  # TP16: 6 groups, not 4 + 2
 
 
 @pytest.mark.parametrize("mt", [2, 32])

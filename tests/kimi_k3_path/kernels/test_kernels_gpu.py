@@ -200,9 +200,12 @@ def test_router_nan_keys_rank_below_every_number_including_minus_infinity(gen, d
     assert_plan_matches(ids, ws, m)
 
 
+@pytest.mark.parametrize("tensor_cores", [True, False])
 @pytest.mark.parametrize("tp", [8, 16])
 @pytest.mark.parametrize("m", BATCHES)
-def test_experts_match_reference(tp, m, gen, dims):
+def test_experts_match_reference(tp, m, tensor_cores, gen, dims):
+    """Both expert kernels, on the tensor cores (the block's choice at every batch) and on the CUDA cores (the
+    bench's comparison)."""
     from kimi_k3_path.kernels.experts import experts_gemm1_situ, experts_gemm2_combine
 
     d, ref, kw, ws = weights(dims, tp, gen)
@@ -212,9 +215,10 @@ def test_experts_match_reference(tp, m, gen, dims):
     a = poisoned(m * d.top_k, d.intermediate, dtype=torch.float16)
     y_lat = poisoned(m, d.latent, dtype=torch.float32)
     normed = poisoned(m, d.latent, dtype=torch.bfloat16)
-    experts_gemm1_situ(x_lat, kw.w13_packed, kw.w13_scales, ws.plan, d.top_k, a, y_lat, stream())
+    experts_gemm1_situ(x_lat, kw.w13_packed, kw.w13_scales, ws.plan, d.top_k, a, y_lat, stream(),
+                       tensor_cores=tensor_cores)
     experts_gemm2_combine(a, kw.w2_packed, kw.w2_scales, ws.plan, wts, y_lat, ws.gemm2_counter, kw.latent_norm, normed,
-                          d.eps, stream())
+                          d.eps, stream(), tensor_cores=tensor_cores)
     torch.cuda.synchronize()
     want = routed_experts(x_lat, ids.long(), wts, ref)
     assert rel_err(y_lat, want) < TOL
