@@ -6,9 +6,9 @@ uses at M=1 (gemv.SkinnyGemm, finalize.Finalize), same run, each checked against
 Shapes (TP8 rank; the down-projection and router shapes do not depend on TP): the routed down-projection
 [3584, 7168], the finalize [7168, 3584 + 768] (up-projection and shared experts' down-projection in one pass), the
 router logits [896, 7168] and the shared gate_up [1536, 7168] as plain GEMVs. Weights rotate over 3 sets (each
-set > 50 MB for the large shapes, so consecutive replays never hit L2), CUDA graphs, medians and p10-p90 spread;
-effective bandwidth = weight bytes / median. Also the cost of one graph launch bracketed by events (one tiny
-kernel), the fixed overhead bench.py's one-block-per-graph samples carry.
+set > 50 MB for the large shapes, so consecutive launches never hit L2), CUDA graphs of 30 launches (see REPEAT),
+medians and p10-p90 spread; effective bandwidth = weight bytes / median. Also the cost per kernel of graphs of 1, 3
+and 30 tiny kernels between events: the fixed overhead bench.py's one-block-per-graph samples carry.
 """
 
 from __future__ import annotations
@@ -31,12 +31,17 @@ SHAPES = {  # name: (N, K0, K1)
     "router_logits": (896, 7168, 0),
     "shared_gate_up_tp8": (1536, 7168, 0),
 }
-STREAM_VARIANTS = {  # name: (ctas per SM, ring bytes per CTA)
-    "stream 1x112K": (1, 112 * 1024),
-    "stream 1x160K": (1, 160 * 1024),
-    "stream 1x64K": (1, 64 * 1024),
-    "stream 2x56K": (2, 56 * 1024),
+STREAM_VARIANTS = {  # name: (CTAs per SM, rows per stage, ring bytes per CTA)
+    "stream 1/SM 1 row 160K": (1, 1, 160 * 1024),
+    "stream 1/SM 2 rows 112K": (1, 2, 112 * 1024),
+    "stream 1/SM 2 rows 168K": (1, 2, 168 * 1024),
+    "stream 1/SM 4 rows 168K": (1, 4, 168 * 1024),
+    "stream 2/SM 2 rows 84K": (2, 2, 84 * 1024),
 }
+# Launches per CUDA graph = SETS x REPEAT: one graph launch between events costs more than a whole GEMV (measured
+# below), so it is amortized as a decode step's graph amortizes it over every layer; one pass (REPEAT 1) is also
+# reported for the block's kernel, to show what the amortization removes.
+REPEAT = 10
 
 
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -52,10 +57,16 @@ def run(args) -> dict:
     print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s", flush=True)
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
     tiny = torch.zeros(1, device="cuda")
-    overhead = measurement_of(time_graph(lambda st: tiny.add_(1.0), args.replays, 1))
-    print(f"one graph launch of one tiny kernel, between events: {overhead['median']:.1f} us", flush=True)
-    rows = [{"kernel": "graph launch + tiny kernel", "median_us": overhead["median"],
-             "spread_pct": overhead["spread_pct"]}]
+    rows = []
+    for launches in (1, 3, 30):
+        def tiny_kernels(st, launches=launches):
+            for _ in range(launches):
+                tiny.add_(1.0)
+
+        t = measurement_of(time_graph(tiny_kernels, args.replays, launches))
+        print(f"graph of {launches:2} tiny kernels between events: {t['median']:.2f} us per kernel", flush=True)
+        rows.append({"kernel": f"tiny kernel, {launches} per graph", "median_us": t["median"],
+                     "spread_pct": t["spread_pct"]})
 
     def rand(*shape):
         return (torch.randn(*shape, generator=gen, device="cuda") / shape[-1] ** 0.5).to(torch.bfloat16)
@@ -77,21 +88,26 @@ def run(args) -> dict:
                 else:
                     skinny_gemm(x0, w0, o, st)
 
-        variants = {"register-fed (block's M=1 kernel)": baseline}
-        for name, (per_sm, ring) in STREAM_VARIANTS.items():
-            def streamed(st, per_sm=per_sm, stages=stages_for((k0 + k1) * 2, ring)):
+        variants = {"register-fed, 3 per graph": (baseline, 1), "register-fed (block's M=1 kernel)": (baseline, REPEAT)}
+        for name, (per_sm, rows_per_stage, ring) in STREAM_VARIANTS.items():
+            def streamed(st, per_sm=per_sm, r=rows_per_stage, stages=stages_for(rows_per_stage * (k0 + k1) * 2, ring)):
                 for x0, w0, x1, w1, o in zip(x0s, w0s, x1s, w1s, outs):
-                    stream_gemv(x0, w0, o, st, x1, w1, ctas_per_sm=per_sm, stages=stages)
-            variants[name] = streamed
+                    stream_gemv(x0, w0, o, st, x1, w1, ctas_per_sm=per_sm, rows=r, stages=stages)
+            variants[name] = (streamed, REPEAT)
 
-        for name, launch in variants.items():
+        for name, (launch, repeat) in variants.items():
             outs[0].fill_(float("nan"))
             launch(torch.cuda.current_stream())
             torch.cuda.synchronize()
             err = rel_err(outs[0], want)
             if not err < 1e-2:
                 raise SystemExit(f"bench_gemv: {shape} {name}: relative error {err:.2e} against fp32 (limit 1e-2)")
-            t = measurement_of(time_graph(launch, args.replays, SETS))
+
+            def repeated(st, launch=launch, repeat=repeat):
+                for _ in range(repeat):
+                    launch(st)
+
+            t = measurement_of(time_graph(repeated, args.replays, SETS * repeat))
             tbs = nbytes / (t["median"] * 1e-6) / 1e12
             print(f"{shape:20} {name:36} {t['median']:7.2f} us (spread {t['spread_pct']:4.1f}%) "
                   f"{nbytes / 1e6:6.1f} MB {tbs:5.2f} TB/s floor {nbytes / bandwidth * 1e6:6.2f} us err {err:.1e}",

@@ -32,9 +32,9 @@ def _args(n, k0, k1, y_dtype):
     (7168, 3584, 768, BFloat16),  # finalize at TP8: up-projection + shared experts' down-projection
     (7168, 3584, 384, BFloat16),  # finalize at TP16
 ])
-@pytest.mark.parametrize("ctas", [132, 264])
-def test_stream_gemv_compiles_for_sm90a(n, k0, k1, y_dtype, ctas):
-    assert callable(cute.compile(StreamGemv(n, k0, k1, ctas), *_args(n, k0, k1, y_dtype)))
+@pytest.mark.parametrize("ctas, rows", [(132, 1), (132, 4), (264, 2)])
+def test_stream_gemv_compiles_for_sm90a(n, k0, k1, y_dtype, ctas, rows):
+    assert callable(cute.compile(StreamGemv(n, k0, k1, ctas, rows), *_args(n, k0, k1, y_dtype)))
 
 
 def test_ring_holds_at_least_two_rows():
@@ -53,14 +53,14 @@ def test_bad_shapes_are_rejected_with_the_reason(n, k0, k1, ctas, message):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("per_sm", [1, 2])
+@pytest.mark.parametrize("per_sm, rows", [(1, 1), (1, 4), (2, 2)])
 @pytest.mark.parametrize("n, k0, k1, dtype", [
     (3584, 7168, 0, torch.float16),
     (7168, 3584, 768, torch.bfloat16),
     (896, 7168, 0, torch.bfloat16),  # fewer rows per CTA than ring stages
     (100, 256, 64, torch.bfloat16),  # fewer rows than CTAs: some CTAs own none
 ])
-def test_stream_gemv_matches_fp32(n, k0, k1, dtype, per_sm, seed):
+def test_stream_gemv_matches_fp32(n, k0, k1, dtype, per_sm, rows, seed):
     from kimi_k3_path.kernels.stream import stream_gemv
 
     if not torch.cuda.is_available():
@@ -74,8 +74,8 @@ def test_stream_gemv_matches_fp32(n, k0, k1, dtype, per_sm, seed):
     x1, w1 = (torch.randn(1, k1, generator=gen, device="cuda").to(torch.bfloat16), rand(n, k1)) if k1 else (None, None)
     want = x0.float() @ w0.float().T + (x1.float() @ w1.float().T if k1 else 0)
     out = torch.full((1, n), float("nan"), device="cuda", dtype=dtype)
-    stream_gemv(x0, w0, out, torch.cuda.current_stream(), x1, w1, ctas_per_sm=per_sm,
-                stages=None if per_sm == 1 else 4)
+    stream_gemv(x0, w0, out, torch.cuda.current_stream(), x1, w1, ctas_per_sm=per_sm, rows=rows,
+                stages=None if per_sm == 1 else 3)
     torch.cuda.synchronize()
     assert not out.isnan().any()
     assert float((out.float() - want).norm() / want.norm()) < TOL
