@@ -5,11 +5,12 @@ floor, written as `gatekeeper.evidence.PerfEvidence` (the perf-matrix evidence t
     python -m kimi_k3_path.bench --cpu-smoke --out FILE      # the same harness on CPU, tiny dims (CI)
 
 Method (GPU): per (layer, tp) one set of random weights per copy, per batch fresh random inputs and state per
-copy; every variant of every copy captured in its own CUDA graph; replays alternate variants and rotate through
-the copies, so consecutive replays touch disjoint weights and inputs and the L2 (about 60 MB on the H200) never
-serves a replay from the previous one. Each replay is timed with CUDA events; a sample is the mean of one pass over
-the copies (`per_cycle`), and rows report the samples' median, p10-p90 spread and count. Before timing, the
-candidate MoE's output is checked against the fp32 reference.
+copy; each variant captured in one CUDA graph that cycles through its copies until it holds MIN_STEPS_PER_GRAPH
+layer steps, so consecutive steps touch disjoint weights and inputs and the L2 (about 60 MB on the H200) never
+serves a step from the previous one, and the graph launch (~9 us between events, more than a small layer) is spread
+over the steps as a decode step's graph spreads it over its layers. Replays alternate variants and are timed with
+CUDA events; a sample is one replay's time per step, and rows report the samples' median, p10-p90 spread and count.
+Before timing, the candidate MoE's output is checked against the fp32 reference.
 
 Variants: `baseline` is `kimi_k3_path.reference.stock` (vLLM's stock op sequence on Hopper). `candidate` is the
 specialized path: the same stock-like layer with its latent MoE replaced by
@@ -41,6 +42,8 @@ LAYERS = ("kda_moe", "mla_moe", "moe")
 COPY_BANDWIDTH = 4.3e12  # B/s, device-to-device copy on the H200
 L2_BYTES_DEFAULT = 60 * 2**20
 MAX_COPIES = 8
+MIN_STEPS_PER_GRAPH = 12  # layer steps per CUDA graph (see time_variants)
+MIN_SAMPLES = 20
 # A layer position with the most AttnRes sources (8 completed blocks + prefix) for each attention kind.
 KDA_LAYER, MLA_LAYER = 90, 91
 TINY_KDA_LAYER, TINY_MLA_LAYER = 5, 7  # the tiny config: 8 layers, blocks of 4; MLA at 1-based 4 and 8
@@ -78,7 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--context", type=int, default=4096, help="MLA: tokens already in each sequence's cache")
     p.add_argument("--page", type=int, default=64, help="MLA: latent cache page size (tokens)")
     p.add_argument("--replays", type=int, default=300,
-                   help="timed replays per variant (one sample per pass over the copies)")
+                   help="layer steps timed per variant (in samples of >= MIN_STEPS_PER_GRAPH steps; CPU: one step each)")
     p.add_argument("--candidate", choices=("auto", "kernels", "stock"), default="auto")
     p.add_argument("--commit", help="the commit measured (default: git rev-parse HEAD)")
     p.add_argument("--seed", type=int, default=0)
@@ -115,7 +118,8 @@ def measurement_of(samples_us: list[float]) -> dict[str, float | int]:
 
 
 def time_variants(variants: dict[str, list[Callable[[], Any]]], replays: int, device: str) -> dict[str, list[float]]:
-    """Per variant, `replays` timings in microseconds; each variant has one callable per copy."""
+    """Per variant, timings in microseconds per layer step (`replays` steps in all on the GPU, in samples that each
+    average MIN_STEPS_PER_GRAPH or more); each variant has one callable per copy."""
     import torch
 
     if device == "cpu":
@@ -127,32 +131,40 @@ def time_variants(variants: dict[str, list[Callable[[], Any]]], replays: int, de
                 samples[name].append((time.perf_counter() - start) * 1e6)
         return {name: per_cycle(times, len(variants[name])) for name, times in samples.items()}
 
-    graphs: dict[str, list[torch.cuda.CUDAGraph]] = {}
+    # One graph per variant: its copies in order, the cycle repeated until the graph holds MIN_STEPS_PER_GRAPH layer
+    # steps. Consecutive steps still touch different copies (a cycle moves >= 4x the L2), and the ~9 us a graph launch
+    # costs between two events (bench_gemv: one tiny kernel per graph 9.2 us, 30 per graph 1.2 us each) is spread
+    # over the steps as a decode step's graph spreads it over all its layers. A sample is one replay / its steps.
+    graphs: dict[str, torch.cuda.CUDAGraph] = {}
+    steps: dict[str, int] = {}
     side = torch.cuda.Stream()
     for name, fns in variants.items():
-        graphs[name] = []
-        for fn in fns:
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):  # warm-up compiles the Triton kernels and creates cuBLAS handles
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up compiles the Triton kernels and creates cuBLAS handles
+            for fn in fns:
                 fn()
                 fn()
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                fn()
-            graphs[name].append(graph)
-    for name in graphs:  # one untimed pass over every graph
-        for graph in graphs[name]:
-            graph.replay()
-    events = {name: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(replays)] for name in graphs}
-    for r in range(replays):
-        for name, gs in graphs.items():
+        torch.cuda.current_stream().wait_stream(side)
+        cycles = math.ceil(MIN_STEPS_PER_GRAPH / len(fns))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(cycles):
+                for fn in fns:
+                    fn()
+        graphs[name], steps[name] = graph, cycles * len(fns)
+    for graph in graphs.values():  # one untimed replay of every graph
+        graph.replay()
+    samples = max(MIN_SAMPLES, replays // min(steps.values()))  # about `replays` layer steps per variant
+    events = {name: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                     for _ in range(samples)] for name in graphs}
+    for r in range(samples):
+        for name, graph in graphs.items():
             start, end = events[name][r]
             start.record()
-            gs[r % len(gs)].replay()
+            graph.replay()
             end.record()
     torch.cuda.synchronize()
-    return {name: per_cycle([s.elapsed_time(e) * 1e3 for s, e in evs], len(graphs[name])) for name, evs in events.items()}
+    return {name: [s.elapsed_time(e) * 1e3 / steps[name] for s, e in evs] for name, evs in events.items()}
 
 
 def per_cycle(replay_us: list[float], copies: int) -> list[float]:

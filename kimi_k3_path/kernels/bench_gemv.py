@@ -6,8 +6,8 @@ uses at M=1 (gemv.SkinnyGemm, finalize.Finalize), same run, each checked against
 Shapes (TP8 rank; the down-projection and router shapes do not depend on TP): the routed down-projection
 [3584, 7168], the finalize [7168, 3584 + 768] (up-projection and shared experts' down-projection in one pass), the
 router logits [896, 7168] and the shared gate_up [1536, 7168] as plain GEMVs. Weights rotate over 3 sets (each
-set > 50 MB for the large shapes, so consecutive launches never hit L2), CUDA graphs of 30 launches (see REPEAT),
-medians and p10-p90 spread; effective bandwidth = weight bytes / median. Also the cost per kernel of graphs of 1, 3
+set > 50 MB for the large shapes, so consecutive launches never hit L2), CUDA graphs of 12 launches
+(bench.MIN_STEPS_PER_GRAPH), medians and p10-p90 spread; effective bandwidth = weight bytes / median. Also the cost per kernel of graphs of 1, 3
 and 30 tiny kernels between events: the fixed overhead bench.py's one-block-per-graph samples carry.
 """
 
@@ -38,10 +38,6 @@ STREAM_VARIANTS = {  # name: (CTAs per SM, rows per stage, ring bytes per CTA)
     "stream 1/SM 4 rows 168K": (1, 4, 168 * 1024),
     "stream 2/SM 2 rows 84K": (2, 2, 84 * 1024),
 }
-# Launches per CUDA graph = SETS x REPEAT: one graph launch between events costs more than a whole GEMV (measured
-# below), so it is amortized as a decode step's graph amortizes it over every layer; one pass (REPEAT 1) is also
-# reported for the block's kernel, to show what the amortization removes.
-REPEAT = 10
 
 
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -63,7 +59,7 @@ def run(args) -> dict:
             for _ in range(launches):
                 tiny.add_(1.0)
 
-        t = measurement_of(time_graph(tiny_kernels, args.replays, launches))
+        t = measurement_of(time_graph(tiny_kernels, args.replays, launches, min_steps=launches))
         print(f"graph of {launches:2} tiny kernels between events: {t['median']:.2f} us per kernel", flush=True)
         rows.append({"kernel": f"tiny kernel, {launches} per graph", "median_us": t["median"],
                      "spread_pct": t["spread_pct"]})
@@ -84,30 +80,25 @@ def run(args) -> dict:
         def baseline(st):
             for x0, w0, x1, w1, o in zip(x0s, w0s, x1s, w1s, outs):
                 if k1:
-                    finalize(x0, w0, x1, w1, o, st)
+                    finalize(x0, w0, x1, w1, o, st, streamed=False)
                 else:
                     skinny_gemm(x0, w0, o, st)
 
-        variants = {"register-fed, 3 per graph": (baseline, 1), "register-fed (block's M=1 kernel)": (baseline, REPEAT)}
+        variants = {"register-fed (the block's kernel at v8)": baseline}
         for name, (per_sm, rows_per_stage, ring) in STREAM_VARIANTS.items():
             def streamed(st, per_sm=per_sm, r=rows_per_stage, stages=stages_for(rows_per_stage * (k0 + k1) * 2, ring)):
                 for x0, w0, x1, w1, o in zip(x0s, w0s, x1s, w1s, outs):
                     stream_gemv(x0, w0, o, st, x1, w1, ctas_per_sm=per_sm, rows=r, stages=stages)
-            variants[name] = (streamed, REPEAT)
+            variants[name] = streamed
 
-        for name, (launch, repeat) in variants.items():
+        for name, launch in variants.items():
             outs[0].fill_(float("nan"))
             launch(torch.cuda.current_stream())
             torch.cuda.synchronize()
             err = rel_err(outs[0], want)
             if not err < 1e-2:
                 raise SystemExit(f"bench_gemv: {shape} {name}: relative error {err:.2e} against fp32 (limit 1e-2)")
-
-            def repeated(st, launch=launch, repeat=repeat):
-                for _ in range(repeat):
-                    launch(st)
-
-            t = measurement_of(time_graph(repeated, args.replays, SETS * repeat))
+            t = measurement_of(time_graph(launch, args.replays, SETS))
             tbs = nbytes / (t["median"] * 1e-6) / 1e12
             print(f"{shape:20} {name:36} {t['median']:7.2f} us (spread {t['spread_pct']:4.1f}%) "
                   f"{nbytes / 1e6:6.1f} MB {tbs:5.2f} TB/s floor {nbytes / bandwidth * 1e6:6.2f} us err {err:.1e}",

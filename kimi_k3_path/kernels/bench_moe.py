@@ -20,13 +20,17 @@ from pathlib import Path
 
 import torch
 
-from kimi_k3_path.bench import measurement_of  # the same median and p10-p90 spread as the per-layer bench
+# The same median and p10-p90 spread, and the same amortization of the graph launch, as the per-layer bench.
+from kimi_k3_path.bench import MIN_STEPS_PER_GRAPH, measurement_of
 
 L2_ROTATION_SETS = 3  # each weight set is > 100 MB, so three in a row never hit the 50 MB L2
 
 
-def time_graph(launch_all, replays: int, per_replay: int) -> list[float]:
-    """Capture launch_all(stream) in a CUDA graph; time `replays` replays with events; microseconds per block."""
+def time_graph(launch_all, replays: int, per_replay: int, min_steps: int = MIN_STEPS_PER_GRAPH) -> list[float]:
+    """Capture launch_all(stream) (per_replay steps: blocks or kernels) in a CUDA graph, repeated until the graph holds
+    min_steps steps (the graph launch is then amortized as in kimi_k3_path.bench); time `replays` replays with
+    events; microseconds per step."""
+    cycles = -(-min_steps // per_replay)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -35,7 +39,8 @@ def time_graph(launch_all, replays: int, per_replay: int) -> list[float]:
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        launch_all(torch.cuda.current_stream())
+        for _ in range(cycles):
+            launch_all(torch.cuda.current_stream())
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()
@@ -46,7 +51,7 @@ def time_graph(launch_all, replays: int, per_replay: int) -> list[float]:
         graph.replay()
         end.record()
         end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / per_replay)
+        samples.append(start.elapsed_time(end) * 1e3 / (per_replay * cycles))
     del graph
     return samples
 
@@ -58,7 +63,7 @@ def copy_bandwidth() -> float:
     dst = torch.empty_like(src)
     # A copy kernel (an elementwise op), not a memcpy node: in a graph torch's copy_ becomes a DMA memcpy that
     # measured only 2.7 TB/s here, below what SM loads and stores reach.
-    samples = time_graph(lambda st: torch.mul(src, 1.0, out=dst), 30, 1)
+    samples = time_graph(lambda st: torch.mul(src, 1.0, out=dst), 30, 1, min_steps=1)
     return 2 * n * 4 / (statistics.median(samples) * 1e-6)
 
 
@@ -210,6 +215,8 @@ def run(args) -> tuple[dict, list[dict]]:
                     print(f"    {name:44} {t['median']:7.1f} us {nbytes / 1e6:7.1f} MB "
                           f"{nbytes / (t['median'] * 1e-6) / 1e12:5.2f} TB/s  floor {nbytes / bandwidth * 1e6:6.1f} us",
                           flush=True)
+            if m == 1 and args.compare_finalize:
+                kernel_rows += compare_finalize(xs, ours, spaces, outs, refs, stocks, d, tp, cand, args)
             variants = [("", steps)]
             if on_tensor_cores(m, True) and args.compare_cuda_cores:
                 simt = [decode_steps(x, w, ws, o, args.max_regs, tensor_cores=False)
@@ -263,6 +270,38 @@ def run(args) -> tuple[dict, list[dict]]:
     return evidence, kernel_rows
 
 
+FINALIZE_VARIANTS = {  # name: finalize_options of decode_steps (the block's default is streamed with PDL)
+    "finalize register-fed": {"streamed": False},
+    "finalize streamed": {"streamed": True, "pdl": False},
+    "finalize streamed + PDL": {"streamed": True, "pdl": True},
+}
+
+
+def compare_finalize(xs, ours, spaces, outs, refs, stocks, d, tp, cand, args) -> list[dict]:
+    """The one-token block with each finalize variant, same run (v9: streaming finalize, launched early)."""
+    from kimi_k3_path.kernels.moe import decode_steps
+    from kimi_k3_path.reference import rel_err, stock
+
+    rows = []
+    for name, options in FINALIZE_VARIANTS.items():
+        blocks = [decode_steps(x, w, ws, o, args.max_regs, finalize_options=options)
+                  for x, w, ws, o in zip(xs, ours, spaces, outs)]
+
+        def block(st, blocks=blocks):
+            for steps in blocks:
+                for step in steps:
+                    step.launch(st)
+
+        outs[0].fill_(float("nan"))
+        t = measurement_of(time_graph(block, args.replays, len(refs)))
+        err = rel_err(outs[0], stock.latent_moe(xs[0], stocks[0], d).float())
+        print(f"    block with {name:36} {t['median']:7.1f} us (spread {t['spread_pct']:.1f}%), "
+              f"default block {cand['median']:.1f} us; err {err:.1e}", flush=True)
+        rows.append({"tp": tp, "batch": 1, "kernel": f"block with {name}", "median_us": t["median"],
+                     "spread_pct": t["spread_pct"], "default_block_us": cand["median"], "rel_err": err})
+    return rows
+
+
 def parse_max_regs(text: str) -> dict[str, int]:
     from kimi_k3_path.kernels.moe import MAX_REGS
 
@@ -288,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="batches at which each launch of the block is also timed alone (default: 1)")
     p.add_argument("--compare-cuda-cores", action="store_true",
                    help="also time the block with every kernel on the CUDA cores (same run)")
+    p.add_argument("--compare-finalize", action="store_true",
+                   help="also time the one-token block with each finalize variant (same run)")
     p.add_argument("--max-regs", type=parse_max_regs, default=None, metavar="LAUNCH=N,...",
                    help="register caps per launch of the block (front, gemm1, gemm2, finalize)")
     p.add_argument("--profile-once", action="store_true", help="one eager pass for ncu, then exit")

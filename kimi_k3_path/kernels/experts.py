@@ -272,8 +272,8 @@ def _fake_plan(experts: int):
 
 def on_tensor_cores(m: int, tensor_cores: bool) -> bool:
     """Whether a batch of m tokens runs the experts on the tensor cores (experts_mma.py): always, if allowed. Measured
-    on the H200 (NOTES.md, v7): GEMM2 is faster there from one token on (13.1 vs 17.9 us at TP8), GEMM1 within ~10%
-    either way up to 4 tokens and 1.4x faster above."""
+    on the H200 (NOTES.md, v7 and v8): both GEMMs are faster there from one token on (TP8 M=1: GEMM2 13.1 vs 17.9 us,
+    GEMM1 17.4 vs 20.3 us once its weight loads were pinned in v8), and GEMM1 1.4x faster above 4 tokens."""
     return tensor_cores
 
 

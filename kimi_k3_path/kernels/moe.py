@@ -27,7 +27,7 @@ from cutlass import BFloat16, Float16, Float32, Int32
 from .common import DEFAULT_WEIGHT_LOAD, WARP
 from .experts import experts_gemm1_situ, experts_gemm2_combine
 from .finalize import finalize
-from .gemv import GEMV_SPLIT, MAX_TILE, WARPS_PER_CTA, alloc_scratch, check_k, gemv_part, token_tile
+from .gemv import GEMV_SPLIT, WARPS_PER_CTA, alloc_scratch, check_k, gemv_part, token_tile
 from .mma import MMA_ROWS, alloc_tile_scratch, check_mma, mma_rows_part, scratch_bytes, uses_tensor_cores
 from .router import MAX_TOKENS, alloc_router_smem, check_router, router_part, router_smem_bytes
 from .shared import check_shared, mma_shared_part, shared_ctas, shared_part
@@ -237,10 +237,11 @@ MAX_REGS: dict[str, int | None] = {"front": None, "gemm1": None, "gemm2": None, 
 
 def decode_steps(
     x: torch.Tensor, w: MoeKernelWeights, ws: MoeWorkspace, out: torch.Tensor, max_regs: dict | None = None,
-    tensor_cores: bool = True,
+    tensor_cores: bool = True, finalize_options: dict | None = None,
 ) -> list[Step]:
     """The launches of `latent_moe_decode`, in order (the bench times them one by one). tensor_cores=False keeps
-    every launch on the CUDA cores (the bench's same-run comparison)."""
+    every launch on the CUDA cores, finalize_options override finalize's one-token choices (streamed, pdl): the
+    bench's same-run comparisons."""
     regs = {**MAX_REGS, **(max_regs or {})}
     m = x.shape[0]
     if not 1 <= m <= MAX_TOKENS:
@@ -265,7 +266,7 @@ def decode_steps(
              lambda: active() * (lat * i // 2 + lat * i // 32) + lat * 4),
         Step("finalize (up_proj + shared down)",
              lambda st: finalize(ws.normed[:m], w.up, ws.a_sh[:m], w.shared2, out, st, regs["finalize"],
-                                tensor_cores),
+                                tensor_cores, **(finalize_options or {})),
              lambda: h * lat * 2 + h * s * 2),
     ]
 
