@@ -80,7 +80,7 @@ def run(args) -> dict:
         def baseline(st):
             for x0, w0, x1, w1, o in zip(x0s, w0s, x1s, w1s, outs):
                 if k1:
-                    finalize(x0, w0, x1, w1, o, st, streamed=False)
+                    finalize(x0, w0, x1, w1, o, st)
                 else:
                     skinny_gemm(x0, w0, o, st)
 

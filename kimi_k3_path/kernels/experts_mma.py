@@ -219,9 +219,6 @@ class ExpertsGemm2CombineMma:
         tidx, _, _ = cute.arch.thread_idx()
         slot, tile, _ = cute.arch.block_idx()
         grid_x, grid_y, _ = cute.arch.grid_dim()
-        # Let a finalize launched with programmatic dependent launch (one token: finalize.py) start streaming its
-        # weights now; it waits for this whole grid to finish before it reads anything this grid writes.
-        cute.arch.griddepcontrol_launch_dependents()
         flag, partial = alloc_tail_smem(cutlass.memory.SmemAllocator())
         if slot < n_active[0]:
             lane = tidx % WARP

@@ -5,10 +5,8 @@ down-projection, summed into the block output:
 
 The weighted top-k combine already happened in the GEMM2 epilogue (fp32 reductions into y_lat), and GEMM2's last
 CTA wrote normed = rms_norm(y_lat) in bf16, so this is one skinny GEMM over two K segments with one accumulator per
-segment. One token streams both segments' weights through a shared-memory ring (stream.py), launched early
-(programmatic dependent launch) so the ring fills while GEMM2 finishes; from 2 tokens on the tensor cores (mma.py),
-where both segments accumulate into the same C fragments; split-K over the CTA's warps as in gemv.py when the
-tensor cores are turned off.
+segment. Split-K over the CTA's warps as in gemv.py; from 2 tokens on the tensor cores (mma.py), where both segments
+accumulate into the same C fragments.
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Int32, Int64
 
 from .common import DEFAULT_WEIGHT_LOAD, WARP
-from .stream import stages_for, stream_gemv
 from .gemv import BF16_PER_VEC, SCRATCH_BYTES, WARPS_PER_CTA, alloc_scratch, check_k, dot_slice, split_k_reduce, zero_acc
 from .mma import (
     MMA_ROWS,
@@ -35,11 +32,6 @@ from .mma import (
 )
 
 FINALIZE_SPLIT = 4
-# One token: rows per ring stage and ring bytes of the streaming kernel. bench_gemv (H200): 2 rows per stage
-# 17.6-17.8 us at TP8 and 16.4 at TP16 where 1 row took 23.1/21.6; a ring of 112 KB leaves room on each SM for
-# GEMM2's CTAs while the ring fills under programmatic dependent launch.
-STREAM_ROWS = 2
-STREAM_RING_BYTES = 112 * 1024
 
 
 @cute.jit
@@ -143,11 +135,8 @@ class Finalize:
                           m_count, self.l, self.s, self.mt)
 
 
-def finalize(normed, w_up, a_sh, w_sh2, out, stream, max_regs: int | None = None, tensor_cores: bool = True,
-             streamed: bool = True, pdl: bool = True) -> None:
-    """out = normed @ w_up^T + a_sh @ w_sh2^T (normed: the bf16 latent RMSNorm output GEMM2's last CTA writes).
-    One token streams (stream.py; `streamed`), launched early with `pdl` so the weights start arriving while GEMM2
-    (which triggers its dependents at its start) still runs."""
+def finalize(normed, w_up, a_sh, w_sh2, out, stream, max_regs: int | None = None, tensor_cores: bool = True) -> None:
+    """out = normed @ w_up^T + a_sh @ w_sh2^T (normed: the bf16 latent RMSNorm output GEMM2's last CTA writes)."""
     from .gemv import token_tile
     from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
 
@@ -158,10 +147,6 @@ def finalize(normed, w_up, a_sh, w_sh2, out, stream, max_regs: int | None = None
     expect("a_sh", a_sh, (m, inter), "bfloat16")
     expect("w_sh2", w_sh2, (hidden, inter), "bfloat16")
     expect("out", out, (m, hidden), "bfloat16")
-    if m == 1 and streamed:
-        stages = stages_for(STREAM_ROWS * (latent + inter) * 2, STREAM_RING_BYTES)
-        stream_gemv(normed, w_up, out, stream, a_sh, w_sh2, rows=STREAM_ROWS, stages=stages, pdl=pdl)
-        return
     mt = token_tile(m, tensor_cores)
 
     def build():

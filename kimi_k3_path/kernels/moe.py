@@ -41,7 +41,7 @@ class FrontKernel:
     expert row)."""
 
     def __init__(self, experts: int, hidden: int, latent: int, shared_inter: int, top_k: int, scaling: float, mt: int,
-                 router_mt: int):
+                 router_mt: int, shared: bool = True):
         check_router(experts, hidden, top_k)
         check_shared(shared_inter, hidden, mt)
         check_k(hidden, GEMV_SPLIT, "FrontKernel (down-projection)")
@@ -56,7 +56,7 @@ class FrontKernel:
             experts, hidden, latent, shared_inter, top_k, scaling, mt)
         self.router_mt = router_mt
         self.down_ctas = latent // rows_per_cta
-        self.shared_ctas = shared_ctas(shared_inter, mt)
+        self.shared_ctas = shared_ctas(shared_inter, mt) if shared else 0
 
     def smem_bytes(self) -> int:
         return router_smem_bytes(self.e, self.k) + (scratch_bytes(self.mt) if uses_tensor_cores(self.mt) else 0)
@@ -91,7 +91,7 @@ class FrontKernel:
             else:
                 gemv_part(x, w_down, x_lat, scratch, bidx - self.e, warp, lane, m_count, self.h, GEMV_SPLIT, self.mt,
                           DEFAULT_WEIGHT_LOAD)
-        else:
+        elif cutlass.const_expr(self.shared_ctas > 0):
             if cutlass.const_expr(uses_tensor_cores(self.mt)):
                 mma_shared_part(x, w_sh13, a_sh, tiles_scratch, bidx - self.e - self.down_ctas,
                                 tidx, m_count, self.s, self.h, self.mt)
@@ -100,8 +100,9 @@ class FrontKernel:
                             self.h, self.mt)
 
 
-def front(x, w, ws, m: int, stream, max_regs: int | None = None, tensor_cores: bool = True) -> None:
-    """Launch 1 of the block (see FrontKernel) on `stream`."""
+def front(x, w, ws, m: int, stream, max_regs: int | None = None, tensor_cores: bool = True,
+          shared: bool = True) -> None:
+    """Launch 1 of the block (see FrontKernel) on `stream`; shared=False leaves the shared experts' CTAs out."""
     from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
 
     e, h, lat, s, k = w.experts, w.hidden, w.latent, w.shared_intermediate, w.top_k
@@ -118,9 +119,10 @@ def front(x, w, ws, m: int, stream, max_regs: int | None = None, tensor_cores: b
             fake(BFloat16, (lat, h)), fake(Float16, (md, lat)), fake(BFloat16, (2 * s, h)), fake(BFloat16, (md, s)),
             fake_stream(),
         )
-        return FrontKernel(e, h, lat, s, k, w.routed_scaling_factor, mt, router_mt), args
+        return FrontKernel(e, h, lat, s, k, w.routed_scaling_factor, mt, router_mt, shared), args
 
-    fn = compile_cached(("moe_front", e, h, lat, s, k, w.routed_scaling_factor, mt, router_mt), build, max_regs)
+    fn = compile_cached(("moe_front", e, h, lat, s, k, w.routed_scaling_factor, mt, router_mt, shared), build,
+                        max_regs)
     fn(
         to_cute(x, True), to_cute(w.router), to_cute(w.router_bias), to_cute(ws.logits[:m], True),
         to_cute(ws.router_counter), to_cute(ws.ids[:m], True), to_cute(ws.weights[:m], True),
@@ -237,11 +239,10 @@ MAX_REGS: dict[str, int | None] = {"front": None, "gemm1": None, "gemm2": None, 
 
 def decode_steps(
     x: torch.Tensor, w: MoeKernelWeights, ws: MoeWorkspace, out: torch.Tensor, max_regs: dict | None = None,
-    tensor_cores: bool = True, finalize_options: dict | None = None,
+    tensor_cores: bool = True,
 ) -> list[Step]:
     """The launches of `latent_moe_decode`, in order (the bench times them one by one). tensor_cores=False keeps
-    every launch on the CUDA cores, finalize_options override finalize's one-token choices (streamed, pdl): the
-    bench's same-run comparisons."""
+    every launch on the CUDA cores (the bench's same-run comparison)."""
     regs = {**MAX_REGS, **(max_regs or {})}
     m = x.shape[0]
     if not 1 <= m <= MAX_TOKENS:
@@ -266,7 +267,7 @@ def decode_steps(
              lambda: active() * (lat * i // 2 + lat * i // 32) + lat * 4),
         Step("finalize (up_proj + shared down)",
              lambda st: finalize(ws.normed[:m], w.up, ws.a_sh[:m], w.shared2, out, st, regs["finalize"],
-                                tensor_cores, **(finalize_options or {})),
+                                tensor_cores),
              lambda: h * lat * 2 + h * s * 2),
     ]
 

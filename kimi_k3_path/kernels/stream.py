@@ -39,14 +39,6 @@ def ld_shared_v4(addr: Int32):
     )
 
 
-def ld_cg_v4(addr: Int64):
-    return cute.arch.inline_ptx(
-        "ld.global.cg.v4.b32 {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}];",
-        write_only_types=[Int32] * 4,
-        read_only_args=[addr],
-    )
-
-
 def bulk_copy_to_shared(dst: Int32, src: Int64, nbytes: Int32, full_barrier: Int32) -> None:
     """Copy nbytes (a multiple of 16) from global `src` to shared `dst` on the TMA engine; the copy's bytes count
     towards the transaction count of the mbarrier at shared address `full_barrier`."""
@@ -74,10 +66,9 @@ class StreamGemv:
     (bf16 or fp16). `ctas` persistent CTAs (a multiple of the SM count), each with a ring of `stages` stages of
     `rows` output rows."""
 
-    def __init__(self, n: int, k0: int, k1: int, ctas: int, rows: int = 1, stages: int | None = None,
-                 pdl: bool = False):
+    def __init__(self, n: int, k0: int, k1: int, ctas: int, rows: int = 1, stages: int | None = None):
         check_stream(n, k0, k1, ctas)
-        self.n, self.k0, self.k1, self.ctas, self.rows, self.pdl = n, k0, k1, ctas, rows, pdl
+        self.n, self.k0, self.k1, self.ctas, self.rows = n, k0, k1, ctas, rows
         self.stage_bytes = rows * (k0 + k1) * 2
         self.stages = stages or stages_for(self.stage_bytes)
         most_rows = -(-n // ctas)  # of any CTA
@@ -90,7 +81,7 @@ class StreamGemv:
     def __call__(self, x0: cute.Tensor, w0: cute.Tensor, x1: cute.Tensor, w1: cute.Tensor, y: cute.Tensor,
                  stream: cuda.CUstream):
         self.kernel(x0, w0, x1, w1, y).launch(
-            grid=[self.ctas, 1, 1], block=[THREADS, 1, 1], smem=self.smem_bytes(), stream=stream, use_pdl=self.pdl
+            grid=[self.ctas, 1, 1], block=[THREADS, 1, 1], smem=self.smem_bytes(), stream=stream
         )
 
     @cute.kernel
@@ -103,7 +94,7 @@ class StreamGemv:
         partial = smem.allocate_tensor(Float32, cute.make_layout((self.rows_max, WARPS_PER_CTA),
                                                                  stride=(WARPS_PER_CTA, 1)), byte_alignment=16)
         stream_rows(x0, w0, x1, w1, y, ring, bars, partial, cta, tidx, self.n, self.k0, self.k1, self.ctas,
-                    self.rows, self.stages, self.pdl)
+                    self.rows, self.stages)
 
 
 @cute.jit
@@ -124,7 +115,6 @@ def stream_rows(
     ctas: cutlass.Constexpr,
     rows: cutlass.Constexpr,
     stages: cutlass.Constexpr,
-    pdl: cutlass.Constexpr,
 ):
     """CTA `cta` of `ctas`: rows [cta*n//ctas, (cta+1)*n//ctas) of y, `rows` per stage of `ring` (see module doc).
     A stage is [its rows of W0][its rows of W1], each block contiguous in global memory: one bulk copy per block."""
@@ -154,10 +144,6 @@ def stream_rows(
             if s < groups:
                 fill_stage(ring_addr, full_addr, bars, w0_addr, w1_addr, row_begin, count, s, s, k0, k1, rows)
 
-    if cutlass.const_expr(pdl):
-        # Launched early (programmatic dependent launch): the ring fills while the previous grid finishes; x is
-        # its output, so wait for it, then read x from L2 (no L1 line of an earlier launch may serve it).
-        cute.arch.griddepcontrol_wait()
     # This thread's x vectors as fp32 (zero past the row, so those products vanish without a branch), held for the
     # whole kernel, and where each of them sits in a stage: base + r * stride for the stage's row r.
     xs = []
@@ -176,7 +162,7 @@ def stream_rows(
                 addr = x1.iterator.toint() + Int64(v - seg0_vecs) * VEC_BYTES
                 base = rows * k0 * 2 + (v - seg0_vecs) * VEC_BYTES
                 stride = Int32(k1 * 2)
-        words = ld_cg_v4(addr) if cutlass.const_expr(pdl) else ld_act_v4(addr)
+        words = ld_act_v4(addr)
         vals = []
         for q in cutlass.range_constexpr(4):
             lo, hi = bf16x2_to_f32(words[q])
@@ -238,22 +224,21 @@ def sm_count() -> int:
     return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
 
 
-def _compile_stream(n: int, k0: int, k1: int, ctas: int, rows: int, stages: int | None, pdl: bool, y_dtype):
+def _compile_stream(n: int, k0: int, k1: int, ctas: int, rows: int, stages: int | None, y_dtype):
     from .runtime import compile_cached, fake, fake_stream
 
     def build():
         k1_shape = k1 or k0  # without a second segment, x0 and w0 are passed again and never read as such
         args = (fake(BFloat16, (1, k0)), fake(BFloat16, (n, k0)), fake(BFloat16, (1, k1_shape)),
                 fake(BFloat16, (n, k1_shape)), fake(y_dtype, (1, n)), fake_stream())
-        return StreamGemv(n, k0, k1, ctas, rows, stages, pdl), args
+        return StreamGemv(n, k0, k1, ctas, rows, stages), args
 
-    return compile_cached(("stream_gemv", n, k0, k1, ctas, rows, stages, pdl, y_dtype), build)
+    return compile_cached(("stream_gemv", n, k0, k1, ctas, rows, stages, y_dtype), build)
 
 
 def stream_gemv(x0, w0, out, stream, x1=None, w1=None, ctas_per_sm: int = DEFAULT_CTAS_PER_SM,
-                rows: int = 1, stages: int | None = None, pdl: bool = False) -> None:
-    """out[1, N] = x0 @ w0^T (+ x1 @ w1^T): one token, bf16 weights and activations, out bf16 or fp16. With pdl the
-    launch may start before the previous one on the stream ends (its CTAs fill their rings, then wait for it)."""
+                rows: int = 1, stages: int | None = None) -> None:
+    """out[1, N] = x0 @ w0^T (+ x1 @ w1^T): one token, bf16 weights and activations, out bf16 or fp16."""
     from cutlass import Float16
 
     from .runtime import cu_stream, expect, to_cute
@@ -274,5 +259,5 @@ def stream_gemv(x0, w0, out, stream, x1=None, w1=None, ctas_per_sm: int = DEFAUL
         raise ValueError(f"out: expected dtype bfloat16 or float16, got {out.dtype}")
     expect("out", out, (1, n), dtype.removeprefix("torch."))
     y_dtype = BFloat16 if dtype == "torch.bfloat16" else Float16
-    fn = _compile_stream(n, k0, k1, sm_count() * ctas_per_sm, rows, stages, pdl, y_dtype)
+    fn = _compile_stream(n, k0, k1, sm_count() * ctas_per_sm, rows, stages, y_dtype)
     fn(to_cute(x0), to_cute(w0), to_cute(x1), to_cute(w1), to_cute(out), cu_stream(stream))
