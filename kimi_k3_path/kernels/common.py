@@ -65,6 +65,36 @@ def ld_u8(addr: Int64) -> Int32:
     return cute.arch.inline_ptx("ld.global.nc.u8 {$w0}, [{$r0}];", write_only_types=[Int32], read_only_args=[addr])
 
 
+def ld_shared_b32(addr: Int32) -> Int32:
+    return cute.arch.inline_ptx("ld.shared.b32 {$w0}, [{$r0}];", write_only_types=[Int32], read_only_args=[addr])
+
+
+def ld_shared_u8(addr: Int32) -> Int32:
+    return cute.arch.inline_ptx("ld.shared.u8 {$w0}, [{$r0}];", write_only_types=[Int32], read_only_args=[addr])
+
+
+def bulk_copy_to_shared(dst: Int32, src: Int64, nbytes, barrier: Int32) -> None:
+    """Copy nbytes (a multiple of 16; both addresses 16-byte aligned) from global `src` to shared `dst` on the TMA
+    engine: no registers hold the bytes in flight. They count towards the transaction bytes of the mbarrier at shared
+    address `barrier`, which completes its phase when all expected bytes have landed."""
+    cute.arch.inline_ptx(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [{$r0}], [{$r1}], {$r2}, [{$r3}];",
+        read_only_args=[dst, src, Int32(nbytes), barrier],
+    )
+
+
+@cute.jit
+def expect_bulk_bytes(barrier: cute.Tensor, tidx: Int32, nbytes: cutlass.Constexpr):
+    """A single-use mbarrier (one Int64 in shared memory) that completes when nbytes of bulk copies have landed.
+    Every thread of the CTA calls this before any thread issues one of those copies (it synchronizes); afterwards
+    wait with cute.arch.mbarrier_wait(barrier.iterator, 0)."""
+    if tidx == 0:
+        cute.arch.mbarrier_init(barrier.iterator, 1)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.mbarrier_arrive_and_expect_tx(barrier.iterator, nbytes)
+    cute.arch.sync_threads()
+
+
 def ld_coherent_f32(addr: Int64) -> Float32:
     """A value another CTA of the same launch wrote: read it from L2, never from a stale L1 line."""
     return cute.arch.inline_ptx("ld.global.cg.f32 {$w0}, [{$r0}];", write_only_types=[Float32], read_only_args=[addr])

@@ -24,18 +24,20 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float16, Float32, Int32, Int64
+from cutlass import Float16, Float32, Int32, Int64, Uint8
 
 from .common import (
     FP4_GROUP,
     VEC_BYTES,
     WARP,
     after_all_loads,
+    bulk_copy_to_shared,
     e8m0_scale_times_64,
+    expect_bulk_bytes,
     fp4x8_to_f16x2,
     ld_act_v4,
-    ld_u8,
-    ld_weight_b32,
+    ld_shared_b32,
+    ld_shared_u8,
     pair_like_fp4x8,
     red_add_f32,
     situ_glu,
@@ -44,14 +46,18 @@ from .experts import TAIL_SMEM_BYTES, alloc_tail_smem, norm_tail, zero_y_lat
 from .mma import MMA_ROWS, TILE_TOKENS, alloc_tile_scratch, mma_16816, reduce_tiles, scratch_bytes, zero_tiles
 
 WARPS_PER_CTA = 8
-# MXFP4 groups whose weight words, scales and activations are in flight together (common.after_all_loads keeps
-# ptxas from splitting a batch into one round trip per group). Measured in one run (v8, TP8 M=1): GEMM1 with 4
-# 17.2 us, with 7 20.1 (registers cost occupancy); GEMM2 with 4 of its 12 groups 14.3 us, 6 16.6, 12 23.3; but at
-# TP16 (6 groups) 4 + 2 took 17.4 us and all 6 at once 12.8: a short row goes in one batch.
+# MXFP4 groups whose activations (and weight words, scales from shared memory) are loaded together before their MMAs
+# (common.after_all_loads keeps ptxas from splitting a batch into one round trip per group). v8 measured 4 best for
+# both GEMMs when the weights also came from DRAM; a batch of more groups costs registers (GEMM2 at TP16 with 6
+# groups as 4 + 2: 124 registers, as 3 + 3: 58), so GEMM2 takes the largest equal batches of at most 4.
 GEMM1_GROUPS_IN_FLIGHT = 4
 GEMM2_GROUPS_IN_FLIGHT = 4
-ONE_BATCH_GROUPS = 6
 GEMM1_COLUMNS = MMA_ROWS // 2  # a's columns per warp: 8 gate rows + the 8 matching up rows
+GEMM2_ROWS = WARPS_PER_CTA * MMA_ROWS  # latent rows per GEMM2 CTA
+# A CTA's weight rows are staged in shared memory 16 bytes apart beyond their length: the 8 rows g of one MMA read
+# word q of the same group, and unpadded rows of 1792 or 192 bytes would put them in 1 or 2 of the 32 banks.
+ROW_PAD = 16
+SMEM_SLACK = 256  # alignment of the staging buffer and its barrier
 
 
 def token_row(slot_pairs, slot, count, column, top_k: int, by_token: bool, base: Int64, row_bytes: int, q) -> Int64:
@@ -66,25 +72,24 @@ def token_row(slot_pairs, slot, count, column, top_k: int, by_token: bool, base:
 def groups_mma(
     acc: cute.Tensor,
     x_row: Int64,
-    w_g: Int64,
-    w_g8: Int64,
-    s_g: Int64,
-    s_g8: Int64,
+    w_g: Int32,
+    w_g8: Int32,
+    s_g: Int32,
+    s_g8: Int32,
     first_group: Int32,
     q: Int32,
     zero: Int32,
     count: cutlass.Constexpr,
 ):
-    """acc += `count` MXFP4 groups from first_group of rows g / g + 8 (packed rows at w_g / w_g8, scale rows at s_g /
-    s_g8) times one token tile's activations (x_row: this lane's token row). Loads first, then the math (zero: a
-    run-time 0 for common.after_all_loads)."""
+    """acc += `count` MXFP4 groups from first_group of rows g / g + 8 (packed rows at shared addresses w_g / w_g8,
+    scale rows at s_g / s_g8) times one token tile's activations (x_row: this lane's token row, global). Loads first,
+    then the math (zero: a run-time 0 for common.after_all_loads: the activations come from L1/L2)."""
     frags = []
     for i in cutlass.range_constexpr(count):
-        group = Int64(first_group + i)
-        words = (ld_weight_b32(w_g + group * VEC_BYTES + Int64(q) * 4),
-                 ld_weight_b32(w_g8 + group * VEC_BYTES + Int64(q) * 4))
-        scales = (ld_u8(s_g + group), ld_u8(s_g8 + group))
-        frags.append((words, scales, ld_act_v4(x_row + group * (FP4_GROUP * 2))))
+        group = first_group + i
+        words = (ld_shared_b32(w_g + group * VEC_BYTES + q * 4), ld_shared_b32(w_g8 + group * VEC_BYTES + q * 4))
+        scales = (ld_shared_u8(s_g + group), ld_shared_u8(s_g8 + group))
+        frags.append((words, scales, ld_act_v4(x_row + Int64(group) * (FP4_GROUP * 2))))
     (first_g, first_g8), first_scales, first_x = frags[0]
     first_g = after_all_loads(first_g, [v for words, scales, xw in frags for v in (*words, *scales, xw[0])], zero)
     frags[0] = ((first_g, first_g8), first_scales, first_x)
@@ -108,10 +113,10 @@ def groups_mma(
 def group_span_mma(
     acc: cute.Tensor,
     x_row: Int64,
-    w_g: Int64,
-    w_g8: Int64,
-    s_g: Int64,
-    s_g8: Int64,
+    w_g: Int32,
+    w_g8: Int32,
+    s_g: Int32,
+    s_g8: Int32,
     first_group: Int32,
     q: Int32,
     zero: Int32,
@@ -135,13 +140,20 @@ def check_mma_experts(latent: int, inter: int) -> None:
 
 class ExpertsGemm1SituMma:
     """ExpertsGemm1Situ (same tensors and results) on the tensor cores. CTA (slot, tile) computes a's columns
-    8*tile .. 8*tile + 7 of the slot's pairs: MMA rows g are gate rows j0 + g, rows g + 8 the matching up rows. Its 8
-    warps split the K groups (14 each at L = 3584) and meet in shared memory, so even one token keeps 8 warps per 16
-    rows streaming; threads (token, column) then apply SiTU-GLU to the totals."""
+    8*tile .. 8*tile + 7 of the slot's pairs: MMA rows g are gate rows j0 + g, rows g + 8 the matching up rows. The
+    CTA's 16 packed rows and their scales (30 KB at L = 3584) arrive in shared memory in one round trip of bulk copies
+    (one per row, so the rows can be padded); its 8 warps split the K groups (14 each at L = 3584) and meet in shared
+    memory; threads (token, column) then apply SiTU-GLU to the totals."""
 
     def __init__(self, experts: int, latent: int, inter: int, top_k: int, in_flight: int = GEMM1_GROUPS_IN_FLIGHT):
         check_mma_experts(latent, inter)  # latent % 256 == 0: the 8 warps get whole, equal shares of the K groups
         self.e, self.l, self.i, self.k, self.in_flight = experts, latent, inter, top_k, in_flight
+        self.row_stride = latent // 2 + ROW_PAD
+        self.scale_row = latent // FP4_GROUP
+        self.stage_bytes = MMA_ROWS * (latent // 2 + self.scale_row)  # what the bulk copies bring
+
+    def smem_bytes(self) -> int:
+        return scratch_bytes(TILE_TOKENS) + MMA_ROWS * (self.row_stride + self.scale_row) + SMEM_SLACK
 
     @cute.jit
     def __call__(self, x_lat, w13, s13, n_active, slot_expert, slot_count, slot_pairs, a, y_lat, stream: cuda.CUstream):
@@ -149,7 +161,7 @@ class ExpertsGemm1SituMma:
         slots = cutlass.min(m * self.k, self.e)
         self.kernel(x_lat, w13, s13, n_active, slot_expert, slot_count, slot_pairs, a, y_lat, m).launch(
             grid=[slots, self.i // GEMM1_COLUMNS, 1], block=[WARPS_PER_CTA * WARP, 1, 1],
-            smem=scratch_bytes(TILE_TOKENS), stream=stream,
+            smem=self.smem_bytes(), stream=stream,
         )
 
     @cute.kernel
@@ -157,7 +169,11 @@ class ExpertsGemm1SituMma:
         tidx, _, _ = cute.arch.thread_idx()
         slot, tile, _ = cute.arch.block_idx()
         grid_x, grid_y, _ = cute.arch.grid_dim()
-        scratch = alloc_tile_scratch(cutlass.memory.SmemAllocator(), TILE_TOKENS)
+        smem = cutlass.memory.SmemAllocator()
+        scratch = alloc_tile_scratch(smem, TILE_TOKENS)
+        stage = smem.allocate_tensor(Uint8, cute.make_layout(MMA_ROWS * (self.row_stride + self.scale_row)),
+                                     byte_alignment=128)
+        barrier = smem.allocate_tensor(Int64, cute.make_layout(1), byte_alignment=8)
         zero_y_lat(y_lat, (tile * grid_x + slot) * WARPS_PER_CTA * WARP + tidx, grid_x * grid_y * WARPS_PER_CTA * WARP,
                    m_count, self.l)
         if slot < n_active[0]:
@@ -167,19 +183,31 @@ class ExpertsGemm1SituMma:
             expert = slot_expert[slot]
             count = slot_count[slot]
             n_tiles = (count + TILE_TOKENS - 1) // TILE_TOKENS
-            gate_row = Int64(expert) * (2 * self.i) + Int64(j0 + g)
-            up_row = gate_row + Int64(self.i)
             packed: cutlass.Constexpr = self.l // 2
             groups: cutlass.Constexpr = self.l // FP4_GROUP
             per_warp: cutlass.Constexpr = groups // WARPS_PER_CTA
+            # Stage rows r < 8: gate row j0 + r; r >= 8: up row I + j0 + r - 8 (the MMA's rows g and g + 8).
+            expect_bulk_bytes(barrier, tidx, self.stage_bytes)
+            stage_addr = stage.iterator.toint()
+            scales_addr = stage_addr + MMA_ROWS * self.row_stride
+            first_row = Int64(expert) * (2 * self.i) + Int64(j0)
+            if tidx < MMA_ROWS:
+                row = first_row + Int64(tidx % 8 + (tidx // 8) * self.i)
+                bulk_copy_to_shared(stage_addr + tidx * self.row_stride, w13.iterator.toint() + row * packed, packed,
+                                    barrier.iterator.toint())
+            elif tidx < MMA_ROWS + 2:
+                half = tidx - MMA_ROWS  # gate scales, then up scales: 8 rows each, contiguous in s13
+                bulk_copy_to_shared(scales_addr + half * 8 * groups,
+                                    s13.iterator.toint() + (first_row + Int64(half * self.i)) * groups, 8 * groups,
+                                    barrier.iterator.toint())
+            cute.arch.mbarrier_wait(barrier.iterator, 0)
             for t in cutlass.range(n_tiles, unroll=1):
                 x_row = token_row(slot_pairs, slot, count, t * TILE_TOKENS + g, self.k, True, x_lat.iterator.toint(),
                                   self.l * 2, q)
                 acc = zero_tiles(1)
-                group_span_mma(acc, x_row, w13.iterator.toint() + gate_row * packed,
-                               w13.iterator.toint() + up_row * packed, s13.iterator.toint() + gate_row * groups,
-                               s13.iterator.toint() + up_row * groups, warp * per_warp, q, m_count >> 31, per_warp,
-                               self.in_flight)
+                group_span_mma(acc, x_row, stage_addr + g * self.row_stride, stage_addr + (g + 8) * self.row_stride,
+                               scales_addr + g * groups, scales_addr + (g + 8) * groups, warp * per_warp, q,
+                               m_count >> 31, per_warp, self.in_flight)
                 reduce_tiles(acc, scratch, tidx, 1)
                 if tidx < TILE_TOKENS * GEMM1_COLUMNS:
                     token, j = tidx // GEMM1_COLUMNS, tidx % GEMM1_COLUMNS
@@ -192,15 +220,21 @@ class ExpertsGemm1SituMma:
 
 class ExpertsGemm2CombineMma:
     """ExpertsGemm2Combine (same tensors and results) on the tensor cores; CTA (slot, tile) computes latent rows
-    128*tile .. +127 of the slot's pairs, 16 per warp."""
+    128*tile .. +127 of the slot's pairs, 16 per warp, from those rows of w2 and their scales staged in shared memory
+    by bulk copies (one round trip)."""
 
     def __init__(self, experts: int, latent: int, inter: int, top_k: int, eps: float,
                  in_flight: int = GEMM2_GROUPS_IN_FLIGHT):
         check_mma_experts(latent, inter)
         groups = inter // FP4_GROUP
-        if groups <= ONE_BATCH_GROUPS:
-            in_flight = groups
+        in_flight = max(n for n in range(1, in_flight + 1) if groups % n == 0)
         self.e, self.l, self.i, self.k, self.eps, self.in_flight = experts, latent, inter, top_k, eps, in_flight
+        self.row_stride = inter // 2 + ROW_PAD
+        self.scale_row = inter // FP4_GROUP
+        self.stage_bytes = GEMM2_ROWS * (inter // 2 + self.scale_row)
+
+    def smem_bytes(self) -> int:
+        return TAIL_SMEM_BYTES + GEMM2_ROWS * (self.row_stride + self.scale_row) + SMEM_SLACK
 
     @cute.jit
     def __call__(self, a, w2, s2, n_active, slot_expert, slot_count, slot_pairs, topk_w, y_lat, counter, gamma,
@@ -209,8 +243,8 @@ class ExpertsGemm2CombineMma:
         slots = cutlass.min(m * self.k, self.e)
         self.kernel(a, w2, s2, n_active, slot_expert, slot_count, slot_pairs, topk_w, y_lat, counter, gamma, normed,
                     m).launch(
-            grid=[slots, self.l // (WARPS_PER_CTA * MMA_ROWS), 1], block=[WARPS_PER_CTA * WARP, 1, 1],
-            smem=TAIL_SMEM_BYTES, stream=stream,
+            grid=[slots, self.l // GEMM2_ROWS, 1], block=[WARPS_PER_CTA * WARP, 1, 1],
+            smem=self.smem_bytes(), stream=stream,
         )
 
     @cute.kernel
@@ -219,7 +253,11 @@ class ExpertsGemm2CombineMma:
         tidx, _, _ = cute.arch.thread_idx()
         slot, tile, _ = cute.arch.block_idx()
         grid_x, grid_y, _ = cute.arch.grid_dim()
-        flag, partial = alloc_tail_smem(cutlass.memory.SmemAllocator())
+        smem = cutlass.memory.SmemAllocator()
+        flag, partial = alloc_tail_smem(smem)
+        stage = smem.allocate_tensor(Uint8, cute.make_layout(GEMM2_ROWS * (self.row_stride + self.scale_row)),
+                                     byte_alignment=128)
+        barrier = smem.allocate_tensor(Int64, cute.make_layout(1), byte_alignment=8)
         if slot < n_active[0]:
             lane = tidx % WARP
             g, q = lane // 4, lane % 4
@@ -227,17 +265,29 @@ class ExpertsGemm2CombineMma:
             expert = slot_expert[slot]
             count = slot_count[slot]
             n_tiles = (count + TILE_TOKENS - 1) // TILE_TOKENS
-            row = Int64(expert) * self.l + Int64(r0 + g)
             packed: cutlass.Constexpr = self.i // 2
             groups: cutlass.Constexpr = self.i // FP4_GROUP
             y_addr = y_lat.iterator.toint()
+            expect_bulk_bytes(barrier, tidx, self.stage_bytes)
+            stage_addr = stage.iterator.toint()
+            scales_addr = stage_addr + GEMM2_ROWS * self.row_stride
+            first_row = Int64(expert) * self.l + Int64(tile * GEMM2_ROWS)
+            if tidx < GEMM2_ROWS:
+                bulk_copy_to_shared(stage_addr + tidx * self.row_stride,
+                                    w2.iterator.toint() + (first_row + Int64(tidx)) * packed, packed,
+                                    barrier.iterator.toint())
+            elif tidx == GEMM2_ROWS:
+                bulk_copy_to_shared(scales_addr, s2.iterator.toint() + first_row * groups, GEMM2_ROWS * groups,
+                                    barrier.iterator.toint())
+            cute.arch.mbarrier_wait(barrier.iterator, 0)
+            local = (tidx // WARP) * MMA_ROWS + g  # this lane's MMA row g within the CTA's rows
             for t in cutlass.range(n_tiles, unroll=1):
                 x_row = token_row(slot_pairs, slot, count, t * TILE_TOKENS + g, self.k, False, a.iterator.toint(),
                                   self.i * 2, q)
                 acc = zero_tiles(1)
-                group_span_mma(acc, x_row, w2.iterator.toint() + row * packed, w2.iterator.toint() + (row + 8) * packed,
-                               s2.iterator.toint() + row * groups, s2.iterator.toint() + (row + 8) * groups, Int32(0), q,
-                               m_count >> 31, groups, self.in_flight)
+                group_span_mma(acc, x_row, stage_addr + local * self.row_stride,
+                               stage_addr + (local + 8) * self.row_stride, scales_addr + local * groups,
+                               scales_addr + (local + 8) * groups, Int32(0), q, m_count >> 31, groups, self.in_flight)
                 for c in cutlass.range_constexpr(2):
                     column = t * TILE_TOKENS + 2 * q + c
                     if column < count:
