@@ -65,6 +65,11 @@ def ld_u8(addr: Int64) -> Int32:
     return cute.arch.inline_ptx("ld.global.nc.u8 {$w0}, [{$r0}];", write_only_types=[Int32], read_only_args=[addr])
 
 
+def prefetch_l1(addr: Int64) -> None:
+    """Bring the 128-byte line at addr into this SM's L1 (no registers, nothing to wait for)."""
+    cute.arch.inline_ptx("prefetch.global.L1 [{$r0}];", read_only_args=[addr])
+
+
 def ld_shared_b32(addr: Int32) -> Int32:
     return cute.arch.inline_ptx("ld.shared.b32 {$w0}, [{$r0}];", write_only_types=[Int32], read_only_args=[addr])
 

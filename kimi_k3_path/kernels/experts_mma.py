@@ -39,6 +39,7 @@ from .common import (
     ld_shared_b32,
     ld_shared_u8,
     pair_like_fp4x8,
+    prefetch_l1,
     red_add_f32,
     situ_glu,
 )
@@ -54,10 +55,22 @@ GEMM1_GROUPS_IN_FLIGHT = 4
 GEMM2_GROUPS_IN_FLIGHT = 4
 GEMM1_COLUMNS = MMA_ROWS // 2  # a's columns per warp: 8 gate rows + the 8 matching up rows
 GEMM2_ROWS = WARPS_PER_CTA * MMA_ROWS  # latent rows per GEMM2 CTA
-# A CTA's weight rows are staged in shared memory 16 bytes apart beyond their length: the 8 rows g of one MMA read
-# word q of the same group, and unpadded rows of 1792 or 192 bytes would put them in 1 or 2 of the 32 banks.
+# GEMM1 stages its 16 rows 16 bytes apart beyond their length: the 8 rows g of one MMA read word q of the same group,
+# and unpadded rows of 1792 bytes would put all 8 in one bank. GEMM2's 128 rows go unpadded, one bulk copy per warp's
+# 16 contiguous rows (192 or 96 bytes each: a 4- or 2-way conflict on a few loads): a bulk copy whose operands differ
+# across lanes is issued once per lane in a loop, so one copy per row would serialize 16 copies in each warp.
 ROW_PAD = 16
 SMEM_SLACK = 256  # alignment of the staging buffer and its barrier
+
+
+def prefetch_activations(x_row: Int64, q, first_group, groups: int) -> None:
+    """Before the weights land: pull into L1 the lines of this lane's token row that the warp's `groups` MXFP4 groups
+    from first_group will read (x_row as token_row returns it), the warp's 4 lanes q sharing them out, so the pinned
+    activation batches after the wait hit L1 instead of paying one L2 round trip each."""
+    start = x_row - Int64(q) * VEC_BYTES + Int64(first_group) * (FP4_GROUP * 2)
+    lines = -(-groups * FP4_GROUP * 2 // 128)
+    for i in range(-(-lines // 4)):
+        prefetch_l1(start + Int64(cutlass.min(q + 4 * i, lines - 1)) * 128)
 
 
 def token_row(slot_pairs, slot, count, column, top_k: int, by_token: bool, base: Int64, row_bytes: int, q) -> Int64:
@@ -186,20 +199,22 @@ class ExpertsGemm1SituMma:
             packed: cutlass.Constexpr = self.l // 2
             groups: cutlass.Constexpr = self.l // FP4_GROUP
             per_warp: cutlass.Constexpr = groups // WARPS_PER_CTA
-            # Stage rows r < 8: gate row j0 + r; r >= 8: up row I + j0 + r - 8 (the MMA's rows g and g + 8).
+            # Stage rows r < 8: gate row j0 + r; r >= 8: up row I + j0 + r - 8 (the MMA's rows g and g + 8). Warp w
+            # copies gate row w (lane 0) and up row w (lane 1); lane 2 of warps 0 and 1 the gate and up scales.
             expect_bulk_bytes(barrier, tidx, self.stage_bytes)
             stage_addr = stage.iterator.toint()
             scales_addr = stage_addr + MMA_ROWS * self.row_stride
             first_row = Int64(expert) * (2 * self.i) + Int64(j0)
-            if tidx < MMA_ROWS:
-                row = first_row + Int64(tidx % 8 + (tidx // 8) * self.i)
-                bulk_copy_to_shared(stage_addr + tidx * self.row_stride, w13.iterator.toint() + row * packed, packed,
+            if lane < 2:
+                row = first_row + Int64(warp + lane * self.i)
+                bulk_copy_to_shared(stage_addr + (warp + lane * 8) * self.row_stride,
+                                    w13.iterator.toint() + row * packed, packed, barrier.iterator.toint())
+            elif lane == 2 and warp < 2:
+                bulk_copy_to_shared(scales_addr + warp * 8 * groups,
+                                    s13.iterator.toint() + (first_row + Int64(warp * self.i)) * groups, 8 * groups,
                                     barrier.iterator.toint())
-            elif tidx < MMA_ROWS + 2:
-                half = tidx - MMA_ROWS  # gate scales, then up scales: 8 rows each, contiguous in s13
-                bulk_copy_to_shared(scales_addr + half * 8 * groups,
-                                    s13.iterator.toint() + (first_row + Int64(half * self.i)) * groups, 8 * groups,
-                                    barrier.iterator.toint())
+            prefetch_activations(token_row(slot_pairs, slot, count, g, self.k, True, x_lat.iterator.toint(),
+                                           self.l * 2, q), q, warp * per_warp, per_warp)
             cute.arch.mbarrier_wait(barrier.iterator, 0)
             for t in cutlass.range(n_tiles, unroll=1):
                 x_row = token_row(slot_pairs, slot, count, t * TILE_TOKENS + g, self.k, True, x_lat.iterator.toint(),
@@ -229,7 +244,7 @@ class ExpertsGemm2CombineMma:
         groups = inter // FP4_GROUP
         in_flight = max(n for n in range(1, in_flight + 1) if groups % n == 0)
         self.e, self.l, self.i, self.k, self.eps, self.in_flight = experts, latent, inter, top_k, eps, in_flight
-        self.row_stride = inter // 2 + ROW_PAD
+        self.row_stride = inter // 2
         self.scale_row = inter // FP4_GROUP
         self.stage_bytes = GEMM2_ROWS * (inter // 2 + self.scale_row)
 
@@ -272,13 +287,16 @@ class ExpertsGemm2CombineMma:
             stage_addr = stage.iterator.toint()
             scales_addr = stage_addr + GEMM2_ROWS * self.row_stride
             first_row = Int64(expert) * self.l + Int64(tile * GEMM2_ROWS)
-            if tidx < GEMM2_ROWS:
-                bulk_copy_to_shared(stage_addr + tidx * self.row_stride,
-                                    w2.iterator.toint() + (first_row + Int64(tidx)) * packed, packed,
-                                    barrier.iterator.toint())
-            elif tidx == GEMM2_ROWS:
+            warp = tidx // WARP
+            if lane == 0:  # the warp's 16 rows, contiguous in w2
+                bulk_copy_to_shared(stage_addr + warp * MMA_ROWS * packed,
+                                    w2.iterator.toint() + (first_row + Int64(warp * MMA_ROWS)) * packed,
+                                    MMA_ROWS * packed, barrier.iterator.toint())
+            elif lane == 1 and warp == 0:
                 bulk_copy_to_shared(scales_addr, s2.iterator.toint() + first_row * groups, GEMM2_ROWS * groups,
                                     barrier.iterator.toint())
+            prefetch_activations(token_row(slot_pairs, slot, count, g, self.k, False, a.iterator.toint(), self.i * 2,
+                                           q), q, 0, groups)
             cute.arch.mbarrier_wait(barrier.iterator, 0)
             local = (tidx // WARP) * MMA_ROWS + g  # this lane's MMA row g within the CTA's rows
             for t in cutlass.range(n_tiles, unroll=1):
