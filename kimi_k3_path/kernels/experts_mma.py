@@ -45,7 +45,6 @@ from .common import (
 )
 from .experts import TAIL_SMEM_BYTES, alloc_tail_smem, norm_tail, zero_y_lat
 from .mma import MMA_ROWS, TILE_TOKENS, alloc_tile_scratch, mma_16816, reduce_tiles, scratch_bytes, zero_tiles
-from .runtime import launch_options
 
 WARPS_PER_CTA = 8
 # MXFP4 groups whose activations (and weight words, scales from shared memory) are loaded together before their MMAs
@@ -175,7 +174,7 @@ class ExpertsGemm1SituMma:
         slots = cutlass.min(m * self.k, self.e)
         self.kernel(x_lat, w13, s13, n_active, slot_expert, slot_count, slot_pairs, a, y_lat, m).launch(
             grid=[slots, self.i // GEMM1_COLUMNS, 1], block=[WARPS_PER_CTA * WARP, 1, 1],
-            smem=self.smem_bytes(), stream=stream, **launch_options(),
+            smem=self.smem_bytes(), stream=stream,
         )
 
     @cute.kernel
@@ -260,7 +259,7 @@ class ExpertsGemm2CombineMma:
         self.kernel(a, w2, s2, n_active, slot_expert, slot_count, slot_pairs, topk_w, y_lat, counter, gamma, normed,
                     m).launch(
             grid=[slots, self.l // GEMM2_ROWS, 1], block=[WARPS_PER_CTA * WARP, 1, 1],
-            smem=self.smem_bytes(), stream=stream, **launch_options(),
+            smem=self.smem_bytes(), stream=stream,
         )
 
     @cute.kernel

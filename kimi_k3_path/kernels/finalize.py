@@ -17,7 +17,6 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Int32, Int64
 
 from .common import DEFAULT_WEIGHT_LOAD, WARP
-from .runtime import launch_options
 from .gemv import BF16_PER_VEC, SCRATCH_BYTES, WARPS_PER_CTA, alloc_scratch, check_k, dot_slice, split_k_reduce, zero_acc
 from .mma import (
     MMA_ROWS,
@@ -120,7 +119,7 @@ class Finalize:
     def __call__(self, normed, w_up, a_sh, w_sh2, out, stream: cuda.CUstream):
         smem = scratch_bytes(self.mt) if uses_tensor_cores(self.mt) else SCRATCH_BYTES
         self.kernel(normed, w_up, a_sh, w_sh2, out, normed.shape[0]).launch(
-            grid=[self.ctas(), 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1], smem=smem, stream=stream, **launch_options()
+            grid=[self.ctas(), 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1], smem=smem, stream=stream
         )
 
     @cute.kernel

@@ -30,7 +30,6 @@ from .finalize import finalize
 from .gemv import GEMV_SPLIT, WARPS_PER_CTA, alloc_scratch, check_k, gemv_part, token_tile
 from .mma import MMA_ROWS, alloc_tile_scratch, check_mma, mma_rows_part, scratch_bytes, uses_tensor_cores
 from .router import MAX_TOKENS, alloc_router_smem, check_router, router_part, router_smem_bytes
-from .runtime import launch_options
 from .shared import check_shared, mma_shared_part, shared_ctas, shared_part
 
 
@@ -68,7 +67,7 @@ class FrontKernel:
         self.kernel(x, w_router, bias, logits, counter, ids, weights, n_active, slot_expert, slot_count, slot_pairs,
                     w_down, x_lat, w_sh13, a_sh, x.shape[0]).launch(
             grid=[self.e + self.down_ctas + self.shared_ctas, 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1],
-            smem=self.smem_bytes(), stream=stream, **launch_options(),
+            smem=self.smem_bytes(), stream=stream,
         )
 
     @cute.kernel

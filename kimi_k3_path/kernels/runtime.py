@@ -15,15 +15,6 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 ALIGN = 16  # every kernel issues 16-byte vector loads
 
-# Shared-memory carveout (percent of the most an SM can give) that the block's launches ask for; None leaves it to
-# the driver, which picks per kernel by its shared-memory use. Read at compile time (experiment knob, see NOTES v9).
-SMEM_CARVEOUT: int | None = int(os.environ["KIMI_K3_SMEM_CARVEOUT"]) if os.environ.get("KIMI_K3_SMEM_CARVEOUT") else None
-
-
-def launch_options() -> dict[str, Any]:
-    """Extra keyword arguments for a kernel's .launch(...)."""
-    return {} if SMEM_CARVEOUT is None else {"preferred_smem_carveout": SMEM_CARVEOUT}
-
 _CACHE: dict[Hashable, Callable[..., Any]] = {}
 
 
