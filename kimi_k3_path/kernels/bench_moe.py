@@ -215,8 +215,6 @@ def run(args) -> tuple[dict, list[dict]]:
                     print(f"    {name:44} {t['median']:7.1f} us {nbytes / 1e6:7.1f} MB "
                           f"{nbytes / (t['median'] * 1e-6) / 1e12:5.2f} TB/s  floor {nbytes / bandwidth * 1e6:6.1f} us",
                           flush=True)
-            if args.compare_shared_overlap:
-                kernel_rows += compare_shared_overlap(xs, ours, spaces, outs, refs, stocks, d, tp, m, cand, args)
             variants = [("", steps)]
             if on_tensor_cores(m, True) and args.compare_cuda_cores:
                 simt = [decode_steps(x, w, ws, o, args.max_regs, tensor_cores=False)
@@ -270,52 +268,6 @@ def run(args) -> tuple[dict, list[dict]]:
     return evidence, kernel_rows
 
 
-def shared_beside_experts(x, w, ws, out, m: int):
-    """The block with the shared experts' gate_up as its own launch on a second stream, concurrent with the experts'
-    GEMM1 (the front without its shared CTAs): does the latency-bound GEMM1 leave room for 22 MB of streaming?"""
-    from kimi_k3_path.kernels.experts import experts_gemm1_situ, experts_gemm2_combine
-    from kimi_k3_path.kernels.finalize import finalize
-    from kimi_k3_path.kernels.moe import front
-    from kimi_k3_path.kernels.shared import shared_gate_up_situ
-
-    side = torch.cuda.Stream()
-    forked, joined = torch.cuda.Event(), torch.cuda.Event()
-    k = w.top_k
-
-    def launch(st):
-        front(x, w, ws, m, st, shared=False)
-        forked.record(st)
-        side.wait_event(forked)
-        shared_gate_up_situ(x, w.shared13, ws.a_sh[:m], side)
-        joined.record(side)
-        experts_gemm1_situ(ws.x_lat[:m], w.w13_packed, w.w13_scales, ws.plan, k, ws.a[: m * k], ws.y_lat[:m], st)
-        experts_gemm2_combine(ws.a[: m * k], w.w2_packed, w.w2_scales, ws.plan, ws.weights[:m], ws.y_lat[:m],
-                              ws.gemm2_counter, w.latent_norm, ws.normed[:m], w.eps, st)
-        st.wait_event(joined)
-        finalize(ws.normed[:m], w.up, ws.a_sh[:m], w.shared2, out, st)
-
-    return launch
-
-
-def compare_shared_overlap(xs, ours, spaces, outs, refs, stocks, d, tp, m, cand, args) -> list[dict]:
-    """Same run: the block as shipped against shared_beside_experts."""
-    from kimi_k3_path.reference import rel_err, stock
-
-    blocks = [shared_beside_experts(x, w, ws, o, m) for x, w, ws, o in zip(xs, ours, spaces, outs)]
-
-    def block(st):
-        for one in blocks:
-            one(st)
-
-    outs[0].fill_(float("nan"))
-    t = measurement_of(time_graph(block, args.replays, len(refs)))
-    err = rel_err(outs[0], stock.latent_moe(xs[0], stocks[0], d).float())
-    print(f"    block with shared gate_up beside GEMM1       {t['median']:7.1f} us (spread {t['spread_pct']:.1f}%), "
-          f"as shipped {cand['median']:.1f} us: {t['median'] / cand['median']:.3f}x; err {err:.1e}", flush=True)
-    return [{"tp": tp, "batch": m, "kernel": "block with shared gate_up beside GEMM1", "median_us": t["median"],
-             "spread_pct": t["spread_pct"], "default_block_us": cand["median"], "rel_err": err}]
-
-
 def parse_max_regs(text: str) -> dict[str, int]:
     from kimi_k3_path.kernels.moe import MAX_REGS
 
@@ -341,8 +293,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="batches at which each launch of the block is also timed alone (default: 1)")
     p.add_argument("--compare-cuda-cores", action="store_true",
                    help="also time the block with every kernel on the CUDA cores (same run)")
-    p.add_argument("--compare-shared-overlap", action="store_true",
-                   help="also time the block with the shared gate_up beside GEMM1 on a second stream (same run)")
     p.add_argument("--max-regs", type=parse_max_regs, default=None, metavar="LAUNCH=N,...",
                    help="register caps per launch of the block (front, gemm1, gemm2, finalize)")
     p.add_argument("--profile-once", action="store_true", help="one eager pass for ncu, then exit")

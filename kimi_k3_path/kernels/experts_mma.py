@@ -10,7 +10,8 @@ group of 32 k (one E8M0 scale per row), lane (g, q) loads the 4-byte word q of r
 fp16, paired alike (pair_like_fp4x8): pairs 0, 1 feed one k16 step and pairs 2, 3 the next, a permutation of k that
 A and B share. The scale belongs to a (row, group), so each group's two steps go into a fresh fp32 tile that is
 scaled per row (rows g and g + 8 have their own scales) into the accumulator: exact for every E8M0 scale, where
-folding scales into fp16 weights could overflow.
+folding scales into fp16 weights could overflow. From 2 tokens the weight words and scales come from a copy of the
+CTA's rows in shared memory (bulk copies, one round trip per CTA); at one token straight from global memory.
 
 C fragment of token tile t: lane (g, q) holds rows (g, g + 8) x slot columns (8t + 2q, 8t + 2q + 1).
 GEMM1: MMA row g is gate row j0 + g and row g + 8 the up row I + j0 + g, so each lane holds gate and up of the same
@@ -38,6 +39,8 @@ from .common import (
     ld_act_v4,
     ld_shared_b32,
     ld_shared_u8,
+    ld_u8,
+    ld_weight_b32,
     pair_like_fp4x8,
     prefetch_l1,
     red_add_f32,
@@ -47,18 +50,22 @@ from .experts import TAIL_SMEM_BYTES, alloc_tail_smem, norm_tail, zero_y_lat
 from .mma import MMA_ROWS, TILE_TOKENS, alloc_tile_scratch, mma_16816, reduce_tiles, scratch_bytes, zero_tiles
 
 WARPS_PER_CTA = 8
-# MXFP4 groups whose activations (and weight words, scales from shared memory) are loaded together before their MMAs
-# (common.after_all_loads keeps ptxas from splitting a batch into one round trip per group). v8 measured 4 best for
-# both GEMMs when the weights also came from DRAM; a batch of more groups costs registers (GEMM2 at TP16 with 6
-# groups as 4 + 2: 124 registers, as 3 + 3: 58), so GEMM2 takes the largest equal batches of at most 4.
+# MXFP4 groups whose weight words, scales and activations are loaded together before their MMAs (common.after_all_loads
+# keeps ptxas from splitting a batch into one round trip per group). Weights from DRAM (one token), v8 in one run at
+# TP8 M=1: GEMM1 with 4 17.2 us, with 7 20.1 (registers cost occupancy); GEMM2 with 4 of its 12 groups 14.3 us, 6
+# 16.6, 12 23.3, but at TP16 (6 groups) 4 + 2 took 17.4 us and all 6 at once 12.8: a short row goes in one batch.
+# Weights staged in shared memory (from 2 tokens): GEMM2 takes the largest equal batches of at most 4 (at TP16 as
+# 3 + 3: 48 registers, where 4 + 2 needs 122).
 GEMM1_GROUPS_IN_FLIGHT = 4
 GEMM2_GROUPS_IN_FLIGHT = 4
+ONE_BATCH_GROUPS = 6
 GEMM1_COLUMNS = MMA_ROWS // 2  # a's columns per warp: 8 gate rows + the 8 matching up rows
 GEMM2_ROWS = WARPS_PER_CTA * MMA_ROWS  # latent rows per GEMM2 CTA
-# GEMM1 stages its 16 rows 16 bytes apart beyond their length: the 8 rows g of one MMA read word q of the same group,
-# and unpadded rows of 1792 bytes would put all 8 in one bank. GEMM2's 128 rows go unpadded, one bulk copy per warp's
-# 16 contiguous rows (192 or 96 bytes each: a 4- or 2-way conflict on a few loads): a bulk copy whose operands differ
-# across lanes is issued once per lane in a loop, so one copy per row would serialize 16 copies in each warp.
+# Staged (from 2 tokens; v9): GEMM1 stages its 16 rows 16 bytes apart beyond their length: the 8 rows g of one MMA
+# read word q of the same group, and unpadded rows of 1792 bytes would put all 8 in one bank. GEMM2's 128 rows go
+# unpadded, one bulk copy per warp's 16 contiguous rows (192 or 96 bytes each: a 4- or 2-way conflict on a few
+# loads): a bulk copy whose operands differ across lanes is issued once per lane in a loop, so one copy per row
+# would serialize 16 copies in each warp.
 ROW_PAD = 16
 SMEM_SLACK = 256  # alignment of the staging buffer and its barrier
 
@@ -85,23 +92,26 @@ def token_row(slot_pairs, slot, count, column, top_k: int, by_token: bool, base:
 def groups_mma(
     acc: cute.Tensor,
     x_row: Int64,
-    w_g: Int32,
-    w_g8: Int32,
-    s_g: Int32,
-    s_g8: Int32,
+    w_g,
+    w_g8,
+    s_g,
+    s_g8,
     first_group: Int32,
     q: Int32,
     zero: Int32,
     count: cutlass.Constexpr,
+    staged: cutlass.Constexpr,
 ):
-    """acc += `count` MXFP4 groups from first_group of rows g / g + 8 (packed rows at shared addresses w_g / w_g8,
-    scale rows at s_g / s_g8) times one token tile's activations (x_row: this lane's token row, global). Loads first,
-    then the math (zero: a run-time 0 for common.after_all_loads: the activations come from L1/L2)."""
+    """acc += `count` MXFP4 groups from first_group of rows g / g + 8 (packed rows at w_g / w_g8, scale rows at s_g /
+    s_g8: shared-memory addresses if staged, else global) times one token tile's activations (x_row: this lane's
+    token row, global). Loads first, then the math (zero: a run-time 0 for common.after_all_loads)."""
+    load_word = ld_shared_b32 if staged else ld_weight_b32
+    load_scale = ld_shared_u8 if staged else ld_u8
     frags = []
     for i in cutlass.range_constexpr(count):
         group = first_group + i
-        words = (ld_shared_b32(w_g + group * VEC_BYTES + q * 4), ld_shared_b32(w_g8 + group * VEC_BYTES + q * 4))
-        scales = (ld_shared_u8(s_g + group), ld_shared_u8(s_g8 + group))
+        words = (load_word(w_g + group * VEC_BYTES + q * 4), load_word(w_g8 + group * VEC_BYTES + q * 4))
+        scales = (load_scale(s_g + group), load_scale(s_g8 + group))
         frags.append((words, scales, ld_act_v4(x_row + Int64(group) * (FP4_GROUP * 2))))
     (first_g, first_g8), first_scales, first_x = frags[0]
     first_g = after_all_loads(first_g, [v for words, scales, xw in frags for v in (*words, *scales, xw[0])], zero)
@@ -126,22 +136,24 @@ def groups_mma(
 def group_span_mma(
     acc: cute.Tensor,
     x_row: Int64,
-    w_g: Int32,
-    w_g8: Int32,
-    s_g: Int32,
-    s_g8: Int32,
+    w_g,
+    w_g8,
+    s_g,
+    s_g8,
     first_group: Int32,
     q: Int32,
     zero: Int32,
     groups: cutlass.Constexpr,
     in_flight: cutlass.Constexpr,
+    staged: cutlass.Constexpr,
 ):
     """acc += groups first_group .. first_group + groups - 1, `in_flight` groups' loads at a time."""
     batches: cutlass.Constexpr = groups // in_flight
     for b in cutlass.range(batches, unroll=1):
-        groups_mma(acc, x_row, w_g, w_g8, s_g, s_g8, first_group + b * in_flight, q, zero, in_flight)
+        groups_mma(acc, x_row, w_g, w_g8, s_g, s_g8, first_group + b * in_flight, q, zero, in_flight, staged)
     if cutlass.const_expr(groups % in_flight != 0):
-        groups_mma(acc, x_row, w_g, w_g8, s_g, s_g8, first_group + batches * in_flight, q, zero, groups % in_flight)
+        groups_mma(acc, x_row, w_g, w_g8, s_g, s_g8, first_group + batches * in_flight, q, zero, groups % in_flight,
+                   staged)
 
 
 def check_mma_experts(latent: int, inter: int) -> None:
@@ -153,20 +165,23 @@ def check_mma_experts(latent: int, inter: int) -> None:
 
 class ExpertsGemm1SituMma:
     """ExpertsGemm1Situ (same tensors and results) on the tensor cores. CTA (slot, tile) computes a's columns
-    8*tile .. 8*tile + 7 of the slot's pairs: MMA rows g are gate rows j0 + g, rows g + 8 the matching up rows. The
-    CTA's 16 packed rows and their scales (30 KB at L = 3584) arrive in shared memory in one round trip of bulk copies
-    (one per row, so the rows can be padded); its 8 warps split the K groups (14 each at L = 3584) and meet in shared
-    memory; threads (token, column) then apply SiTU-GLU to the totals."""
+    8*tile .. 8*tile + 7 of the slot's pairs: MMA rows g are gate rows j0 + g, rows g + 8 the matching up rows. Its 8
+    warps split the K groups (14 each at L = 3584) and meet in shared memory; threads (token, column) then apply
+    SiTU-GLU to the totals. `staged` (from 2 tokens): the CTA's 16 packed rows and their scales (30 KB at L = 3584)
+    come into shared memory by bulk copies in one round trip; otherwise each lane loads its weight words from global
+    memory in pinned batches (v8), which one token measured faster (NOTES.md, v9)."""
 
-    def __init__(self, experts: int, latent: int, inter: int, top_k: int, in_flight: int = GEMM1_GROUPS_IN_FLIGHT):
+    def __init__(self, experts: int, latent: int, inter: int, top_k: int, staged: bool = True,
+                 in_flight: int = GEMM1_GROUPS_IN_FLIGHT):
         check_mma_experts(latent, inter)  # latent % 256 == 0: the 8 warps get whole, equal shares of the K groups
-        self.e, self.l, self.i, self.k, self.in_flight = experts, latent, inter, top_k, in_flight
+        self.e, self.l, self.i, self.k, self.staged, self.in_flight = experts, latent, inter, top_k, staged, in_flight
         self.row_stride = latent // 2 + ROW_PAD
         self.scale_row = latent // FP4_GROUP
         self.stage_bytes = MMA_ROWS * (latent // 2 + self.scale_row)  # what the bulk copies bring
 
     def smem_bytes(self) -> int:
-        return scratch_bytes(TILE_TOKENS) + MMA_ROWS * (self.row_stride + self.scale_row) + SMEM_SLACK
+        staging = MMA_ROWS * (self.row_stride + self.scale_row) + SMEM_SLACK if self.staged else 0
+        return scratch_bytes(TILE_TOKENS) + staging
 
     @cute.jit
     def __call__(self, x_lat, w13, s13, n_active, slot_expert, slot_count, slot_pairs, a, y_lat, stream: cuda.CUstream):
@@ -184,9 +199,10 @@ class ExpertsGemm1SituMma:
         grid_x, grid_y, _ = cute.arch.grid_dim()
         smem = cutlass.memory.SmemAllocator()
         scratch = alloc_tile_scratch(smem, TILE_TOKENS)
-        stage = smem.allocate_tensor(Uint8, cute.make_layout(MMA_ROWS * (self.row_stride + self.scale_row)),
-                                     byte_alignment=128)
-        barrier = smem.allocate_tensor(Int64, cute.make_layout(1), byte_alignment=8)
+        if cutlass.const_expr(self.staged):
+            stage = smem.allocate_tensor(Uint8, cute.make_layout(MMA_ROWS * (self.row_stride + self.scale_row)),
+                                         byte_alignment=128)
+            barrier = smem.allocate_tensor(Int64, cute.make_layout(1), byte_alignment=8)
         zero_y_lat(y_lat, (tile * grid_x + slot) * WARPS_PER_CTA * WARP + tidx, grid_x * grid_y * WARPS_PER_CTA * WARP,
                    m_count, self.l)
         if slot < n_active[0]:
@@ -199,30 +215,37 @@ class ExpertsGemm1SituMma:
             packed: cutlass.Constexpr = self.l // 2
             groups: cutlass.Constexpr = self.l // FP4_GROUP
             per_warp: cutlass.Constexpr = groups // WARPS_PER_CTA
-            # Stage rows r < 8: gate row j0 + r; r >= 8: up row I + j0 + r - 8 (the MMA's rows g and g + 8). Warp w
-            # copies gate row w (lane 0) and up row w (lane 1); lane 2 of warps 0 and 1 the gate and up scales.
-            expect_bulk_bytes(barrier, tidx, self.stage_bytes)
-            stage_addr = stage.iterator.toint()
-            scales_addr = stage_addr + MMA_ROWS * self.row_stride
             first_row = Int64(expert) * (2 * self.i) + Int64(j0)
-            if lane < 2:
-                row = first_row + Int64(warp + lane * self.i)
-                bulk_copy_to_shared(stage_addr + (warp + lane * 8) * self.row_stride,
-                                    w13.iterator.toint() + row * packed, packed, barrier.iterator.toint())
-            elif lane == 2 and warp < 2:
-                bulk_copy_to_shared(scales_addr + warp * 8 * groups,
-                                    s13.iterator.toint() + (first_row + Int64(warp * self.i)) * groups, 8 * groups,
-                                    barrier.iterator.toint())
-            prefetch_activations(token_row(slot_pairs, slot, count, g, self.k, True, x_lat.iterator.toint(),
-                                           self.l * 2, q), q, warp * per_warp, per_warp)
-            cute.arch.mbarrier_wait(barrier.iterator, 0)
+            if cutlass.const_expr(self.staged):
+                # Stage rows r < 8: gate row j0 + r; r >= 8: up row I + j0 + r - 8 (the MMA's rows g and g + 8).
+                # Warp w copies gate row w (lane 0) and up row w (lane 1); lane 2 of warps 0 and 1 the scales.
+                expect_bulk_bytes(barrier, tidx, self.stage_bytes)
+                stage_addr = stage.iterator.toint()
+                scales_addr = stage_addr + MMA_ROWS * self.row_stride
+                if lane < 2:
+                    row = first_row + Int64(warp + lane * self.i)
+                    bulk_copy_to_shared(stage_addr + (warp + lane * 8) * self.row_stride,
+                                        w13.iterator.toint() + row * packed, packed, barrier.iterator.toint())
+                elif lane == 2 and warp < 2:
+                    bulk_copy_to_shared(scales_addr + warp * 8 * groups,
+                                        s13.iterator.toint() + (first_row + Int64(warp * self.i)) * groups,
+                                        8 * groups, barrier.iterator.toint())
+                prefetch_activations(token_row(slot_pairs, slot, count, g, self.k, True, x_lat.iterator.toint(),
+                                               self.l * 2, q), q, warp * per_warp, per_warp)
+                cute.arch.mbarrier_wait(barrier.iterator, 0)
+                w_g, w_g8 = stage_addr + g * self.row_stride, stage_addr + (g + 8) * self.row_stride
+                s_g, s_g8 = scales_addr + g * groups, scales_addr + (g + 8) * groups
+            else:
+                gate_row = first_row + Int64(g)
+                up_row = gate_row + Int64(self.i)
+                w_g, w_g8 = w13.iterator.toint() + gate_row * packed, w13.iterator.toint() + up_row * packed
+                s_g, s_g8 = s13.iterator.toint() + gate_row * groups, s13.iterator.toint() + up_row * groups
             for t in cutlass.range(n_tiles, unroll=1):
                 x_row = token_row(slot_pairs, slot, count, t * TILE_TOKENS + g, self.k, True, x_lat.iterator.toint(),
                                   self.l * 2, q)
                 acc = zero_tiles(1)
-                group_span_mma(acc, x_row, stage_addr + g * self.row_stride, stage_addr + (g + 8) * self.row_stride,
-                               scales_addr + g * groups, scales_addr + (g + 8) * groups, warp * per_warp, q,
-                               m_count >> 31, per_warp, self.in_flight)
+                group_span_mma(acc, x_row, w_g, w_g8, s_g, s_g8, warp * per_warp, q, m_count >> 31, per_warp,
+                               self.in_flight, self.staged)
                 reduce_tiles(acc, scratch, tidx, 1)
                 if tidx < TILE_TOKENS * GEMM1_COLUMNS:
                     token, j = tidx // GEMM1_COLUMNS, tidx % GEMM1_COLUMNS
@@ -235,21 +258,24 @@ class ExpertsGemm1SituMma:
 
 class ExpertsGemm2CombineMma:
     """ExpertsGemm2Combine (same tensors and results) on the tensor cores; CTA (slot, tile) computes latent rows
-    128*tile .. +127 of the slot's pairs, 16 per warp, from those rows of w2 and their scales staged in shared memory
-    by bulk copies (one round trip)."""
+    128*tile .. +127 of the slot's pairs, 16 per warp. `staged`: those rows of w2 and their scales come into shared
+    memory by bulk copies (one round trip), as in ExpertsGemm1SituMma."""
 
-    def __init__(self, experts: int, latent: int, inter: int, top_k: int, eps: float,
+    def __init__(self, experts: int, latent: int, inter: int, top_k: int, eps: float, staged: bool = True,
                  in_flight: int = GEMM2_GROUPS_IN_FLIGHT):
         check_mma_experts(latent, inter)
         groups = inter // FP4_GROUP
-        in_flight = max(n for n in range(1, in_flight + 1) if groups % n == 0)
-        self.e, self.l, self.i, self.k, self.eps, self.in_flight = experts, latent, inter, top_k, eps, in_flight
-        self.row_stride = inter // 2
+        if staged:
+            in_flight = max(n for n in range(1, in_flight + 1) if groups % n == 0)
+        elif groups <= ONE_BATCH_GROUPS:
+            in_flight = groups
+        self.e, self.l, self.i, self.k, self.eps, self.staged, self.in_flight = (
+            experts, latent, inter, top_k, eps, staged, in_flight)
         self.scale_row = inter // FP4_GROUP
         self.stage_bytes = GEMM2_ROWS * (inter // 2 + self.scale_row)
 
     def smem_bytes(self) -> int:
-        return TAIL_SMEM_BYTES + GEMM2_ROWS * (self.row_stride + self.scale_row) + SMEM_SLACK
+        return TAIL_SMEM_BYTES + (self.stage_bytes + SMEM_SLACK if self.staged else 0)
 
     @cute.jit
     def __call__(self, a, w2, s2, n_active, slot_expert, slot_count, slot_pairs, topk_w, y_lat, counter, gamma,
@@ -270,42 +296,47 @@ class ExpertsGemm2CombineMma:
         grid_x, grid_y, _ = cute.arch.grid_dim()
         smem = cutlass.memory.SmemAllocator()
         flag, partial = alloc_tail_smem(smem)
-        stage = smem.allocate_tensor(Uint8, cute.make_layout(GEMM2_ROWS * (self.row_stride + self.scale_row)),
-                                     byte_alignment=128)
-        barrier = smem.allocate_tensor(Int64, cute.make_layout(1), byte_alignment=8)
+        if cutlass.const_expr(self.staged):
+            stage = smem.allocate_tensor(Uint8, cute.make_layout(self.stage_bytes), byte_alignment=128)
+            barrier = smem.allocate_tensor(Int64, cute.make_layout(1), byte_alignment=8)
         if slot < n_active[0]:
-            lane = tidx % WARP
+            warp, lane = tidx // WARP, tidx % WARP
             g, q = lane // 4, lane % 4
-            r0 = (tile * WARPS_PER_CTA + tidx // WARP) * MMA_ROWS
+            r0 = (tile * WARPS_PER_CTA + warp) * MMA_ROWS
             expert = slot_expert[slot]
             count = slot_count[slot]
             n_tiles = (count + TILE_TOKENS - 1) // TILE_TOKENS
             packed: cutlass.Constexpr = self.i // 2
             groups: cutlass.Constexpr = self.i // FP4_GROUP
             y_addr = y_lat.iterator.toint()
-            expect_bulk_bytes(barrier, tidx, self.stage_bytes)
-            stage_addr = stage.iterator.toint()
-            scales_addr = stage_addr + GEMM2_ROWS * self.row_stride
-            first_row = Int64(expert) * self.l + Int64(tile * GEMM2_ROWS)
-            warp = tidx // WARP
-            if lane == 0:  # the warp's 16 rows, contiguous in w2
-                bulk_copy_to_shared(stage_addr + warp * MMA_ROWS * packed,
-                                    w2.iterator.toint() + (first_row + Int64(warp * MMA_ROWS)) * packed,
-                                    MMA_ROWS * packed, barrier.iterator.toint())
-            elif lane == 1 and warp == 0:
-                bulk_copy_to_shared(scales_addr, s2.iterator.toint() + first_row * groups, GEMM2_ROWS * groups,
-                                    barrier.iterator.toint())
-            prefetch_activations(token_row(slot_pairs, slot, count, g, self.k, False, a.iterator.toint(), self.i * 2,
-                                           q), q, 0, groups)
-            cute.arch.mbarrier_wait(barrier.iterator, 0)
-            local = (tidx // WARP) * MMA_ROWS + g  # this lane's MMA row g within the CTA's rows
+            if cutlass.const_expr(self.staged):
+                expect_bulk_bytes(barrier, tidx, self.stage_bytes)
+                stage_addr = stage.iterator.toint()
+                scales_addr = stage_addr + GEMM2_ROWS * packed
+                first_row = Int64(expert) * self.l + Int64(tile * GEMM2_ROWS)
+                if lane == 0:  # the warp's 16 rows, contiguous in w2
+                    bulk_copy_to_shared(stage_addr + warp * MMA_ROWS * packed,
+                                        w2.iterator.toint() + (first_row + Int64(warp * MMA_ROWS)) * packed,
+                                        MMA_ROWS * packed, barrier.iterator.toint())
+                elif lane == 1 and warp == 0:
+                    bulk_copy_to_shared(scales_addr, s2.iterator.toint() + first_row * groups, GEMM2_ROWS * groups,
+                                        barrier.iterator.toint())
+                prefetch_activations(token_row(slot_pairs, slot, count, g, self.k, False, a.iterator.toint(),
+                                               self.i * 2, q), q, 0, groups)
+                cute.arch.mbarrier_wait(barrier.iterator, 0)
+                local = warp * MMA_ROWS + g  # this lane's MMA row g within the CTA's rows
+                w_g, w_g8 = stage_addr + local * packed, stage_addr + (local + 8) * packed
+                s_g, s_g8 = scales_addr + local * groups, scales_addr + (local + 8) * groups
+            else:
+                row = Int64(expert) * self.l + Int64(r0 + g)
+                w_g, w_g8 = w2.iterator.toint() + row * packed, w2.iterator.toint() + (row + 8) * packed
+                s_g, s_g8 = s2.iterator.toint() + row * groups, s2.iterator.toint() + (row + 8) * groups
             for t in cutlass.range(n_tiles, unroll=1):
                 x_row = token_row(slot_pairs, slot, count, t * TILE_TOKENS + g, self.k, False, a.iterator.toint(),
                                   self.i * 2, q)
                 acc = zero_tiles(1)
-                group_span_mma(acc, x_row, stage_addr + local * self.row_stride,
-                               stage_addr + (local + 8) * self.row_stride, scales_addr + local * groups,
-                               scales_addr + (local + 8) * groups, Int32(0), q, m_count >> 31, groups, self.in_flight)
+                group_span_mma(acc, x_row, w_g, w_g8, s_g, s_g8, Int32(0), q, m_count >> 31, groups, self.in_flight,
+                               self.staged)
                 for c in cutlass.range_constexpr(2):
                     column = t * TILE_TOKENS + 2 * q + c
                     if column < count:
@@ -317,4 +348,3 @@ class ExpertsGemm2CombineMma:
                         red_add_f32(y_addr + (out_row + 8) * 4, acc[0, 2 + c] * weight)
 
         norm_tail(y_lat, gamma, normed, counter, flag, partial, tidx, m_count, grid_x * grid_y, self.l, self.eps)
-

@@ -41,7 +41,7 @@ class FrontKernel:
     expert row)."""
 
     def __init__(self, experts: int, hidden: int, latent: int, shared_inter: int, top_k: int, scaling: float, mt: int,
-                 router_mt: int, shared: bool = True):
+                 router_mt: int):
         check_router(experts, hidden, top_k)
         check_shared(shared_inter, hidden, mt)
         check_k(hidden, GEMV_SPLIT, "FrontKernel (down-projection)")
@@ -56,7 +56,7 @@ class FrontKernel:
             experts, hidden, latent, shared_inter, top_k, scaling, mt)
         self.router_mt = router_mt
         self.down_ctas = latent // rows_per_cta
-        self.shared_ctas = shared_ctas(shared_inter, mt) if shared else 0
+        self.shared_ctas = shared_ctas(shared_inter, mt)
 
     def smem_bytes(self) -> int:
         return router_smem_bytes(self.e, self.k) + (scratch_bytes(self.mt) if uses_tensor_cores(self.mt) else 0)
@@ -91,7 +91,7 @@ class FrontKernel:
             else:
                 gemv_part(x, w_down, x_lat, scratch, bidx - self.e, warp, lane, m_count, self.h, GEMV_SPLIT, self.mt,
                           DEFAULT_WEIGHT_LOAD)
-        elif cutlass.const_expr(self.shared_ctas > 0):
+        else:
             if cutlass.const_expr(uses_tensor_cores(self.mt)):
                 mma_shared_part(x, w_sh13, a_sh, tiles_scratch, bidx - self.e - self.down_ctas,
                                 tidx, m_count, self.s, self.h, self.mt)
@@ -100,9 +100,8 @@ class FrontKernel:
                             self.h, self.mt)
 
 
-def front(x, w, ws, m: int, stream, max_regs: int | None = None, tensor_cores: bool = True,
-          shared: bool = True) -> None:
-    """Launch 1 of the block (see FrontKernel) on `stream`; shared=False leaves the shared experts' CTAs out."""
+def front(x, w, ws, m: int, stream, max_regs: int | None = None, tensor_cores: bool = True) -> None:
+    """Launch 1 of the block (see FrontKernel) on `stream`."""
     from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
 
     e, h, lat, s, k = w.experts, w.hidden, w.latent, w.shared_intermediate, w.top_k
@@ -119,10 +118,9 @@ def front(x, w, ws, m: int, stream, max_regs: int | None = None, tensor_cores: b
             fake(BFloat16, (lat, h)), fake(Float16, (md, lat)), fake(BFloat16, (2 * s, h)), fake(BFloat16, (md, s)),
             fake_stream(),
         )
-        return FrontKernel(e, h, lat, s, k, w.routed_scaling_factor, mt, router_mt, shared), args
+        return FrontKernel(e, h, lat, s, k, w.routed_scaling_factor, mt, router_mt), args
 
-    fn = compile_cached(("moe_front", e, h, lat, s, k, w.routed_scaling_factor, mt, router_mt, shared), build,
-                        max_regs)
+    fn = compile_cached(("moe_front", e, h, lat, s, k, w.routed_scaling_factor, mt, router_mt), build, max_regs)
     fn(
         to_cute(x, True), to_cute(w.router), to_cute(w.router_bias), to_cute(ws.logits[:m], True),
         to_cute(ws.router_counter), to_cute(ws.ids[:m], True), to_cute(ws.weights[:m], True),

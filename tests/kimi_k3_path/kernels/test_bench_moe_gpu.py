@@ -16,18 +16,14 @@ pytestmark = pytest.mark.gpu
 
 def test_a_short_block_bench_writes_evidence_and_kernel_rows(tmp_path):
     out, kernels_out = tmp_path / "moe.json", tmp_path / "kernels.json"
-    rc = bench_moe.main(["--tp", "8", "--batch", "1", "--replays", "5", "--commit", "0123abc", "--compare-shared-overlap",
+    rc = bench_moe.main(["--tp", "8", "--batch", "1", "--replays", "5", "--commit", "0123abc",
                          "--out", str(out), "--kernels-out", str(kernels_out)])
     assert rc == 0
     evidence = PerfEvidence.model_validate_json(out.read_text())
     (row,) = evidence.rows
     assert row.axes["tp"] == 8 and row.axes["batch"] == 1
     assert row.baseline is not None and row.candidate.median > 0.9 * row.floor
-    rows = json.loads(kernels_out.read_text())
-    variants = [k for k in rows if k["kernel"].startswith("block with")]
-    assert len(variants) == 1
-    assert all(k["rel_err"] < 1e-2 and k["median_us"] > 0.9 * row.floor for k in variants), variants
-    kernels = [k for k in rows if k not in variants]
+    kernels = json.loads(kernels_out.read_text())
     assert kernels and all(k["median_us"] > 0 and k["floor_us"] > 0 for k in kernels)
     # Each kernel alone cannot beat its own byte floor by much either.
     assert all(k["median_us"] > 0.9 * k["floor_us"] for k in kernels), kernels

@@ -18,7 +18,12 @@ os.environ["CUTE_DSL_ARCH"] = "sm_90a"
 import cutlass.cute as cute  # noqa: E402
 from cutlass import BFloat16, Float16, Float32, Int32, Uint8  # noqa: E402
 
-from kimi_k3_path.kernels.experts import ExpertsGemm1Situ, ExpertsGemm2Combine, lanes_per_row  # noqa: E402
+from kimi_k3_path.kernels.experts import (  # noqa: E402
+    ExpertsGemm1Situ,
+    ExpertsGemm2Combine,
+    lanes_per_row,
+    stages_weights,
+)
 from kimi_k3_path.kernels.experts_mma import (  # noqa: E402
     GEMM2_GROUPS_IN_FLIGHT,
     ExpertsGemm1SituMma,
@@ -104,28 +109,39 @@ def _sass(op, args, dump_dir: Path) -> list[str]:
     return out.splitlines()
 
 
+@pytest.mark.parametrize("staged", [True, False])
 @pytest.mark.parametrize("gemm", ["gemm1", "gemm2"])
 @pytest.mark.parametrize("tp", [8, 16])
-def test_expert_weights_arrive_by_bulk_copy_and_a_batch_of_activations_precedes_its_first_mma(tp, gemm, dims,
-                                                                                              tmp_path):
-    """v9: each CTA's weight rows come into shared memory by bulk copies (UBLKCP), never by per-lane global loads
-    (v8's LDG.E.NA). ptxas sinks each load next to its first use unless common.after_all_loads pins the batch (v8):
-    all of a batch's 16-byte activation loads must precede its first HMMA, or each group pays an L2 round trip."""
+def test_expert_weight_loads_and_activations_of_a_batch_precede_its_first_mma(tp, gemm, staged, dims, tmp_path):
+    """ptxas sinks each load next to its first use unless common.after_all_loads pins the batch (v8): without it only
+    group 0's loads preceded the first HMMA, one round trip per group. Direct (one token): all of a batch's weight
+    words (LDG...NA, ld.global.nc.L1::no_allocate) come first. Staged (v9): the CTA's weight rows arrive by bulk copies
+    (UBLKCP), no weight word is loaded from global memory, and all of a batch's 16-byte activation loads come first."""
     d = dims(tp)
     if gemm == "gemm1":
-        op, args = ExpertsGemm1SituMma(d.experts, d.latent, d.intermediate, d.top_k), _gemm1_args(d)
+        op, args = ExpertsGemm1SituMma(d.experts, d.latent, d.intermediate, d.top_k, staged), _gemm1_args(d)
     else:
-        op, args = ExpertsGemm2CombineMma(d.experts, d.latent, d.intermediate, d.top_k, d.eps), _gemm2_args(d)
+        op, args = ExpertsGemm2CombineMma(d.experts, d.latent, d.intermediate, d.top_k, d.eps, staged), _gemm2_args(d)
     lines = _sass(op, args, tmp_path)
-    assert any("UBLKCP" in line for line in lines)
-    assert not any("LDG.E.NA" in line for line in lines)
     first_mma = next(n for n, line in enumerate(lines) if "HMMA" in line)
-    assert sum("LDG.E.128" in line for line in lines[:first_mma]) == op.in_flight
+    if staged:
+        assert any("UBLKCP" in line for line in lines)
+        assert not any("LDG.E.NA" in line for line in lines)
+        assert sum("LDG.E.128" in line for line in lines[:first_mma]) == op.in_flight
+    else:
+        assert not any("UBLKCP" in line for line in lines)
+        assert sum("LDG.E.NA" in line for line in lines[:first_mma]) == 2 * op.in_flight  # rows g and g + 8
 
 
-def test_gemm2_batches_are_equal_and_at_most_4_groups(dims):
+def test_gemm2_batches_staged_equal_of_at_most_4_groups_direct_a_short_row_in_one():
     assert ExpertsGemm2CombineMma(896, 3584, 384, 16, 1e-5).in_flight == GEMM2_GROUPS_IN_FLIGHT  # 12 groups: 3 x 4
     assert ExpertsGemm2CombineMma(896, 3584, 192, 16, 1e-5).in_flight == 3  # TP16: 6 groups as 3 + 3, not 4 + 2
+    assert ExpertsGemm2CombineMma(896, 3584, 384, 16, 1e-5, staged=False).in_flight == GEMM2_GROUPS_IN_FLIGHT
+    assert ExpertsGemm2CombineMma(896, 3584, 192, 16, 1e-5, staged=False).in_flight == 6  # one batch
+
+
+def test_one_token_loads_expert_weights_directly_more_tokens_stage_them():
+    assert [stages_weights(m) for m in (1, 2, 64)] == [False, True, True]
 
 
 @pytest.mark.parametrize("mt", [2, 32])
