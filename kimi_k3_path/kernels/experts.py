@@ -324,7 +324,7 @@ def experts_gemm1_situ(
         return ExpertsGemm1Situ(experts, latent, inter, top_k), args
 
     mma = on_tensor_cores(m, tensor_cores)
-    staged = stages_weights(m)
+    staged = mma and stages_weights(m)
     fn = compile_cached(("experts_gemm1_situ", experts, latent, inter, top_k, mma, staged), build, max_regs)
     fn(
         to_cute(x_lat, True), to_cute(w13), to_cute(s13), *(to_cute(t) for t in plan),
@@ -377,7 +377,7 @@ def experts_gemm2_combine(
         return ExpertsGemm2Combine(experts, latent, inter, top_k, eps), args
 
     mma = on_tensor_cores(m, tensor_cores)
-    staged = stages_weights(m)
+    staged = mma and stages_weights(m)
     fn = compile_cached(("experts_gemm2_combine", experts, latent, inter, top_k, eps, mma, staged), build, max_regs)
     fn(
         to_cute(a, True), to_cute(w2), to_cute(s2), *(to_cute(t) for t in plan),
