@@ -233,23 +233,6 @@ def run(args) -> tuple[dict, list[dict]]:
                       flush=True)
                 kernel_rows.append({"tp": tp, "batch": m, "kernel": "block [CUDA cores]", "median_us": t["median"],
                                     "spread_pct": t["spread_pct"], "tensor_core_block_us": cand["median"]})
-            for mib in args.compare_warm_l2:
-                warm = [decode_steps(x, w, ws, o, args.max_regs, warm_l2_bytes=mib << 20)
-                        for x, w, ws, o in zip(xs, ours, spaces, outs)]
-
-                def warm_block(st, warm=warm):
-                    for block in warm:
-                        for step in block:
-                            step.launch(st)
-
-                t = measurement_of(time_graph(warm_block, args.replays, len(refs)))
-                warm_err = rel_err(outs[0], stock.latent_moe(xs[0], stocks[0], d).float())
-                print(f"    block warming L2 with up to {mib:3} MiB{'':9} {t['median']:7.1f} us (spread "
-                      f"{t['spread_pct']:.1f}%), default {cand['median']:.1f} us: {t['median'] / cand['median']:.3f}x; "
-                      f"err {warm_err:.1e}", flush=True)
-                kernel_rows.append({"tp": tp, "batch": m, "kernel": f"block [warm L2 {mib} MiB]",
-                                    "median_us": t["median"], "spread_pct": t["spread_pct"],
-                                    "default_block_us": cand["median"]})
             for suffix, variant in variants if m in args.steps_at else ():
                 for i, step in enumerate(variant[0]):
                     def one(st, i=i, variant=variant):
@@ -310,8 +293,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="batches at which each launch of the block is also timed alone (default: 1)")
     p.add_argument("--compare-cuda-cores", action="store_true",
                    help="also time the block with every kernel on the CUDA cores (same run)")
-    p.add_argument("--compare-warm-l2", type=lambda s: [int(v) for v in s.split(",")], default=[], metavar="MIB,...",
-                   help="also time the block with these L2-warming budgets in MiB (0: off; same run)")
     p.add_argument("--max-regs", type=parse_max_regs, default=None, metavar="LAUNCH=N,...",
                    help="register caps per launch of the block (front, gemm1, gemm2, finalize)")
     p.add_argument("--profile-once", action="store_true", help="one eager pass for ncu, then exit")

@@ -70,23 +70,6 @@ def prefetch_l1(addr: Int64) -> None:
     cute.arch.inline_ptx("prefetch.global.L1 [{$r0}];", read_only_args=[addr])
 
 
-def prefetch_l2(addr: Int64, nbytes: Int32) -> None:
-    """Start bringing nbytes at addr (16-byte aligned, a multiple of 16) into L2 on the TMA engine: no registers hold
-    them and nothing waits for them. A latency-bound launch warms L2 this way for the next launch of the step, in DRAM
-    time it would leave idle."""
-    cute.arch.inline_ptx("cp.async.bulk.prefetch.L2.global [{$r0}], {$r1};", read_only_args=[addr, nbytes])
-
-
-@cute.jit
-def prefetch_l2_piece(base: Int64, nbytes: cutlass.Constexpr, piece: Int32, pieces: Int32):
-    """prefetch_l2 of piece `piece` of `pieces` near-equal pieces (16-byte multiples, the last one shorter or empty)
-    of the nbytes at base (nbytes % 16 == 0)."""
-    size = (Int32(nbytes // 16) + pieces - 1) // pieces * 16
-    start = piece * size
-    if start < nbytes:
-        prefetch_l2(base + Int64(start), cutlass.min(size, Int32(nbytes) - start))
-
-
 def ld_shared_b32(addr: Int32) -> Int32:
     return cute.arch.inline_ptx("ld.shared.b32 {$w0}, [{$r0}];", write_only_types=[Int32], read_only_args=[addr])
 

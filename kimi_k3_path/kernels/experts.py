@@ -18,8 +18,6 @@ device counter, as in the router) applies the latent RMSNorm, normed[t] = y_lat[
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
@@ -38,81 +36,13 @@ from .common import (
     ld_coherent_f32,
     ld_u8,
     ld_weight_v4,
-    prefetch_l2_piece,
     red_add_f32,
     situ_glu,
 )
 
 WARPS_PER_CTA = 8
 GEMM1_LANES_PER_ROW = 16
-L2_WARM_PIECES = 16  # prefetches per active expert when one CTA warms L2 with all of them (the router's last CTA)
 
-
-def mxfp4_bytes(rows: int, k: int) -> tuple[int, int]:
-    """(packed, scales) bytes of one expert's [rows, k] MXFP4 matrix."""
-    return rows * k // 2, rows * k // FP4_GROUP
-
-
-def experts_to_warm(budget: int, rows: int, k: int) -> int:
-    """How many active experts' [rows, k] MXFP4 weights fit a warm-L2 byte budget: a launch warms L2 with the next
-    launch's expert weights only when the step's active experts are that few (small batches, where the expert launches
-    are latency-bound and the weights fit in L2 beside what the launch itself reads)."""
-    return budget // sum(mxfp4_bytes(rows, k))
-
-
-@cute.jit
-def warm_l2_planned(w: cute.Tensor, s: cute.Tensor, n_active: cute.Tensor, slot_expert: cute.Tensor, first: Int32,
-                    stride: Int32, w_bytes: cutlass.Constexpr, s_bytes: cutlass.Constexpr,
-                    max_active: cutlass.Constexpr):
-    """Prefetch into L2 every active expert's packed weights w [E, ...] and scales s [E, ...] (w_bytes and s_bytes per
-    expert) if no more than max_active are active; the (slot, piece) items go to the calling threads first, first +
-    stride, ... (the plan must be complete and visible to them)."""
-    active = n_active[0]
-    if active <= max_active:
-        for item in cutlass.range(first, active * L2_WARM_PIECES, stride, unroll=1):
-            expert = slot_expert[item // L2_WARM_PIECES]
-            piece = item % L2_WARM_PIECES
-            prefetch_l2_piece(w.iterator.toint() + Int64(expert) * w_bytes, w_bytes, piece, L2_WARM_PIECES)
-            prefetch_l2_piece(s.iterator.toint() + Int64(expert) * s_bytes, s_bytes, piece, L2_WARM_PIECES)
-
-
-@cute.jit
-def warm_l2_pair(first: Int64, first_bytes: cutlass.Constexpr, second: Int64, second_bytes: cutlass.Constexpr,
-                 piece: Int32, pieces: Int32, active: Int32, max_active: cutlass.Constexpr):
-    """One thread of an expert-launch CTA: prefetch into L2 share `piece` of `pieces` of two byte ranges the next launch
-    reads (an expert's packed weights and scales; the finalize's first rows), if no more than max_active experts are
-    active."""
-    if active <= max_active:
-        prefetch_l2_piece(first, first_bytes, piece, pieces)
-        prefetch_l2_piece(second, second_bytes, piece, pieces)
-
-
-
-@cute.jit
-def warm_gemm2_share(w2: cute.Tensor, s2: cute.Tensor, expert: Int32, piece: Int32, pieces: Int32, active: Int32,
-                     latent: cutlass.Constexpr, inter: cutlass.Constexpr, max_active: cutlass.Constexpr):
-    """GEMM1's CTA (slot, piece) of `pieces` per slot: its share of the slot's expert's w2 and scales, for GEMM2."""
-    w_bytes, s_bytes = mxfp4_bytes(latent, inter)
-    warm_l2_pair(w2.iterator.toint() + Int64(expert) * w_bytes, w_bytes, s2.iterator.toint() + Int64(expert) * s_bytes,
-                 s_bytes, piece, pieces, active, max_active)
-
-
-@dataclass(frozen=True)
-class FinalizeWarm:
-    """What GEMM2 prefetches into L2 for the finalize: the first up_bytes of W_up and sh_bytes of W_sh2 (the rows the
-    finalize's first CTAs read), when no more than `experts` experts are active (0: nothing)."""
-
-    experts: int = 0
-    up_bytes: int = 0
-    sh_bytes: int = 0
-
-
-@cute.jit
-def warm_finalize_share(w_up: cute.Tensor, w_sh2: cute.Tensor, slot: Int32, tile: Int32, tiles: Int32, active: Int32,
-                        experts: cutlass.Constexpr, up_bytes: cutlass.Constexpr, sh_bytes: cutlass.Constexpr):
-    """GEMM2's CTA (slot, tile): its share of the finalize's first rows (FinalizeWarm's fields as arguments)."""
-    warm_l2_pair(w_up.iterator.toint(), up_bytes, w_sh2.iterator.toint(), sh_bytes, slot * tiles + tile, active * tiles,
-                 active, experts)
 
 def group_dot(packed, x_addr: Int64) -> Float32:
     """Unscaled dot (times 2^-6) of one MXFP4 group (4 words of packed nibbles) with 32 fp16 activations: packed
@@ -198,27 +128,25 @@ class ExpertsGemm1Situ:
     Tensors: x_lat [M, L] fp16, w13 [E, 2I, L/2] uint8, s13 [E, 2I, L/32] uint8, plan (n_active [1],
     slot_expert [S], slot_count [S], slot_pairs [S, 64]) int32, a [M*k, I] fp16, y_lat [M, L] fp32 (zeroed here)."""
 
-    def __init__(self, experts: int, latent: int, inter: int, top_k: int, warm_experts: int = 0):
+    def __init__(self, experts: int, latent: int, inter: int, top_k: int):
         groups = latent // FP4_GROUP
         if latent % FP4_GROUP or groups % GEMM1_LANES_PER_ROW:
             raise ValueError(f"ExpertsGemm1Situ: latent={latent} must be a multiple of {FP4_GROUP * GEMM1_LANES_PER_ROW}")
         if inter % WARPS_PER_CTA:
             raise ValueError(f"ExpertsGemm1Situ: intermediate={inter} is not a multiple of {WARPS_PER_CTA}")
-        self.e, self.l, self.i, self.k, self.warm_experts = experts, latent, inter, top_k, warm_experts
+        self.e, self.l, self.i, self.k = experts, latent, inter, top_k
         self.groups_per_lane = groups // GEMM1_LANES_PER_ROW
 
     @cute.jit
-    def __call__(self, x_lat, w13, s13, n_active, slot_expert, slot_count, slot_pairs, a, y_lat, w2, s2,
-                 stream: cuda.CUstream):
+    def __call__(self, x_lat, w13, s13, n_active, slot_expert, slot_count, slot_pairs, a, y_lat, stream: cuda.CUstream):
         m = x_lat.shape[0]
         slots = cutlass.min(m * self.k, self.e)
-        self.kernel(x_lat, w13, s13, n_active, slot_expert, slot_count, slot_pairs, a, y_lat, w2, s2, m).launch(
+        self.kernel(x_lat, w13, s13, n_active, slot_expert, slot_count, slot_pairs, a, y_lat, m).launch(
             grid=[slots, self.i // WARPS_PER_CTA, 1], block=[WARPS_PER_CTA * WARP, 1, 1], stream=stream
         )
 
     @cute.kernel
-    def kernel(self, x_lat, w13, s13, n_active, slot_expert, slot_count, slot_pairs, a, y_lat, w2, s2,
-               m_count: Int32):
+    def kernel(self, x_lat, w13, s13, n_active, slot_expert, slot_count, slot_pairs, a, y_lat, m_count: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         slot, tile, _ = cute.arch.block_idx()
         grid_x, grid_y, _ = cute.arch.grid_dim()
@@ -232,9 +160,6 @@ class ExpertsGemm1Situ:
             row = (lane // GEMM1_LANES_PER_ROW) * self.i + j  # gate row j, or up row I + j
             expert = slot_expert[slot]
             count = slot_count[slot]
-            if cutlass.const_expr(self.warm_experts > 0):
-                if tidx == 0:
-                    warm_gemm2_share(w2, s2, expert, tile, grid_y, n_active[0], self.l, self.i, self.warm_experts)
             row_bytes: cutlass.Constexpr = self.l // 2
             row_addr = w13.iterator.toint() + (Int64(expert) * (2 * self.i) + Int64(row)) * row_bytes
             scale_addr = s13.iterator.toint() + (Int64(expert) * (2 * self.i) + Int64(row)) * (self.l // FP4_GROUP)
@@ -264,7 +189,7 @@ class ExpertsGemm2Combine:
     y_lat [M, L] fp32 (accumulated with fp32 reductions), counter [1] int32 (zero; left zero), gamma [L] fp32,
     normed [M, L] bf16."""
 
-    def __init__(self, experts: int, latent: int, inter: int, top_k: int, eps: float, warm: FinalizeWarm | None = None):
+    def __init__(self, experts: int, latent: int, inter: int, top_k: int, eps: float):
         if latent % (WARPS_PER_CTA * WARP):
             raise ValueError(
                 f"ExpertsGemm2Combine: latent={latent} is not a multiple of {WARPS_PER_CTA * WARP} (norm-tail threads)"
@@ -277,23 +202,22 @@ class ExpertsGemm2Combine:
         if latent % self.rows_per_cta:
             raise ValueError(f"ExpertsGemm2Combine: latent={latent} is not a multiple of {self.rows_per_cta}")
         self.e, self.l, self.i, self.k, self.eps = experts, latent, inter, top_k, eps
-        self.warm = warm or FinalizeWarm()
         self.groups_per_lane = groups // self.lanes
 
     @cute.jit
     def __call__(self, a, w2, s2, n_active, slot_expert, slot_count, slot_pairs, topk_w, y_lat, counter, gamma,
-                 normed, w_up, w_sh2, stream: cuda.CUstream):
+                 normed, stream: cuda.CUstream):
         m = y_lat.shape[0]
         slots = cutlass.min(m * self.k, self.e)
         self.kernel(a, w2, s2, n_active, slot_expert, slot_count, slot_pairs, topk_w, y_lat, counter, gamma, normed,
-                    w_up, w_sh2, m).launch(
+                    m).launch(
             grid=[slots, self.l // self.rows_per_cta, 1], block=[WARPS_PER_CTA * WARP, 1, 1], smem=TAIL_SMEM_BYTES,
             stream=stream,
         )
 
     @cute.kernel
     def kernel(self, a, w2, s2, n_active, slot_expert, slot_count, slot_pairs, topk_w, y_lat, counter, gamma, normed,
-               w_up, w_sh2, m_count: Int32):
+               m_count: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         slot, tile, _ = cute.arch.block_idx()
         grid_x, grid_y, _ = cute.arch.grid_dim()
@@ -303,10 +227,6 @@ class ExpertsGemm2Combine:
             row = tile * self.rows_per_cta + tidx // self.lanes
             expert = slot_expert[slot]
             count = slot_count[slot]
-            if cutlass.const_expr(self.warm.experts > 0):
-                if tidx == 0:
-                    warm_finalize_share(w_up, w_sh2, slot, tile, grid_y, n_active[0], self.warm.experts,
-                                        self.warm.up_bytes, self.warm.sh_bytes)
             row_bytes: cutlass.Constexpr = self.i // 2
             row_addr = w2.iterator.toint() + (Int64(expert) * self.l + Int64(row)) * row_bytes
             scale_addr = s2.iterator.toint() + (Int64(expert) * self.l + Int64(row)) * (self.i // FP4_GROUP)
@@ -369,11 +289,9 @@ def stages_weights(m: int) -> bool:
 
 
 def experts_gemm1_situ(
-    x_lat, w13, s13, plan, top_k: int, a, y_lat, w2, s2, stream, max_regs: int | None = None,
-    tensor_cores: bool = True, warm_l2_bytes: int = 0,
+    x_lat, w13, s13, plan, top_k: int, a, y_lat, stream, max_regs: int | None = None, tensor_cores: bool = True
 ) -> None:
-    """a[M*k, I] = SiTU-GLU of each planned pair's GEMM1; zeroes y_lat [M, L] for GEMM2. Launched on `stream`.
-    w2, s2: GEMM2's expert weights, which it prefetches into L2 when the active experts' fit warm_l2_bytes."""
+    """a[M*k, I] = SiTU-GLU of each planned pair's GEMM1; zeroes y_lat [M, L] for GEMM2. Launched on `stream`."""
     from cutlass import Uint8
 
     from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
@@ -387,9 +305,6 @@ def experts_gemm1_situ(
     _plan_shapes(plan, experts)
     expect("a", a, (m * top_k, inter), "float16")
     expect("y_lat", y_lat, (m, latent), "float32")
-    expect("w2", w2, (experts, latent, inter // 2), "uint8")
-    expect("s2", s2, (experts, latent, inter // FP4_GROUP), "uint8")
-    warm = experts_to_warm(warm_l2_bytes, latent, inter)
 
     def build():
         md, pd = dyn(), dyn()
@@ -400,42 +315,29 @@ def experts_gemm1_situ(
             *_fake_plan(experts),
             fake(Float16, (pd, inter)),
             fake(Float32, (md, latent)),
-            fake(Uint8, (experts, latent, inter // 2)),
-            fake(Uint8, (experts, latent, inter // FP4_GROUP)),
             fake_stream(),
         )
         if mma:
             from .experts_mma import ExpertsGemm1SituMma
 
-            return ExpertsGemm1SituMma(experts, latent, inter, top_k, staged, warm_experts=warm), args
-        return ExpertsGemm1Situ(experts, latent, inter, top_k, warm), args
+            return ExpertsGemm1SituMma(experts, latent, inter, top_k, staged), args
+        return ExpertsGemm1Situ(experts, latent, inter, top_k), args
 
     mma = on_tensor_cores(m, tensor_cores)
     staged = mma and stages_weights(m)
-    fn = compile_cached(("experts_gemm1_situ", experts, latent, inter, top_k, mma, staged, warm), build, max_regs)
+    fn = compile_cached(("experts_gemm1_situ", experts, latent, inter, top_k, mma, staged), build, max_regs)
     fn(
         to_cute(x_lat, True), to_cute(w13), to_cute(s13), *(to_cute(t) for t in plan),
-        to_cute(a, True), to_cute(y_lat, True), to_cute(w2), to_cute(s2), cu_stream(stream),
+        to_cute(a, True), to_cute(y_lat, True), cu_stream(stream),
     )
 
 
-def finalize_warm(budget: int, latent: int, inter: int, hidden: int, shared_inter: int) -> FinalizeWarm:
-    """GEMM2's L2 warming for the finalize (W_up [hidden, latent], W_sh2 [hidden, shared_inter] in bf16) from a byte
-    budget: as many of the finalize's first rows as fit, when the active experts' w2 [latent, inter] fit it too (else
-    GEMM2 is not the short, latency-bound launch whose idle DRAM time this uses)."""
-    up_row, sh_row = latent * 2, shared_inter * 2
-    rows = min(hidden, budget // (up_row + sh_row))
-    experts = experts_to_warm(budget, latent, inter) if rows else 0
-    return FinalizeWarm(experts, rows * up_row, rows * sh_row) if experts else FinalizeWarm()
-
-
 def experts_gemm2_combine(
-    a, w2, s2, plan, topk_w, y_lat, counter, gamma, normed, eps: float, w_up, w_sh2, stream,
-    max_regs: int | None = None, tensor_cores: bool = True, warm_l2_bytes: int = 0,
+    a, w2, s2, plan, topk_w, y_lat, counter, gamma, normed, eps: float, stream, max_regs: int | None = None,
+    tensor_cores: bool = True,
 ) -> None:
     """y_lat[t] += sum over t's pairs of weight * (a[pair] @ w2[e]^T) (y_lat must be zero: GEMM1 does it), then
-    normed = rms_norm(y_lat, gamma, eps) in bf16. counter: int32 [1], zero before the first launch (left zero).
-    w_up [H, L], w_sh2 [H, Ish]: the finalize's weights, whose first rows it prefetches into L2 (finalize_warm)."""
+    normed = rms_norm(y_lat, gamma, eps) in bf16. counter: int32 [1], zero before the first launch (left zero)."""
     from cutlass import Uint8
 
     from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
@@ -453,10 +355,6 @@ def experts_gemm2_combine(
     expect("counter", counter, (1,), "int32")
     expect("gamma", gamma, (latent,), "float32")
     expect("normed", normed, (m, latent), "bfloat16")
-    hidden, shared_inter = w_sh2.shape
-    expect("w_up", w_up, (hidden, latent), "bfloat16")
-    expect("w_sh2", w_sh2, (hidden, shared_inter), "bfloat16")
-    warm = finalize_warm(warm_l2_bytes, latent, inter, hidden, shared_inter)
 
     def build():
         md, pd = dyn(), dyn()
@@ -470,22 +368,19 @@ def experts_gemm2_combine(
             fake(Int32, (1,)),
             fake(Float32, (latent,)),
             fake(BFloat16, (md, latent)),
-            fake(BFloat16, (hidden, latent)),
-            fake(BFloat16, (hidden, shared_inter)),
             fake_stream(),
         )
         if mma:
             from .experts_mma import ExpertsGemm2CombineMma
 
-            return ExpertsGemm2CombineMma(experts, latent, inter, top_k, eps, staged, warm=warm), args
-        return ExpertsGemm2Combine(experts, latent, inter, top_k, eps, warm), args
+            return ExpertsGemm2CombineMma(experts, latent, inter, top_k, eps, staged), args
+        return ExpertsGemm2Combine(experts, latent, inter, top_k, eps), args
 
     mma = on_tensor_cores(m, tensor_cores)
     staged = mma and stages_weights(m)
-    key = ("experts_gemm2_combine", experts, latent, inter, top_k, eps, hidden, shared_inter, mma, staged, warm)
-    fn = compile_cached(key, build, max_regs)
+    fn = compile_cached(("experts_gemm2_combine", experts, latent, inter, top_k, eps, mma, staged), build, max_regs)
     fn(
         to_cute(a, True), to_cute(w2), to_cute(s2), *(to_cute(t) for t in plan),
         to_cute(topk_w, True), to_cute(y_lat, True), to_cute(counter), to_cute(gamma), to_cute(normed, True),
-        to_cute(w_up), to_cute(w_sh2), cu_stream(stream),
+        cu_stream(stream),
     )

@@ -46,15 +46,7 @@ from .common import (
     red_add_f32,
     situ_glu,
 )
-from .experts import (
-    TAIL_SMEM_BYTES,
-    FinalizeWarm,
-    alloc_tail_smem,
-    norm_tail,
-    warm_finalize_share,
-    warm_gemm2_share,
-    zero_y_lat,
-)
+from .experts import TAIL_SMEM_BYTES, alloc_tail_smem, norm_tail, zero_y_lat
 from .mma import MMA_ROWS, TILE_TOKENS, alloc_tile_scratch, mma_16816, reduce_tiles, scratch_bytes, zero_tiles
 
 WARPS_PER_CTA = 8
@@ -180,10 +172,9 @@ class ExpertsGemm1SituMma:
     memory in pinned batches (v8), which one token measured faster (NOTES.md, v9)."""
 
     def __init__(self, experts: int, latent: int, inter: int, top_k: int, staged: bool = True,
-                 in_flight: int = GEMM1_GROUPS_IN_FLIGHT, warm_experts: int = 0):
+                 in_flight: int = GEMM1_GROUPS_IN_FLIGHT):
         check_mma_experts(latent, inter)  # latent % 256 == 0: the 8 warps get whole, equal shares of the K groups
         self.e, self.l, self.i, self.k, self.staged, self.in_flight = experts, latent, inter, top_k, staged, in_flight
-        self.warm_experts = warm_experts  # GEMM2's weights go into L2 when no more experts than this are active
         self.row_stride = latent // 2 + ROW_PAD
         self.scale_row = latent // FP4_GROUP
         self.stage_bytes = MMA_ROWS * (latent // 2 + self.scale_row)  # what the bulk copies bring
@@ -193,18 +184,16 @@ class ExpertsGemm1SituMma:
         return scratch_bytes(TILE_TOKENS) + staging
 
     @cute.jit
-    def __call__(self, x_lat, w13, s13, n_active, slot_expert, slot_count, slot_pairs, a, y_lat, w2, s2,
-                 stream: cuda.CUstream):
+    def __call__(self, x_lat, w13, s13, n_active, slot_expert, slot_count, slot_pairs, a, y_lat, stream: cuda.CUstream):
         m = x_lat.shape[0]
         slots = cutlass.min(m * self.k, self.e)
-        self.kernel(x_lat, w13, s13, n_active, slot_expert, slot_count, slot_pairs, a, y_lat, w2, s2, m).launch(
+        self.kernel(x_lat, w13, s13, n_active, slot_expert, slot_count, slot_pairs, a, y_lat, m).launch(
             grid=[slots, self.i // GEMM1_COLUMNS, 1], block=[WARPS_PER_CTA * WARP, 1, 1],
             smem=self.smem_bytes(), stream=stream,
         )
 
     @cute.kernel
-    def kernel(self, x_lat, w13, s13, n_active, slot_expert, slot_count, slot_pairs, a, y_lat, w2, s2,
-               m_count: Int32):
+    def kernel(self, x_lat, w13, s13, n_active, slot_expert, slot_count, slot_pairs, a, y_lat, m_count: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         slot, tile, _ = cute.arch.block_idx()
         grid_x, grid_y, _ = cute.arch.grid_dim()
@@ -223,9 +212,6 @@ class ExpertsGemm1SituMma:
             expert = slot_expert[slot]
             count = slot_count[slot]
             n_tiles = (count + TILE_TOKENS - 1) // TILE_TOKENS
-            if cutlass.const_expr(self.warm_experts > 0):
-                if tidx == 0:
-                    warm_gemm2_share(w2, s2, expert, tile, grid_y, n_active[0], self.l, self.i, self.warm_experts)
             packed: cutlass.Constexpr = self.l // 2
             groups: cutlass.Constexpr = self.l // FP4_GROUP
             per_warp: cutlass.Constexpr = groups // WARPS_PER_CTA
@@ -276,7 +262,7 @@ class ExpertsGemm2CombineMma:
     memory by bulk copies (one round trip), as in ExpertsGemm1SituMma."""
 
     def __init__(self, experts: int, latent: int, inter: int, top_k: int, eps: float, staged: bool = True,
-                 in_flight: int = GEMM2_GROUPS_IN_FLIGHT, warm: FinalizeWarm | None = None):
+                 in_flight: int = GEMM2_GROUPS_IN_FLIGHT):
         check_mma_experts(latent, inter)
         groups = inter // FP4_GROUP
         if staged:
@@ -287,25 +273,24 @@ class ExpertsGemm2CombineMma:
             experts, latent, inter, top_k, eps, staged, in_flight)
         self.scale_row = inter // FP4_GROUP
         self.stage_bytes = GEMM2_ROWS * (inter // 2 + self.scale_row)
-        self.warm = warm or FinalizeWarm()
 
     def smem_bytes(self) -> int:
         return TAIL_SMEM_BYTES + (self.stage_bytes + SMEM_SLACK if self.staged else 0)
 
     @cute.jit
     def __call__(self, a, w2, s2, n_active, slot_expert, slot_count, slot_pairs, topk_w, y_lat, counter, gamma,
-                 normed, w_up, w_sh2, stream: cuda.CUstream):
+                 normed, stream: cuda.CUstream):
         m = y_lat.shape[0]
         slots = cutlass.min(m * self.k, self.e)
         self.kernel(a, w2, s2, n_active, slot_expert, slot_count, slot_pairs, topk_w, y_lat, counter, gamma, normed,
-                    w_up, w_sh2, m).launch(
+                    m).launch(
             grid=[slots, self.l // GEMM2_ROWS, 1], block=[WARPS_PER_CTA * WARP, 1, 1],
             smem=self.smem_bytes(), stream=stream,
         )
 
     @cute.kernel
     def kernel(self, a, w2, s2, n_active, slot_expert, slot_count, slot_pairs, topk_w, y_lat, counter, gamma, normed,
-               w_up, w_sh2, m_count: Int32):
+               m_count: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         slot, tile, _ = cute.arch.block_idx()
         grid_x, grid_y, _ = cute.arch.grid_dim()
@@ -321,10 +306,6 @@ class ExpertsGemm2CombineMma:
             expert = slot_expert[slot]
             count = slot_count[slot]
             n_tiles = (count + TILE_TOKENS - 1) // TILE_TOKENS
-            if cutlass.const_expr(self.warm.experts > 0):
-                if tidx == 0:
-                    warm_finalize_share(w_up, w_sh2, slot, tile, grid_y, n_active[0], self.warm.experts,
-                                        self.warm.up_bytes, self.warm.sh_bytes)
             packed: cutlass.Constexpr = self.i // 2
             groups: cutlass.Constexpr = self.i // FP4_GROUP
             y_addr = y_lat.iterator.toint()

@@ -22,10 +22,10 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass import BFloat16, Float16, Float32, Int32, Uint8
+from cutlass import BFloat16, Float16, Float32, Int32
 
-from .common import DEFAULT_WEIGHT_LOAD, FP4_GROUP, WARP
-from .experts import experts_gemm1_situ, experts_gemm2_combine, experts_to_warm, mxfp4_bytes
+from .common import DEFAULT_WEIGHT_LOAD, WARP
+from .experts import experts_gemm1_situ, experts_gemm2_combine
 from .finalize import finalize
 from .gemv import GEMV_SPLIT, WARPS_PER_CTA, alloc_scratch, check_k, gemv_part, token_tile
 from .mma import MMA_ROWS, alloc_tile_scratch, check_mma, mma_rows_part, scratch_bytes, uses_tensor_cores
@@ -41,7 +41,7 @@ class FrontKernel:
     expert row)."""
 
     def __init__(self, experts: int, hidden: int, latent: int, shared_inter: int, top_k: int, scaling: float, mt: int,
-                 router_mt: int, inter: int, warm_experts: int = 0):
+                 router_mt: int):
         check_router(experts, hidden, top_k)
         check_shared(shared_inter, hidden, mt)
         check_k(hidden, GEMV_SPLIT, "FrontKernel (down-projection)")
@@ -55,8 +55,6 @@ class FrontKernel:
         self.e, self.h, self.l, self.s, self.k, self.scaling, self.mt = (
             experts, hidden, latent, shared_inter, top_k, scaling, mt)
         self.router_mt = router_mt
-        # The router's last CTA warms L2 with GEMM1's weights (experts [E, 2I, L] in MXFP4) for up to warm_experts.
-        self.warm = (warm_experts, *mxfp4_bytes(2 * inter, latent)) if warm_experts else (0, 0, 0)
         self.down_ctas = latent // rows_per_cta
         self.shared_ctas = shared_ctas(shared_inter, mt)
 
@@ -65,16 +63,16 @@ class FrontKernel:
 
     @cute.jit
     def __call__(self, x, w_router, bias, logits, counter, ids, weights, n_active, slot_expert, slot_count,
-                 slot_pairs, w_down, x_lat, w_sh13, a_sh, w13, s13, stream: cuda.CUstream):
+                 slot_pairs, w_down, x_lat, w_sh13, a_sh, stream: cuda.CUstream):
         self.kernel(x, w_router, bias, logits, counter, ids, weights, n_active, slot_expert, slot_count, slot_pairs,
-                    w_down, x_lat, w_sh13, a_sh, w13, s13, x.shape[0]).launch(
+                    w_down, x_lat, w_sh13, a_sh, x.shape[0]).launch(
             grid=[self.e + self.down_ctas + self.shared_ctas, 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1],
             smem=self.smem_bytes(), stream=stream,
         )
 
     @cute.kernel
     def kernel(self, x, w_router, bias, logits, counter, ids, weights, n_active, slot_expert, slot_count, slot_pairs,
-               w_down, x_lat, w_sh13, a_sh, w13, s13, m_count: Int32):
+               w_down, x_lat, w_sh13, a_sh, m_count: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         smem = cutlass.memory.SmemAllocator()
@@ -85,7 +83,7 @@ class FrontKernel:
         if bidx < self.e:
             router_part(x, w_router, bias, logits, counter, ids, weights, n_active, slot_expert, slot_count,
                         slot_pairs, state, scratch, bidx, tidx, m_count, self.e, self.h, self.k, self.scaling,
-                        self.router_mt, w13, s13, self.warm)
+                        self.router_mt)
         elif bidx < self.e + self.down_ctas:
             if cutlass.const_expr(uses_tensor_cores(self.mt)):
                 mma_rows_part(x, w_down, x_lat, tiles_scratch, bidx - self.e, tidx, m_count,
@@ -102,17 +100,14 @@ class FrontKernel:
                             self.h, self.mt)
 
 
-def front(x, w, ws, m: int, stream, max_regs: int | None = None, tensor_cores: bool = True,
-          warm_l2_bytes: int = 0) -> None:
-    """Launch 1 of the block (see FrontKernel) on `stream`; it warms L2 with GEMM1's weights when the active experts'
-    fit warm_l2_bytes."""
+def front(x, w, ws, m: int, stream, max_regs: int | None = None, tensor_cores: bool = True) -> None:
+    """Launch 1 of the block (see FrontKernel) on `stream`."""
     from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
 
-    e, h, lat, s, k, i = w.experts, w.hidden, w.latent, w.shared_intermediate, w.top_k, w.intermediate
+    e, h, lat, s, k = w.experts, w.hidden, w.latent, w.shared_intermediate, w.top_k
     expect("x", x, (m, h), "bfloat16")
     mt = token_tile(m, tensor_cores)
     router_mt = token_tile(m, tensor_cores=False)
-    warm = experts_to_warm(warm_l2_bytes, 2 * i, lat)
 
     def build():
         md = dyn()
@@ -121,18 +116,16 @@ def front(x, w, ws, m: int, stream, max_regs: int | None = None, tensor_cores: b
             fake(Int32, (1,)), fake(Int32, (md, k)), fake(Float32, (md, k)),
             fake(Int32, (1,)), fake(Int32, (e,)), fake(Int32, (e,)), fake(Int32, (e, MAX_TOKENS)),
             fake(BFloat16, (lat, h)), fake(Float16, (md, lat)), fake(BFloat16, (2 * s, h)), fake(BFloat16, (md, s)),
-            fake(Uint8, (e, 2 * i, lat // 2)), fake(Uint8, (e, 2 * i, lat // FP4_GROUP)),
             fake_stream(),
         )
-        return FrontKernel(e, h, lat, s, k, w.routed_scaling_factor, mt, router_mt, i, warm), args
+        return FrontKernel(e, h, lat, s, k, w.routed_scaling_factor, mt, router_mt), args
 
-    key = ("moe_front", e, h, lat, s, k, i, w.routed_scaling_factor, mt, router_mt, warm)
-    fn = compile_cached(key, build, max_regs)
+    fn = compile_cached(("moe_front", e, h, lat, s, k, w.routed_scaling_factor, mt, router_mt), build, max_regs)
     fn(
         to_cute(x, True), to_cute(w.router), to_cute(w.router_bias), to_cute(ws.logits[:m], True),
         to_cute(ws.router_counter), to_cute(ws.ids[:m], True), to_cute(ws.weights[:m], True),
         *(to_cute(t) for t in ws.plan), to_cute(w.down), to_cute(ws.x_lat[:m], True), to_cute(w.shared13),
-        to_cute(ws.a_sh[:m], True), to_cute(w.w13_packed), to_cute(w.w13_scales), cu_stream(stream),
+        to_cute(ws.a_sh[:m], True), cu_stream(stream),
     )
 
 
@@ -242,18 +235,12 @@ class Step:
 MAX_REGS: dict[str, int | None] = {"front": None, "gemm1": None, "gemm2": None, "finalize": None}
 
 
-# Each launch of a small batch prefetches the next launch's weights into L2 (the router's last CTA GEMM1's, GEMM1
-# GEMM2's, GEMM2 the finalize's first rows) up to this many bytes: the expert launches are latency-bound there and
-# leave most of the DRAM bandwidth idle (NOTES.md, v10). Half the H200's 50 MB L2.
-WARM_L2_BYTES = 24 << 20
-
-
 def decode_steps(
     x: torch.Tensor, w: MoeKernelWeights, ws: MoeWorkspace, out: torch.Tensor, max_regs: dict | None = None,
-    tensor_cores: bool = True, warm_l2_bytes: int = WARM_L2_BYTES,
+    tensor_cores: bool = True,
 ) -> list[Step]:
     """The launches of `latent_moe_decode`, in order (the bench times them one by one). tensor_cores=False keeps
-    every launch on the CUDA cores (the bench's same-run comparison); warm_l2_bytes=0 turns the L2 warming off."""
+    every launch on the CUDA cores (the bench's same-run comparison)."""
     regs = {**MAX_REGS, **(max_regs or {})}
     m = x.shape[0]
     if not 1 <= m <= MAX_TOKENS:
@@ -265,17 +252,16 @@ def decode_steps(
 
     return [
         Step("front (router + down_proj + shared_gate_up)",
-             lambda st: front(x, w, ws, m, st, regs["front"], tensor_cores, warm_l2_bytes),
+             lambda st: front(x, w, ws, m, st, regs["front"], tensor_cores),
              lambda: e * h * 2 + e * 4 + lat * h * 2 + 2 * s * h * 2),
         Step("experts_gemm1_situ", lambda st: experts_gemm1_situ(ws.x_lat[:m], w.w13_packed, w.w13_scales, ws.plan, k,
-                                                                 ws.a[: m * k], ws.y_lat[:m], w.w2_packed,
-                                                                 w.w2_scales, st, regs["gemm1"], tensor_cores,
-                                                                 warm_l2_bytes),
+                                                                 ws.a[: m * k], ws.y_lat[:m], st, regs["gemm1"],
+                                                                 tensor_cores),
              lambda: active() * (2 * i * lat // 2 + 2 * i * lat // 32)),
         Step("experts_gemm2_combine_norm",
              lambda st: experts_gemm2_combine(ws.a[: m * k], w.w2_packed, w.w2_scales, ws.plan, ws.weights[:m],
                                               ws.y_lat[:m], ws.gemm2_counter, w.latent_norm, ws.normed[:m], w.eps,
-                                              w.up, w.shared2, st, regs["gemm2"], tensor_cores, warm_l2_bytes),
+                                              st, regs["gemm2"], tensor_cores),
              lambda: active() * (lat * i // 2 + lat * i // 32) + lat * 4),
         Step("finalize (up_proj + shared down)",
              lambda st: finalize(ws.normed[:m], w.up, ws.a_sh[:m], w.shared2, out, st, regs["finalize"],

@@ -19,7 +19,6 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
 from .common import DEFAULT_WEIGHT_LOAD, WARP, count_in, lane_group_sum, ld_coherent_f32, sigmoid
-from .experts import warm_l2_planned
 from .gemv import BF16_PER_VEC, SCRATCH_BYTES, WARPS_PER_CTA, alloc_scratch, check_k, dot_slice, split_k_reduce, zero_acc
 
 INT32_MIN = -(2**31)  # order key of a NaN router key; also the sign-bit flip between signed and unsigned order
@@ -85,14 +84,9 @@ def router_part(
     top_k: cutlass.Constexpr,
     scaling: cutlass.Constexpr,
     mt: cutlass.Constexpr,
-    w13=None,
-    s13=None,
-    warm: cutlass.Constexpr = (0, 0, 0),
 ):
     """CTA `cta` (of `experts` router CTAs) of the router: the logits of expert `cta` for every token; the last
-    router CTA to finish then selects and plans for all tokens. warm = (max_active, w13 bytes, s13 bytes per expert):
-    once the plan is out, that CTA prefetches the active experts' GEMM1 weights w13, s13 into L2 if no more than
-    max_active are active (0: never)."""
+    router CTA to finish then selects and plans for all tokens."""
     mask_lo, mask_hi, slot_of, chosen, flag, cand_key, cand_id, score_rows, chunk_active, bias_s = state
     lane = tidx % WARP
     warp = tidx // WARP
@@ -125,9 +119,6 @@ def router_part(
         cute.arch.sync_threads()
         number_active(mask_lo, mask_hi, slot_of, n_active, slot_expert, slot_count, chunk_active, lane, warp, experts)
         cute.arch.sync_threads()
-        if cutlass.const_expr(warm[0] > 0):
-            # GEMM1's weights start towards L2 while the front's down-projection and shared CTAs still stream.
-            warm_l2_planned(w13, s13, n_active, slot_expert, tidx, WARPS_PER_CTA * WARP, warm[1], warm[2], warm[0])
         for p in cutlass.range(tidx, m_count * top_k, WARPS_PER_CTA * WARP):
             m = p // top_k
             e = chosen[p]

@@ -205,9 +205,8 @@ def test_router_nan_keys_rank_below_every_number_including_minus_infinity(gen, d
 @pytest.mark.parametrize("m", BATCHES)
 def test_experts_match_reference(tp, m, tensor_cores, gen, dims):
     """Both expert kernels, on the tensor cores (the block's choice at every batch) and on the CUDA cores (the
-    bench's comparison), warming L2 for their successors as the block does."""
+    bench's comparison)."""
     from kimi_k3_path.kernels.experts import experts_gemm1_situ, experts_gemm2_combine
-    from kimi_k3_path.kernels.moe import WARM_L2_BYTES
 
     d, ref, kw, ws = weights(dims, tp, gen)
     x = torch.randn(m, d.hidden, generator=gen, device="cuda").to(torch.bfloat16)
@@ -216,10 +215,10 @@ def test_experts_match_reference(tp, m, tensor_cores, gen, dims):
     a = poisoned(m * d.top_k, d.intermediate, dtype=torch.float16)
     y_lat = poisoned(m, d.latent, dtype=torch.float32)
     normed = poisoned(m, d.latent, dtype=torch.bfloat16)
-    experts_gemm1_situ(x_lat, kw.w13_packed, kw.w13_scales, ws.plan, d.top_k, a, y_lat, kw.w2_packed, kw.w2_scales,
-                       stream(), tensor_cores=tensor_cores, warm_l2_bytes=WARM_L2_BYTES)
+    experts_gemm1_situ(x_lat, kw.w13_packed, kw.w13_scales, ws.plan, d.top_k, a, y_lat, stream(),
+                       tensor_cores=tensor_cores)
     experts_gemm2_combine(a, kw.w2_packed, kw.w2_scales, ws.plan, wts, y_lat, ws.gemm2_counter, kw.latent_norm, normed,
-                          d.eps, kw.up, kw.shared2, stream(), tensor_cores=tensor_cores, warm_l2_bytes=WARM_L2_BYTES)
+                          d.eps, stream(), tensor_cores=tensor_cores)
     torch.cuda.synchronize()
     want = routed_experts(x_lat, ids.long(), wts, ref)
     assert rel_err(y_lat, want) < TOL
