@@ -289,9 +289,11 @@ def stages_weights(m: int) -> bool:
 
 
 def experts_gemm1_situ(
-    x_lat, w13, s13, plan, top_k: int, a, y_lat, stream, max_regs: int | None = None, tensor_cores: bool = True
+    x_lat, w13, s13, plan, top_k: int, a, y_lat, stream, max_regs: int | None = None, tensor_cores: bool = True,
+    early_gemm2: bool = False,
 ) -> None:
-    """a[M*k, I] = SiTU-GLU of each planned pair's GEMM1; zeroes y_lat [M, L] for GEMM2. Launched on `stream`."""
+    """a[M*k, I] = SiTU-GLU of each planned pair's GEMM1; zeroes y_lat [M, L] for GEMM2. Launched on `stream`.
+    early_gemm2: let a GEMM2 launched with early=True start while this grid drains."""
     from cutlass import Uint8
 
     from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
@@ -320,12 +322,13 @@ def experts_gemm1_situ(
         if mma:
             from .experts_mma import ExpertsGemm1SituMma
 
-            return ExpertsGemm1SituMma(experts, latent, inter, top_k, staged), args
+            return ExpertsGemm1SituMma(experts, latent, inter, top_k, staged, early_gemm2=early), args
         return ExpertsGemm1Situ(experts, latent, inter, top_k), args
 
     mma = on_tensor_cores(m, tensor_cores)
     staged = mma and stages_weights(m)
-    fn = compile_cached(("experts_gemm1_situ", experts, latent, inter, top_k, mma, staged), build, max_regs)
+    early = mma and early_gemm2
+    fn = compile_cached(("experts_gemm1_situ", experts, latent, inter, top_k, mma, staged, early), build, max_regs)
     fn(
         to_cute(x_lat, True), to_cute(w13), to_cute(s13), *(to_cute(t) for t in plan),
         to_cute(a, True), to_cute(y_lat, True), cu_stream(stream),
@@ -334,10 +337,11 @@ def experts_gemm1_situ(
 
 def experts_gemm2_combine(
     a, w2, s2, plan, topk_w, y_lat, counter, gamma, normed, eps: float, stream, max_regs: int | None = None,
-    tensor_cores: bool = True,
+    tensor_cores: bool = True, early: bool = False,
 ) -> None:
     """y_lat[t] += sum over t's pairs of weight * (a[pair] @ w2[e]^T) (y_lat must be zero: GEMM1 does it), then
-    normed = rms_norm(y_lat, gamma, eps) in bf16. counter: int32 [1], zero before the first launch (left zero)."""
+    normed = rms_norm(y_lat, gamma, eps) in bf16. counter: int32 [1], zero before the first launch (left zero).
+    early (tensor cores): launched while GEMM1 (early_gemm2=True) drains, staging its weights before it waits."""
     from cutlass import Uint8
 
     from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
@@ -373,12 +377,14 @@ def experts_gemm2_combine(
         if mma:
             from .experts_mma import ExpertsGemm2CombineMma
 
-            return ExpertsGemm2CombineMma(experts, latent, inter, top_k, eps, staged), args
+            return ExpertsGemm2CombineMma(experts, latent, inter, top_k, eps, staged, early=early), args
         return ExpertsGemm2Combine(experts, latent, inter, top_k, eps), args
 
     mma = on_tensor_cores(m, tensor_cores)
-    staged = mma and stages_weights(m)
-    fn = compile_cached(("experts_gemm2_combine", experts, latent, inter, top_k, eps, mma, staged), build, max_regs)
+    early = mma and early
+    staged = mma and (stages_weights(m) or early)
+    key = ("experts_gemm2_combine", experts, latent, inter, top_k, eps, mma, staged, early)
+    fn = compile_cached(key, build, max_regs)
     fn(
         to_cute(a, True), to_cute(w2), to_cute(s2), *(to_cute(t) for t in plan),
         to_cute(topk_w, True), to_cute(y_lat, True), to_cute(counter), to_cute(gamma), to_cute(normed, True),

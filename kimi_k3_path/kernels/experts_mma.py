@@ -172,9 +172,10 @@ class ExpertsGemm1SituMma:
     memory in pinned batches (v8), which one token measured faster (NOTES.md, v9)."""
 
     def __init__(self, experts: int, latent: int, inter: int, top_k: int, staged: bool = True,
-                 in_flight: int = GEMM1_GROUPS_IN_FLIGHT):
+                 in_flight: int = GEMM1_GROUPS_IN_FLIGHT, early_gemm2: bool = False):
         check_mma_experts(latent, inter)  # latent % 256 == 0: the 8 warps get whole, equal shares of the K groups
         self.e, self.l, self.i, self.k, self.staged, self.in_flight = experts, latent, inter, top_k, staged, in_flight
+        self.early_gemm2 = early_gemm2
         self.row_stride = latent // 2 + ROW_PAD
         self.scale_row = latent // FP4_GROUP
         self.stage_bytes = MMA_ROWS * (latent // 2 + self.scale_row)  # what the bulk copies bring
@@ -197,6 +198,9 @@ class ExpertsGemm1SituMma:
         tidx, _, _ = cute.arch.thread_idx()
         slot, tile, _ = cute.arch.block_idx()
         grid_x, grid_y, _ = cute.arch.grid_dim()
+        if cutlass.const_expr(self.early_gemm2):
+            # GEMM2 (launched early) may take the SM room this grid frees: it stages its weights, then waits for us.
+            cute.arch.griddepcontrol_launch_dependents()
         smem = cutlass.memory.SmemAllocator()
         scratch = alloc_tile_scratch(smem, TILE_TOKENS)
         if cutlass.const_expr(self.staged):
@@ -262,7 +266,7 @@ class ExpertsGemm2CombineMma:
     memory by bulk copies (one round trip), as in ExpertsGemm1SituMma."""
 
     def __init__(self, experts: int, latent: int, inter: int, top_k: int, eps: float, staged: bool = True,
-                 in_flight: int = GEMM2_GROUPS_IN_FLIGHT):
+                 in_flight: int = GEMM2_GROUPS_IN_FLIGHT, early: bool = False):
         check_mma_experts(latent, inter)
         groups = inter // FP4_GROUP
         if staged:
@@ -273,6 +277,11 @@ class ExpertsGemm2CombineMma:
             experts, latent, inter, top_k, eps, staged, in_flight)
         self.scale_row = inter // FP4_GROUP
         self.stage_bytes = GEMM2_ROWS * (inter // 2 + self.scale_row)
+        # early: launched with programmatic dependent launch while GEMM1 drains (staged only): the plan and the weight
+        # copies go out first, griddepcontrol.wait then holds everything that reads GEMM1's a and y_lat.
+        if early and not staged:
+            raise ValueError("ExpertsGemm2CombineMma: early launch needs staged weights (nothing else to do early)")
+        self.early = early
 
     def smem_bytes(self) -> int:
         return TAIL_SMEM_BYTES + (self.stage_bytes + SMEM_SLACK if self.staged else 0)
@@ -285,7 +294,7 @@ class ExpertsGemm2CombineMma:
         self.kernel(a, w2, s2, n_active, slot_expert, slot_count, slot_pairs, topk_w, y_lat, counter, gamma, normed,
                     m).launch(
             grid=[slots, self.l // GEMM2_ROWS, 1], block=[WARPS_PER_CTA * WARP, 1, 1],
-            smem=self.smem_bytes(), stream=stream,
+            smem=self.smem_bytes(), stream=stream, use_pdl=self.early,
         )
 
     @cute.kernel
@@ -321,6 +330,8 @@ class ExpertsGemm2CombineMma:
                 elif lane == 1 and warp == 0:
                     bulk_copy_to_shared(scales_addr, s2.iterator.toint() + first_row * groups, GEMM2_ROWS * groups,
                                         barrier.iterator.toint())
+                if cutlass.const_expr(self.early):
+                    cute.arch.griddepcontrol_wait()
                 prefetch_activations(token_row(slot_pairs, slot, count, g, self.k, False, a.iterator.toint(),
                                                self.i * 2, q), q, 0, groups)
                 cute.arch.mbarrier_wait(barrier.iterator, 0)
@@ -347,4 +358,6 @@ class ExpertsGemm2CombineMma:
                         red_add_f32(y_addr + out_row * 4, acc[0, c] * weight)
                         red_add_f32(y_addr + (out_row + 8) * 4, acc[0, 2 + c] * weight)
 
+        if cutlass.const_expr(self.early):
+            cute.arch.griddepcontrol_wait()  # CTAs of empty slots too: the tail reads y_lat, which GEMM1 zeroes
         norm_tail(y_lat, gamma, normed, counter, flag, partial, tidx, m_count, grid_x * grid_y, self.l, self.eps)

@@ -237,7 +237,7 @@ MAX_REGS: dict[str, int | None] = {"front": None, "gemm1": None, "gemm2": None, 
 
 def decode_steps(
     x: torch.Tensor, w: MoeKernelWeights, ws: MoeWorkspace, out: torch.Tensor, max_regs: dict | None = None,
-    tensor_cores: bool = True,
+    tensor_cores: bool = True, early_gemm2: bool = False,
 ) -> list[Step]:
     """The launches of `latent_moe_decode`, in order (the bench times them one by one). tensor_cores=False keeps
     every launch on the CUDA cores (the bench's same-run comparison)."""
@@ -256,12 +256,12 @@ def decode_steps(
              lambda: e * h * 2 + e * 4 + lat * h * 2 + 2 * s * h * 2),
         Step("experts_gemm1_situ", lambda st: experts_gemm1_situ(ws.x_lat[:m], w.w13_packed, w.w13_scales, ws.plan, k,
                                                                  ws.a[: m * k], ws.y_lat[:m], st, regs["gemm1"],
-                                                                 tensor_cores),
+                                                                 tensor_cores, early_gemm2),
              lambda: active() * (2 * i * lat // 2 + 2 * i * lat // 32)),
         Step("experts_gemm2_combine_norm",
              lambda st: experts_gemm2_combine(ws.a[: m * k], w.w2_packed, w.w2_scales, ws.plan, ws.weights[:m],
                                               ws.y_lat[:m], ws.gemm2_counter, w.latent_norm, ws.normed[:m], w.eps,
-                                              st, regs["gemm2"], tensor_cores),
+                                              st, regs["gemm2"], tensor_cores, early_gemm2),
              lambda: active() * (lat * i // 2 + lat * i // 32) + lat * 4),
         Step("finalize (up_proj + shared down)",
              lambda st: finalize(ws.normed[:m], w.up, ws.a_sh[:m], w.shared2, out, st, regs["finalize"],
