@@ -233,22 +233,6 @@ def run(args) -> tuple[dict, list[dict]]:
                       flush=True)
                 kernel_rows.append({"tp": tp, "batch": m, "kernel": "block [CUDA cores]", "median_us": t["median"],
                                     "spread_pct": t["spread_pct"], "tensor_core_block_us": cand["median"]})
-            if args.compare_early_gemm2:
-                early = [decode_steps(x, w, ws, o, args.max_regs, early_gemm2=True)
-                         for x, w, ws, o in zip(xs, ours, spaces, outs)]
-
-                def early_block(st, early=early):
-                    for block in early:
-                        for step in block:
-                            step.launch(st)
-
-                t = measurement_of(time_graph(early_block, args.replays, len(refs)))
-                early_err = rel_err(outs[0], stock.latent_moe(xs[0], stocks[0], d).float())
-                print(f"    block with GEMM2 launched early{'':13} {t['median']:7.1f} us (spread {t['spread_pct']:.1f}%), "
-                      f"default {cand['median']:.1f} us: {t['median'] / cand['median']:.3f}x; err {early_err:.1e}",
-                      flush=True)
-                kernel_rows.append({"tp": tp, "batch": m, "kernel": "block [GEMM2 early]", "median_us": t["median"],
-                                    "spread_pct": t["spread_pct"], "default_block_us": cand["median"]})
             for suffix, variant in variants if m in args.steps_at else ():
                 for i, step in enumerate(variant[0]):
                     def one(st, i=i, variant=variant):
@@ -309,8 +293,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="batches at which each launch of the block is also timed alone (default: 1)")
     p.add_argument("--compare-cuda-cores", action="store_true",
                    help="also time the block with every kernel on the CUDA cores (same run)")
-    p.add_argument("--compare-early-gemm2", action="store_true",
-                   help="also time the block with GEMM2 launched early (programmatic dependent launch; same run)")
     p.add_argument("--max-regs", type=parse_max_regs, default=None, metavar="LAUNCH=N,...",
                    help="register caps per launch of the block (front, gemm1, gemm2, finalize)")
     p.add_argument("--profile-once", action="store_true", help="one eager pass for ncu, then exit")

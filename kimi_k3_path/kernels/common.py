@@ -50,6 +50,17 @@ def ld_act_v4(addr: Int64):
     )
 
 
+def ld_fresh_v4(addr: Int64):
+    """16 bytes that a launch still running when this one started wrote (read after griddepcontrol.wait, in a launch
+    started early by programmatic dependent launch): a plain load, since the read-only path of ld_act_v4 (.nc) is
+    only defined for data that stays unchanged for the whole launch."""
+    return cute.arch.inline_ptx(
+        "ld.global.v4.b32 {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}];",
+        write_only_types=[Int32] * 4,
+        read_only_args=[addr],
+    )
+
+
 def after_all_loads(value: Int32, loaded, zero: Int32) -> Int32:
     """`value`, unchanged, but computed from every register in `loaded` (zero: 0 at run time, unknown to the compiler).
     ptxas sinks each load next to its first use to save registers, which turns a batch of loads meant to be in flight

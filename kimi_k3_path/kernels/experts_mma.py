@@ -18,6 +18,10 @@ GEMM1: MMA row g is gate row j0 + g and row g + 8 the up row I + j0 + g, so each
 (column, token) and applies SiTU-GLU in registers; a[pair, j0 + g] is stored fp16.
 GEMM2: MMA rows are latent rows; each result times the pair's routing weight goes into y_lat with one fp32
 reduction, and the last CTA normalizes (experts.norm_tail).
+
+Where GEMM2 stages its weights it is also launched early (experts.launches_gemm2_early): GEMM1 lets it start at once
+(griddepcontrol.launch_dependents), so its CTAs take the room GEMM1's finishing CTAs free, read the plan and start
+their weight copies, and wait (griddepcontrol.wait) for GEMM1's results only before they read a or touch y_lat.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from .common import (
     expect_bulk_bytes,
     fp4x8_to_f16x2,
     ld_act_v4,
+    ld_fresh_v4,
     ld_shared_b32,
     ld_shared_u8,
     ld_u8,
@@ -101,18 +106,21 @@ def groups_mma(
     zero: Int32,
     count: cutlass.Constexpr,
     staged: cutlass.Constexpr,
+    fresh: cutlass.Constexpr,
 ):
     """acc += `count` MXFP4 groups from first_group of rows g / g + 8 (packed rows at w_g / w_g8, scale rows at s_g /
     s_g8: shared-memory addresses if staged, else global) times one token tile's activations (x_row: this lane's
-    token row, global). Loads first, then the math (zero: a run-time 0 for common.after_all_loads)."""
+    token row, global; `fresh`: written by a launch that was still running when this one started). Loads first, then
+    the math (zero: a run-time 0 for common.after_all_loads)."""
     load_word = ld_shared_b32 if staged else ld_weight_b32
     load_scale = ld_shared_u8 if staged else ld_u8
+    load_act = ld_fresh_v4 if fresh else ld_act_v4
     frags = []
     for i in cutlass.range_constexpr(count):
         group = first_group + i
         words = (load_word(w_g + group * VEC_BYTES + q * 4), load_word(w_g8 + group * VEC_BYTES + q * 4))
         scales = (load_scale(s_g + group), load_scale(s_g8 + group))
-        frags.append((words, scales, ld_act_v4(x_row + Int64(group) * (FP4_GROUP * 2))))
+        frags.append((words, scales, load_act(x_row + Int64(group) * (FP4_GROUP * 2))))
     (first_g, first_g8), first_scales, first_x = frags[0]
     first_g = after_all_loads(first_g, [v for words, scales, xw in frags for v in (*words, *scales, xw[0])], zero)
     frags[0] = ((first_g, first_g8), first_scales, first_x)
@@ -146,14 +154,15 @@ def group_span_mma(
     groups: cutlass.Constexpr,
     in_flight: cutlass.Constexpr,
     staged: cutlass.Constexpr,
+    fresh: cutlass.Constexpr = False,
 ):
     """acc += groups first_group .. first_group + groups - 1, `in_flight` groups' loads at a time."""
     batches: cutlass.Constexpr = groups // in_flight
     for b in cutlass.range(batches, unroll=1):
-        groups_mma(acc, x_row, w_g, w_g8, s_g, s_g8, first_group + b * in_flight, q, zero, in_flight, staged)
+        groups_mma(acc, x_row, w_g, w_g8, s_g, s_g8, first_group + b * in_flight, q, zero, in_flight, staged, fresh)
     if cutlass.const_expr(groups % in_flight != 0):
         groups_mma(acc, x_row, w_g, w_g8, s_g, s_g8, first_group + batches * in_flight, q, zero, groups % in_flight,
-                   staged)
+                   staged, fresh)
 
 
 def check_mma_experts(latent: int, inter: int) -> None:
@@ -347,7 +356,7 @@ class ExpertsGemm2CombineMma:
                                   self.i * 2, q)
                 acc = zero_tiles(1)
                 group_span_mma(acc, x_row, w_g, w_g8, s_g, s_g8, Int32(0), q, m_count >> 31, groups, self.in_flight,
-                               self.staged)
+                               self.staged, self.early)
                 for c in cutlass.range_constexpr(2):
                     column = t * TILE_TOKENS + 2 * q + c
                     if column < count:

@@ -7,6 +7,7 @@ the caller's stream, with no host synchronization and no allocation, so it can b
                       shared experts' a_sh = situ_glu(x @ W_sh13^T)
   2 experts GEMM1   a[pair] = situ_glu(x_lat[t] @ w13[e]^T); y_lat = 0                    (active experts' w13)
   3 experts GEMM2   y_lat[t] += w * a[pair] @ w2[e]^T; last CTA: normed = rms_norm(y_lat)  (active experts' w2)
+                      from 2 tokens launched while GEMM1 drains (programmatic dependent launch)
   4 finalize        out = normed @ W_up^T + a_sh @ W_sh2^T                                 (W_up, W_sh2)
 
 Weights are prepared once (`prepare_weights`); the workspace is allocated once per device (`MoeWorkspace`) for the
@@ -237,7 +238,7 @@ MAX_REGS: dict[str, int | None] = {"front": None, "gemm1": None, "gemm2": None, 
 
 def decode_steps(
     x: torch.Tensor, w: MoeKernelWeights, ws: MoeWorkspace, out: torch.Tensor, max_regs: dict | None = None,
-    tensor_cores: bool = True, early_gemm2: bool = False,
+    tensor_cores: bool = True,
 ) -> list[Step]:
     """The launches of `latent_moe_decode`, in order (the bench times them one by one). tensor_cores=False keeps
     every launch on the CUDA cores (the bench's same-run comparison)."""
@@ -256,12 +257,12 @@ def decode_steps(
              lambda: e * h * 2 + e * 4 + lat * h * 2 + 2 * s * h * 2),
         Step("experts_gemm1_situ", lambda st: experts_gemm1_situ(ws.x_lat[:m], w.w13_packed, w.w13_scales, ws.plan, k,
                                                                  ws.a[: m * k], ws.y_lat[:m], st, regs["gemm1"],
-                                                                 tensor_cores, early_gemm2),
+                                                                 tensor_cores),
              lambda: active() * (2 * i * lat // 2 + 2 * i * lat // 32)),
         Step("experts_gemm2_combine_norm",
              lambda st: experts_gemm2_combine(ws.a[: m * k], w.w2_packed, w.w2_scales, ws.plan, ws.weights[:m],
                                               ws.y_lat[:m], ws.gemm2_counter, w.latent_norm, ws.normed[:m], w.eps,
-                                              st, regs["gemm2"], tensor_cores, early_gemm2),
+                                              st, regs["gemm2"], tensor_cores),
              lambda: active() * (lat * i // 2 + lat * i // 32) + lat * 4),
         Step("finalize (up_proj + shared down)",
              lambda st: finalize(ws.normed[:m], w.up, ws.a_sh[:m], w.shared2, out, st, regs["finalize"],
