@@ -297,8 +297,7 @@ def launches_gemm2_early(m: int) -> bool:
 
 
 def experts_gemm1_situ(
-    x_lat, w13, s13, plan, top_k: int, a, y_lat, stream, max_regs: int | None = None, tensor_cores: bool = True,
-    staged: bool | None = None, blocks: int = 1, early_gemm2: bool | None = None,
+    x_lat, w13, s13, plan, top_k: int, a, y_lat, stream, max_regs: int | None = None, tensor_cores: bool = True
 ) -> None:
     """a[M*k, I] = SiTU-GLU of each planned pair's GEMM1; zeroes y_lat [M, L] for GEMM2. Launched on `stream`."""
     from cutlass import Uint8
@@ -329,14 +328,13 @@ def experts_gemm1_situ(
         if mma:
             from .experts_mma import ExpertsGemm1SituMma
 
-            return ExpertsGemm1SituMma(experts, latent, inter, top_k, staged, early_gemm2=early, blocks=blocks), args
+            return ExpertsGemm1SituMma(experts, latent, inter, top_k, staged, early_gemm2=early), args
         return ExpertsGemm1Situ(experts, latent, inter, top_k), args
 
     mma = on_tensor_cores(m, tensor_cores)
-    staged = mma and (stages_weights(m) if staged is None else staged)
-    early = mma and (launches_gemm2_early(m) if early_gemm2 is None else early_gemm2)
-    key = ("experts_gemm1_situ", experts, latent, inter, top_k, mma, staged, early, blocks)
-    fn = compile_cached(key, build, max_regs)
+    staged = mma and stages_weights(m)
+    early = mma and launches_gemm2_early(m)
+    fn = compile_cached(("experts_gemm1_situ", experts, latent, inter, top_k, mma, staged, early), build, max_regs)
     fn(
         to_cute(x_lat, True), to_cute(w13), to_cute(s13), *(to_cute(t) for t in plan),
         to_cute(a, True), to_cute(y_lat, True), cu_stream(stream),
@@ -345,7 +343,7 @@ def experts_gemm1_situ(
 
 def experts_gemm2_combine(
     a, w2, s2, plan, topk_w, y_lat, counter, gamma, normed, eps: float, stream, max_regs: int | None = None,
-    tensor_cores: bool = True, early: bool | None = None,
+    tensor_cores: bool = True,
 ) -> None:
     """y_lat[t] += sum over t's pairs of weight * (a[pair] @ w2[e]^T) (y_lat must be zero: GEMM1 does it), then
     normed = rms_norm(y_lat, gamma, eps) in bf16. counter: int32 [1], zero before the first launch (left zero).
@@ -389,8 +387,8 @@ def experts_gemm2_combine(
         return ExpertsGemm2Combine(experts, latent, inter, top_k, eps), args
 
     mma = on_tensor_cores(m, tensor_cores)
-    early = mma and (launches_gemm2_early(m) if early is None else early)
-    staged = mma and (stages_weights(m) or early)
+    early = mma and launches_gemm2_early(m)
+    staged = mma and stages_weights(m)
     key = ("experts_gemm2_combine", experts, latent, inter, top_k, eps, mma, staged, early)
     fn = compile_cached(key, build, max_regs)
     fn(

@@ -174,30 +174,23 @@ def check_mma_experts(latent: int, inter: int) -> None:
 
 class ExpertsGemm1SituMma:
     """ExpertsGemm1Situ (same tensors and results) on the tensor cores. CTA (slot, tile) computes a's columns
-    8*blocks*tile .. + 8*blocks - 1 of the slot's pairs, 8 per block of 16 MMA rows: rows g are gate rows j0 + g, rows
-    g + 8 the matching up rows. Its 8 warps split the K groups (14 each at L = 3584) and meet in shared memory; threads
-    (token, column) then apply SiTU-GLU to the totals. `staged` (from 2 tokens): the CTA's packed rows and their scales
-    (30 KB per block at L = 3584) come into shared memory by bulk copies in one round trip; otherwise (one block) each
-    lane loads its weight words from global memory in pinned batches (v8), which one token measured faster (NOTES.md,
-    v9)."""
+    8*tile .. 8*tile + 7 of the slot's pairs: MMA rows g are gate rows j0 + g, rows g + 8 the matching up rows. Its 8
+    warps split the K groups (14 each at L = 3584) and meet in shared memory; threads (token, column) then apply
+    SiTU-GLU to the totals. `staged` (from 2 tokens): the CTA's 16 packed rows and their scales (30 KB at L = 3584)
+    come into shared memory by bulk copies in one round trip; otherwise each lane loads its weight words from global
+    memory in pinned batches (v8), which one token measured faster (NOTES.md, v9)."""
 
     def __init__(self, experts: int, latent: int, inter: int, top_k: int, staged: bool = True,
-                 in_flight: int = GEMM1_GROUPS_IN_FLIGHT, early_gemm2: bool = False, blocks: int = 1):
+                 in_flight: int = GEMM1_GROUPS_IN_FLIGHT, early_gemm2: bool = False):
         check_mma_experts(latent, inter)  # latent % 256 == 0: the 8 warps get whole, equal shares of the K groups
-        if blocks > 1 and not staged:
-            raise ValueError(f"ExpertsGemm1SituMma: blocks={blocks} needs staged weights")
-        if not 1 <= blocks <= WARPS_PER_CTA // 2 or inter % (GEMM1_COLUMNS * blocks):
-            raise ValueError(f"ExpertsGemm1SituMma: intermediate={inter} is not a multiple of {GEMM1_COLUMNS} x "
-                             f"blocks={blocks} (1 to {WARPS_PER_CTA // 2} blocks of 16 rows per CTA)")
         self.e, self.l, self.i, self.k, self.staged, self.in_flight = experts, latent, inter, top_k, staged, in_flight
-        self.early_gemm2, self.blocks = early_gemm2, blocks
+        self.early_gemm2 = early_gemm2
         self.row_stride = latent // 2 + ROW_PAD
         self.scale_row = latent // FP4_GROUP
-        self.stage_rows = MMA_ROWS * blocks
-        self.stage_bytes = self.stage_rows * (latent // 2 + self.scale_row)  # what the bulk copies bring
+        self.stage_bytes = MMA_ROWS * (latent // 2 + self.scale_row)  # what the bulk copies bring
 
     def smem_bytes(self) -> int:
-        staging = self.stage_rows * (self.row_stride + self.scale_row) + SMEM_SLACK if self.staged else 0
+        staging = MMA_ROWS * (self.row_stride + self.scale_row) + SMEM_SLACK if self.staged else 0
         return scratch_bytes(TILE_TOKENS) + staging
 
     @cute.jit
@@ -205,7 +198,7 @@ class ExpertsGemm1SituMma:
         m = x_lat.shape[0]
         slots = cutlass.min(m * self.k, self.e)
         self.kernel(x_lat, w13, s13, n_active, slot_expert, slot_count, slot_pairs, a, y_lat, m).launch(
-            grid=[slots, self.i // (GEMM1_COLUMNS * self.blocks), 1], block=[WARPS_PER_CTA * WARP, 1, 1],
+            grid=[slots, self.i // GEMM1_COLUMNS, 1], block=[WARPS_PER_CTA * WARP, 1, 1],
             smem=self.smem_bytes(), stream=stream,
         )
 
@@ -220,7 +213,7 @@ class ExpertsGemm1SituMma:
         smem = cutlass.memory.SmemAllocator()
         scratch = alloc_tile_scratch(smem, TILE_TOKENS)
         if cutlass.const_expr(self.staged):
-            stage = smem.allocate_tensor(Uint8, cute.make_layout(self.stage_rows * (self.row_stride + self.scale_row)),
+            stage = smem.allocate_tensor(Uint8, cute.make_layout(MMA_ROWS * (self.row_stride + self.scale_row)),
                                          byte_alignment=128)
             barrier = smem.allocate_tensor(Int64, cute.make_layout(1), byte_alignment=8)
         zero_y_lat(y_lat, (tile * grid_x + slot) * WARPS_PER_CTA * WARP + tidx, grid_x * grid_y * WARPS_PER_CTA * WARP,
@@ -228,7 +221,7 @@ class ExpertsGemm1SituMma:
         if slot < n_active[0]:
             warp, lane = tidx // WARP, tidx % WARP
             g, q = lane // 4, lane % 4
-            j0 = tile * (GEMM1_COLUMNS * self.blocks)
+            j0 = tile * GEMM1_COLUMNS
             expert = slot_expert[slot]
             count = slot_count[slot]
             n_tiles = (count + TILE_TOKENS - 1) // TILE_TOKENS
@@ -237,50 +230,43 @@ class ExpertsGemm1SituMma:
             per_warp: cutlass.Constexpr = groups // WARPS_PER_CTA
             first_row = Int64(expert) * (2 * self.i) + Int64(j0)
             if cutlass.const_expr(self.staged):
-                # Stage row 16b + r: r < 8 gate row j0 + 8b + r; r >= 8 up row I + j0 + 8b + r - 8 (block b's MMA rows
-                # g and g + 8). Warp w copies gate row 8b + w (lane 2b) and up row 8b + w (lane 2b + 1) of each block;
-                # lane 2 * blocks of warps 2b and 2b + 1 block b's gate and up scales.
+                # Stage rows r < 8: gate row j0 + r; r >= 8: up row I + j0 + r - 8 (the MMA's rows g and g + 8).
+                # Warp w copies gate row w (lane 0) and up row w (lane 1); lane 2 of warps 0 and 1 the scales.
                 expect_bulk_bytes(barrier, tidx, self.stage_bytes)
                 stage_addr = stage.iterator.toint()
-                scales_addr = stage_addr + self.stage_rows * self.row_stride
-                if lane < 2 * self.blocks:
-                    b, up = lane // 2, lane % 2
-                    row = first_row + Int64(b * GEMM1_COLUMNS + warp + up * self.i)
-                    bulk_copy_to_shared(stage_addr + (b * MMA_ROWS + up * GEMM1_COLUMNS + warp) * self.row_stride,
+                scales_addr = stage_addr + MMA_ROWS * self.row_stride
+                if lane < 2:
+                    row = first_row + Int64(warp + lane * self.i)
+                    bulk_copy_to_shared(stage_addr + (warp + lane * 8) * self.row_stride,
                                         w13.iterator.toint() + row * packed, packed, barrier.iterator.toint())
-                elif lane == 2 * self.blocks and warp < 2 * self.blocks:
-                    b, up = warp // 2, warp % 2
-                    row = first_row + Int64(b * GEMM1_COLUMNS + up * self.i)
-                    bulk_copy_to_shared(scales_addr + (b * MMA_ROWS + up * GEMM1_COLUMNS) * groups,
-                                        s13.iterator.toint() + row * groups, GEMM1_COLUMNS * groups,
-                                        barrier.iterator.toint())
+                elif lane == 2 and warp < 2:
+                    bulk_copy_to_shared(scales_addr + warp * 8 * groups,
+                                        s13.iterator.toint() + (first_row + Int64(warp * self.i)) * groups,
+                                        8 * groups, barrier.iterator.toint())
                 prefetch_activations(token_row(slot_pairs, slot, count, g, self.k, True, x_lat.iterator.toint(),
                                                self.l * 2, q), q, warp * per_warp, per_warp)
                 cute.arch.mbarrier_wait(barrier.iterator, 0)
+                w_g, w_g8 = stage_addr + g * self.row_stride, stage_addr + (g + 8) * self.row_stride
+                s_g, s_g8 = scales_addr + g * groups, scales_addr + (g + 8) * groups
+            else:
+                gate_row = first_row + Int64(g)
+                up_row = gate_row + Int64(self.i)
+                w_g, w_g8 = w13.iterator.toint() + gate_row * packed, w13.iterator.toint() + up_row * packed
+                s_g, s_g8 = s13.iterator.toint() + gate_row * groups, s13.iterator.toint() + up_row * groups
             for t in cutlass.range(n_tiles, unroll=1):
                 x_row = token_row(slot_pairs, slot, count, t * TILE_TOKENS + g, self.k, True, x_lat.iterator.toint(),
                                   self.l * 2, q)
-                for b in cutlass.range_constexpr(self.blocks):
-                    if cutlass.const_expr(self.staged):
-                        r = b * MMA_ROWS + g
-                        w_g, w_g8 = stage_addr + r * self.row_stride, stage_addr + (r + 8) * self.row_stride
-                        s_g, s_g8 = scales_addr + r * groups, scales_addr + (r + 8) * groups
-                    else:
-                        gate_row = first_row + Int64(g)
-                        up_row = gate_row + Int64(self.i)
-                        w_g, w_g8 = w13.iterator.toint() + gate_row * packed, w13.iterator.toint() + up_row * packed
-                        s_g, s_g8 = s13.iterator.toint() + gate_row * groups, s13.iterator.toint() + up_row * groups
-                    acc = zero_tiles(1)
-                    group_span_mma(acc, x_row, w_g, w_g8, s_g, s_g8, warp * per_warp, q, m_count >> 31, per_warp,
-                                   self.in_flight, self.staged)
-                    reduce_tiles(acc, scratch, tidx, 1)
-                    if tidx < TILE_TOKENS * GEMM1_COLUMNS:
-                        token, j = tidx // GEMM1_COLUMNS, tidx % GEMM1_COLUMNS
-                        column = t * TILE_TOKENS + token
-                        if column < count:
-                            gate, up = scratch[0, token, j], scratch[0, token, j + GEMM1_COLUMNS]
-                            a[slot_pairs[slot, column], j0 + b * GEMM1_COLUMNS + j] = situ_glu(gate, up).to(Float16)
-                    cute.arch.sync_threads()  # the next block's or tile's reduce_tiles overwrites scratch
+                acc = zero_tiles(1)
+                group_span_mma(acc, x_row, w_g, w_g8, s_g, s_g8, warp * per_warp, q, m_count >> 31, per_warp,
+                               self.in_flight, self.staged)
+                reduce_tiles(acc, scratch, tidx, 1)
+                if tidx < TILE_TOKENS * GEMM1_COLUMNS:
+                    token, j = tidx // GEMM1_COLUMNS, tidx % GEMM1_COLUMNS
+                    column = t * TILE_TOKENS + token
+                    if column < count:
+                        gate, up = scratch[0, token, j], scratch[0, token, j + GEMM1_COLUMNS]
+                        a[slot_pairs[slot, column], j0 + j] = situ_glu(gate, up).to(Float16)
+                cute.arch.sync_threads()  # the next tile's reduce_tiles overwrites scratch
 
 
 class ExpertsGemm2CombineMma:
