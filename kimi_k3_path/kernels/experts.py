@@ -297,7 +297,8 @@ def launches_gemm2_early(m: int) -> bool:
 
 
 def experts_gemm1_situ(
-    x_lat, w13, s13, plan, top_k: int, a, y_lat, stream, max_regs: int | None = None, tensor_cores: bool = True
+    x_lat, w13, s13, plan, top_k: int, a, y_lat, stream, max_regs: int | None = None, tensor_cores: bool = True,
+    early_gemm2: bool | None = None,
 ) -> None:
     """a[M*k, I] = SiTU-GLU of each planned pair's GEMM1; zeroes y_lat [M, L] for GEMM2. Launched on `stream`."""
     from cutlass import Uint8
@@ -333,7 +334,7 @@ def experts_gemm1_situ(
 
     mma = on_tensor_cores(m, tensor_cores)
     staged = mma and stages_weights(m)
-    early = mma and launches_gemm2_early(m)
+    early = mma and (launches_gemm2_early(m) if early_gemm2 is None else early_gemm2)
     fn = compile_cached(("experts_gemm1_situ", experts, latent, inter, top_k, mma, staged, early), build, max_regs)
     fn(
         to_cute(x_lat, True), to_cute(w13), to_cute(s13), *(to_cute(t) for t in plan),
@@ -343,7 +344,7 @@ def experts_gemm1_situ(
 
 def experts_gemm2_combine(
     a, w2, s2, plan, topk_w, y_lat, counter, gamma, normed, eps: float, stream, max_regs: int | None = None,
-    tensor_cores: bool = True,
+    tensor_cores: bool = True, early: bool | None = None,
 ) -> None:
     """y_lat[t] += sum over t's pairs of weight * (a[pair] @ w2[e]^T) (y_lat must be zero: GEMM1 does it), then
     normed = rms_norm(y_lat, gamma, eps) in bf16. counter: int32 [1], zero before the first launch (left zero).
@@ -387,7 +388,7 @@ def experts_gemm2_combine(
         return ExpertsGemm2Combine(experts, latent, inter, top_k, eps), args
 
     mma = on_tensor_cores(m, tensor_cores)
-    early = mma and launches_gemm2_early(m)
+    early = mma and (launches_gemm2_early(m) if early is None else early)
     staged = mma and stages_weights(m)
     key = ("experts_gemm2_combine", experts, latent, inter, top_k, eps, mma, staged, early)
     fn = compile_cached(key, build, max_regs)

@@ -286,10 +286,8 @@ class ExpertsGemm2CombineMma:
             experts, latent, inter, top_k, eps, staged, in_flight)
         self.scale_row = inter // FP4_GROUP
         self.stage_bytes = GEMM2_ROWS * (inter // 2 + self.scale_row)
-        # early: launched with programmatic dependent launch while GEMM1 drains (staged only): the plan and the weight
-        # copies go out first, griddepcontrol.wait then holds everything that reads GEMM1's a and y_lat.
-        if early and not staged:
-            raise ValueError("ExpertsGemm2CombineMma: early launch needs staged weights (nothing else to do early)")
+        # early: launched with programmatic dependent launch while GEMM1 drains: the plan reads (and, staged, the
+        # weight copies) go out first, griddepcontrol.wait then holds everything that reads GEMM1's a and y_lat.
         self.early = early
 
     def smem_bytes(self) -> int:
@@ -351,6 +349,8 @@ class ExpertsGemm2CombineMma:
                 row = Int64(expert) * self.l + Int64(r0 + g)
                 w_g, w_g8 = w2.iterator.toint() + row * packed, w2.iterator.toint() + (row + 8) * packed
                 s_g, s_g8 = s2.iterator.toint() + row * groups, s2.iterator.toint() + (row + 8) * groups
+                if cutlass.const_expr(self.early):
+                    cute.arch.griddepcontrol_wait()
             for t in cutlass.range(n_tiles, unroll=1):
                 x_row = token_row(slot_pairs, slot, count, t * TILE_TOKENS + g, self.k, False, a.iterator.toint(),
                                   self.i * 2, q)
