@@ -288,17 +288,8 @@ def stages_weights(m: int) -> bool:
     return m >= STAGED_FROM_TOKENS
 
 
-def launches_gemm2_early(m: int) -> bool:
-    """Whether GEMM2 on the tensor cores is launched while GEMM1 drains (programmatic dependent launch: GEMM1 lets it
-    start at once, it stages its weights and then waits for GEMM1's results): wherever it stages its weights, from 2
-    tokens. Measured on the H200 (NOTES.md, v10b; block medians in one run): 2-3% faster at M = 2 and 8 at TP8 and
-    TP16, 0.3% at M = 64; at one token staging plus the early launch made TP8 5% slower (76.0 vs 72.4 us)."""
-    return stages_weights(m)
-
-
 def experts_gemm1_situ(
-    x_lat, w13, s13, plan, top_k: int, a, y_lat, stream, max_regs: int | None = None, tensor_cores: bool = True,
-    early_gemm2: bool | None = None,
+    x_lat, w13, s13, plan, top_k: int, a, y_lat, stream, max_regs: int | None = None, tensor_cores: bool = True
 ) -> None:
     """a[M*k, I] = SiTU-GLU of each planned pair's GEMM1; zeroes y_lat [M, L] for GEMM2. Launched on `stream`."""
     from cutlass import Uint8
@@ -329,13 +320,12 @@ def experts_gemm1_situ(
         if mma:
             from .experts_mma import ExpertsGemm1SituMma
 
-            return ExpertsGemm1SituMma(experts, latent, inter, top_k, staged, early_gemm2=early), args
+            return ExpertsGemm1SituMma(experts, latent, inter, top_k, staged), args
         return ExpertsGemm1Situ(experts, latent, inter, top_k), args
 
     mma = on_tensor_cores(m, tensor_cores)
     staged = mma and stages_weights(m)
-    early = mma and (launches_gemm2_early(m) if early_gemm2 is None else early_gemm2)
-    fn = compile_cached(("experts_gemm1_situ", experts, latent, inter, top_k, mma, staged, early), build, max_regs)
+    fn = compile_cached(("experts_gemm1_situ", experts, latent, inter, top_k, mma, staged), build, max_regs)
     fn(
         to_cute(x_lat, True), to_cute(w13), to_cute(s13), *(to_cute(t) for t in plan),
         to_cute(a, True), to_cute(y_lat, True), cu_stream(stream),
@@ -344,11 +334,12 @@ def experts_gemm1_situ(
 
 def experts_gemm2_combine(
     a, w2, s2, plan, topk_w, y_lat, counter, gamma, normed, eps: float, stream, max_regs: int | None = None,
-    tensor_cores: bool = True, early: bool | None = None,
+    tensor_cores: bool = True,
 ) -> None:
     """y_lat[t] += sum over t's pairs of weight * (a[pair] @ w2[e]^T) (y_lat must be zero: GEMM1 does it), then
     normed = rms_norm(y_lat, gamma, eps) in bf16. counter: int32 [1], zero before the first launch (left zero).
-    Launched early where launches_gemm2_early says so (correct after any launch: it waits for its predecessor)."""
+    On the tensor cores it is launched early (experts_mma.py); that is correct after any launch, since it waits for
+    its predecessor before reading a or y_lat."""
     from cutlass import Uint8
 
     from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
@@ -384,14 +375,12 @@ def experts_gemm2_combine(
         if mma:
             from .experts_mma import ExpertsGemm2CombineMma
 
-            return ExpertsGemm2CombineMma(experts, latent, inter, top_k, eps, staged, early=early), args
+            return ExpertsGemm2CombineMma(experts, latent, inter, top_k, eps, staged), args
         return ExpertsGemm2Combine(experts, latent, inter, top_k, eps), args
 
     mma = on_tensor_cores(m, tensor_cores)
-    early = mma and (launches_gemm2_early(m) if early is None else early)
     staged = mma and stages_weights(m)
-    key = ("experts_gemm2_combine", experts, latent, inter, top_k, eps, mma, staged, early)
-    fn = compile_cached(key, build, max_regs)
+    fn = compile_cached(("experts_gemm2_combine", experts, latent, inter, top_k, eps, mma, staged), build, max_regs)
     fn(
         to_cute(a, True), to_cute(w2), to_cute(s2), *(to_cute(t) for t in plan),
         to_cute(topk_w, True), to_cute(y_lat, True), to_cute(counter), to_cute(gamma), to_cute(normed, True),

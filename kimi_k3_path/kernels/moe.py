@@ -7,7 +7,7 @@ the caller's stream, with no host synchronization and no allocation, so it can b
                       shared experts' a_sh = situ_glu(x @ W_sh13^T)
   2 experts GEMM1   a[pair] = situ_glu(x_lat[t] @ w13[e]^T); y_lat = 0                    (active experts' w13)
   3 experts GEMM2   y_lat[t] += w * a[pair] @ w2[e]^T; last CTA: normed = rms_norm(y_lat)  (active experts' w2)
-                      from 2 tokens launched while GEMM1 drains (programmatic dependent launch)
+                      launched while GEMM1 drains (programmatic dependent launch)
   4 finalize        out = normed @ W_up^T + a_sh @ W_sh2^T                                 (W_up, W_sh2)
 
 Weights are prepared once (`prepare_weights`); the workspace is allocated once per device (`MoeWorkspace`) for the

@@ -22,7 +22,6 @@ from kimi_k3_path.kernels.experts import (  # noqa: E402
     ExpertsGemm1Situ,
     ExpertsGemm2Combine,
     lanes_per_row,
-    launches_gemm2_early,
     stages_weights,
 )
 from kimi_k3_path.kernels.experts_mma import (  # noqa: E402
@@ -135,21 +134,23 @@ def test_expert_weight_loads_and_activations_of_a_batch_precede_its_first_mma(tp
         assert sum("LDG.E.NA" in line for line in lines[:first_mma]) == 2 * op.in_flight  # rows g and g + 8
 
 
+@pytest.mark.parametrize("staged", [True, False])
 @pytest.mark.parametrize("tp", [8, 16])
-def test_early_gemm2_stages_its_weights_before_it_waits_and_reads_activations_after(tp, dims, tmp_path):
-    """GEMM2 launched early (v10): its weight copies (UBLKCP) are issued before griddepcontrol.wait (ACQBULK), every
-    activation load comes after it and none takes the read-only path (.CONSTANT), which is undefined for data that
-    GEMM1 may still be writing; GEMM1 lets it start (PREEXIT) before any load of its own."""
+def test_early_gemm2_reads_gemm1_results_only_after_it_waits(tp, staged, dims, tmp_path):
+    """GEMM2 launched early (v10): staged, its weight copies (UBLKCP) are issued before griddepcontrol.wait (ACQBULK);
+    every activation load (a, GEMM1's output) comes after the wait and none takes the read-only path (.CONSTANT),
+    which is undefined for data GEMM1 may still be writing; GEMM1 lets it start (PREEXIT) before any load of its
+    own."""
     d = dims(tp)
-    gemm2 = _sass(ExpertsGemm2CombineMma(d.experts, d.latent, d.intermediate, d.top_k, d.eps, early=True),
+    gemm2 = _sass(ExpertsGemm2CombineMma(d.experts, d.latent, d.intermediate, d.top_k, d.eps, staged),
                   _gemm2_args(d), tmp_path / "gemm2")
     wait = next(n for n, line in enumerate(gemm2) if "ACQBULK" in line)
     copies = [n for n, line in enumerate(gemm2) if "UBLKCP" in line]
     activations = [n for n, line in enumerate(gemm2) if "LDG.E.128" in line]
-    assert copies and max(copies) < wait
+    assert bool(copies) == staged and all(n < wait for n in copies)
     assert activations and min(activations) > wait
     assert not any("CONSTANT" in gemm2[n] for n in activations)
-    gemm1 = _sass(ExpertsGemm1SituMma(d.experts, d.latent, d.intermediate, d.top_k, early_gemm2=True), _gemm1_args(d),
+    gemm1 = _sass(ExpertsGemm1SituMma(d.experts, d.latent, d.intermediate, d.top_k, staged), _gemm1_args(d),
                   tmp_path / "gemm1")
     trigger = next(n for n, line in enumerate(gemm1) if "PREEXIT" in line)
     assert trigger < next(n for n, line in enumerate(gemm1) if "LDG" in line)
@@ -162,9 +163,8 @@ def test_gemm2_batches_staged_equal_of_at_most_4_groups_direct_a_short_row_in_on
     assert ExpertsGemm2CombineMma(896, 3584, 192, 16, 1e-5, staged=False).in_flight == 6  # one batch
 
 
-def test_one_token_loads_expert_weights_directly_more_tokens_stage_them_and_launch_gemm2_early():
+def test_one_token_loads_expert_weights_directly_more_tokens_stage_them():
     assert [stages_weights(m) for m in (1, 2, 64)] == [False, True, True]
-    assert [launches_gemm2_early(m) for m in (1, 2, 64)] == [False, True, True]
 
 
 @pytest.mark.parametrize("mt", [2, 32])
@@ -221,7 +221,6 @@ def test_lanes_per_row_divides_the_groups():
         (lambda: Finalize(7168, 3584, 100, 1), "K=100"),
         (lambda: SkinnyGemm(3592, 7168, 16), "3592 rows is not a multiple of 16"),
         (lambda: ExpertsGemm1SituMma(896, 3584, 80, 16), "intermediate=80 is not a multiple of 32"),
-        (lambda: ExpertsGemm2CombineMma(896, 3584, 384, 16, 1e-5, staged=False, early=True), "early launch needs staged"),
         (lambda: ExpertsGemm1SituMma(896, 3200, 384, 16), "latent=3200 is not a multiple of 256"),
         (lambda: Finalize(7168, 3584, 48, 64), "K=48 is not a multiple of 32"),
     ],
