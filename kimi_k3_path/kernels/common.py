@@ -133,6 +133,26 @@ def count_in(counter: cute.Tensor, flag: cute.Tensor, tidx: Int32, ctas: Int32):
     cute.arch.sync_threads()
 
 
+@cute.jit
+def arrival(counter: cute.Tensor, order: cute.Tensor, tidx: Int32) -> Int32:
+    """This CTA's place (0, 1, ...) among the CTAs that count in on counter[0], once its results are written (the
+    barrier and thread 0's device-scope release fence cover every thread's writes, as in count_in); order: one Int32
+    of shared memory that broadcasts it."""
+    cute.arch.sync_threads()
+    if tidx == 0:
+        cute.arch.fence_acq_rel_gpu()
+        order[0] = cute.arch.atomic_add(counter.iterator, Int32(1), scope="gpu")
+    cute.arch.sync_threads()
+    return order[0]
+
+
+def ld_acquire_i32(addr: Int64) -> Int32:
+    """A device-scope acquire load: what the writers released before their update of addr is visible after it."""
+    return cute.arch.inline_ptx(
+        "ld.acquire.gpu.global.b32 {$w0}, [{$r0}];", write_only_types=[Int32], read_only_args=[addr]
+    )
+
+
 def red_add_f32(addr: Int64, value: Float32) -> None:
     cute.arch.inline_ptx("red.global.add.f32 [{$r0}], {$r1};", read_only_args=[addr, value])
 

@@ -11,9 +11,9 @@ instruction, and the products run as packed f16x2 FMAs within each 32-value grou
 GEMM1 + SiTU: a half-warp per weight row, the two half-warps of a warp on gate row j and up row I+j, so the
 activation a[pair, j] = situ_glu(gate, up) is formed in registers. a is stored fp16 per (token, slot) pair.
 GEMM2 + combine: `lanes` lanes per row of w2; each row's result times the pair's routing weight is added with one
-fp32 reduction into y_lat[token] (zeroed by GEMM1 of the same step). The last CTA to finish (a self-resetting
-device counter, as in the router) applies the latent RMSNorm, normed[t] = y_lat[t] * rsqrt(mean(y_lat[t]^2) + eps)
-* gamma, in bf16 for the finalize GEMM: the norm needs whole rows, which only exist once every CTA is done.
+fp32 reduction into y_lat[token] (zeroed by GEMM1 of the same step). The last CTAs to finish (up to 16, a token at
+a time each; self-resetting device counters) apply the latent RMSNorm, normed[t] = y_lat[t] * rsqrt(mean(y_lat[t]^2)
++ eps) * gamma, in bf16 for the finalize GEMM: the norm needs whole rows, which only exist once every CTA is done.
 """
 
 from __future__ import annotations
@@ -27,12 +27,13 @@ from .common import (
     FP4_GROUP,
     VEC_BYTES,
     WARP,
-    count_in,
+    arrival,
     e8m0_scale_times_64,
     f16x2_pair_sum_f32,
     fp4x8_fma_f16x2,
     lane_group_sum,
     ld_act_v4,
+    ld_acquire_i32,
     ld_coherent_f32,
     ld_u8,
     ld_weight_v4,
@@ -80,6 +81,9 @@ def alloc_tail_smem(smem):
 TAIL_SMEM_BYTES = 64
 
 
+TAIL_CTAS = 16  # at most this many of GEMM2's last CTAs share the latent norm, a token at a time each
+
+
 @cute.jit
 def norm_tail(
     y_lat: cute.Tensor,
@@ -93,34 +97,49 @@ def norm_tail(
     ctas: Int32,
     latent: cutlass.Constexpr,
     eps: cutlass.Constexpr,
+    tail_ctas: cutlass.Constexpr = TAIL_CTAS,
 ):
-    """Every CTA of GEMM2 (empty slots too) counts in; the last of the `ctas` to arrive sees all reductions and writes
-    normed = rms_norm(y_lat) * gamma in bf16."""
-    count_in(counter, flag, tidx, ctas)
-    if flag[0] == 1:
+    """normed = rms_norm(y_lat) * gamma in bf16, by the last n = min(M, tail_ctas) of GEMM2's `ctas` CTAs (empty slots
+    count too) to arrive on counter[0]: the one that arrived j-th among them takes tokens j, j + n, ... once all `ctas`
+    have arrived. The earlier ones wait for that; at most n - 1 CTAs are unfinished then, and they fit on the GPU
+    beside the n waiting ones, so the wait ends. Each of the n counts out on counter[1] after its wait; the last one
+    resets both counters for the next launch."""
+    place = arrival(counter, flag, tidx) - (ctas - cutlass.min(m_count, tail_ctas))
+    if place >= 0:
+        tail = cutlass.min(m_count, tail_ctas)
+        if tidx == 0:
+            seen = ld_acquire_i32(counter.iterator.toint())
+            while seen < ctas:
+                seen = ld_acquire_i32(counter.iterator.toint())
+            if cute.arch.atomic_add(counter.iterator + 1, Int32(1), scope="gpu") == tail - 1:
+                counter[0] = Int32(0)
+                counter[1] = Int32(0)
+        cute.arch.sync_threads()
         cute.arch.fence_acq_rel_gpu()
-        # All 256 threads per token row (coalesced 4-byte loads from L2), partial sums meet in shared memory.
+        # All 256 threads per token row (coalesced 4-byte loads from L2), partial sums meet in shared memory. The
+        # second pass reads the row again: keeping it in registers took GEMM2 at TP16 from 128 to 140 registers.
         per_thread: cutlass.Constexpr = latent // (WARPS_PER_CTA * WARP)
         lane = tidx % WARP
         for t in cutlass.range(m_count, unroll=1):
-            row_addr = y_lat.iterator.toint() + Int64(t) * (latent * 4)
-            sq = Float32(0.0)
-            for i in cutlass.range_constexpr(per_thread):
-                v = ld_coherent_f32(row_addr + Int64(tidx + i * WARPS_PER_CTA * WARP) * 4)
-                sq = sq + v * v
-            sq = lane_group_sum(sq, WARP)
-            if lane == 0:
-                partial[tidx // WARP] = sq
-            cute.arch.sync_threads()
-            total = Float32(0.0)
-            for w in cutlass.range_constexpr(WARPS_PER_CTA):
-                total = total + partial[w]
-            rstd = cute.math.rsqrt(total / Float32(latent) + Float32(eps))
-            for i in cutlass.range_constexpr(per_thread):
-                k = tidx + i * WARPS_PER_CTA * WARP
-                v = ld_coherent_f32(row_addr + Int64(k) * 4)
-                normed[t, k] = (v * rstd * gamma[k]).to(BFloat16)
-            cute.arch.sync_threads()
+            if t % tail == place:  # (a loop from `place` in steps of `tail`: 12 more registers at TP16)
+                row_addr = y_lat.iterator.toint() + Int64(t) * (latent * 4)
+                sq = Float32(0.0)
+                for i in cutlass.range_constexpr(per_thread):
+                    v = ld_coherent_f32(row_addr + Int64(tidx + i * WARPS_PER_CTA * WARP) * 4)
+                    sq = sq + v * v
+                sq = lane_group_sum(sq, WARP)
+                if lane == 0:
+                    partial[tidx // WARP] = sq
+                cute.arch.sync_threads()
+                total = Float32(0.0)
+                for w in cutlass.range_constexpr(WARPS_PER_CTA):
+                    total = total + partial[w]
+                rstd = cute.math.rsqrt(total / Float32(latent) + Float32(eps))
+                for i in cutlass.range_constexpr(per_thread):
+                    k = tidx + i * WARPS_PER_CTA * WARP
+                    v = ld_coherent_f32(row_addr + Int64(k) * 4)
+                    normed[t, k] = (v * rstd * gamma[k]).to(BFloat16)
+                cute.arch.sync_threads()
 
 
 class ExpertsGemm1Situ:
@@ -186,10 +205,10 @@ class ExpertsGemm1Situ:
 class ExpertsGemm2Combine:
     """y_lat[t] += w[p] * (a[p] @ w2[e]^T) for every planned pair p = t*k + slot, then normed = rms_norm(y_lat).
     Tensors: a [M*k, I] fp16, w2 [E, L, I/2] uint8, s2 [E, L, I/32] uint8, plan, topk weights [M, k] fp32,
-    y_lat [M, L] fp32 (accumulated with fp32 reductions), counter [1] int32 (zero; left zero), gamma [L] fp32,
+    y_lat [M, L] fp32 (accumulated with fp32 reductions), counter [2] int32 (zero; left zero), gamma [L] fp32,
     normed [M, L] bf16."""
 
-    def __init__(self, experts: int, latent: int, inter: int, top_k: int, eps: float):
+    def __init__(self, experts: int, latent: int, inter: int, top_k: int, eps: float, tail_ctas: int = TAIL_CTAS):
         if latent % (WARPS_PER_CTA * WARP):
             raise ValueError(
                 f"ExpertsGemm2Combine: latent={latent} is not a multiple of {WARPS_PER_CTA * WARP} (norm-tail threads)"
@@ -201,7 +220,7 @@ class ExpertsGemm2Combine:
         self.rows_per_cta = WARPS_PER_CTA * WARP // self.lanes
         if latent % self.rows_per_cta:
             raise ValueError(f"ExpertsGemm2Combine: latent={latent} is not a multiple of {self.rows_per_cta}")
-        self.e, self.l, self.i, self.k, self.eps = experts, latent, inter, top_k, eps
+        self.e, self.l, self.i, self.k, self.eps, self.tail_ctas = experts, latent, inter, top_k, eps, tail_ctas
         self.groups_per_lane = groups // self.lanes
 
     @cute.jit
@@ -249,7 +268,8 @@ class ExpertsGemm2Combine:
                     weight = topk_w[token, pair % self.k]
                     red_add_f32(y_lat.iterator.toint() + (Int64(token) * self.l + Int64(row)) * 4, acc * weight)
 
-        norm_tail(y_lat, gamma, normed, counter, flag, partial, tidx, m_count, grid_x * grid_y, self.l, self.eps)
+        norm_tail(y_lat, gamma, normed, counter, flag, partial, tidx, m_count, grid_x * grid_y, self.l, self.eps,
+                  self.tail_ctas)
 
 
 def _plan_shapes(plan, experts: int) -> None:
@@ -334,10 +354,10 @@ def experts_gemm1_situ(
 
 def experts_gemm2_combine(
     a, w2, s2, plan, topk_w, y_lat, counter, gamma, normed, eps: float, stream, max_regs: int | None = None,
-    tensor_cores: bool = True,
+    tensor_cores: bool = True, tail_ctas: int = TAIL_CTAS,
 ) -> None:
     """y_lat[t] += sum over t's pairs of weight * (a[pair] @ w2[e]^T) (y_lat must be zero: GEMM1 does it), then
-    normed = rms_norm(y_lat, gamma, eps) in bf16. counter: int32 [1], zero before the first launch (left zero).
+    normed = rms_norm(y_lat, gamma, eps) in bf16. counter: int32 [2], zero before the first launch (left zero).
     On the tensor cores it is launched early (experts_mma.py); that is correct after any launch, since it waits for
     its predecessor before reading a or y_lat."""
     from cutlass import Uint8
@@ -354,7 +374,7 @@ def experts_gemm2_combine(
     _plan_shapes(plan, experts)
     expect("topk_w", topk_w, (m, top_k), "float32")
     expect("y_lat", y_lat, (m, latent), "float32")
-    expect("counter", counter, (1,), "int32")
+    expect("counter", counter, (2,), "int32")
     expect("gamma", gamma, (latent,), "float32")
     expect("normed", normed, (m, latent), "bfloat16")
 
@@ -367,7 +387,7 @@ def experts_gemm2_combine(
             *_fake_plan(experts),
             fake(Float32, (md, top_k)),
             fake(Float32, (md, latent)),
-            fake(Int32, (1,)),
+            fake(Int32, (2,)),
             fake(Float32, (latent,)),
             fake(BFloat16, (md, latent)),
             fake_stream(),
@@ -375,12 +395,13 @@ def experts_gemm2_combine(
         if mma:
             from .experts_mma import ExpertsGemm2CombineMma
 
-            return ExpertsGemm2CombineMma(experts, latent, inter, top_k, eps, staged), args
-        return ExpertsGemm2Combine(experts, latent, inter, top_k, eps), args
+            return ExpertsGemm2CombineMma(experts, latent, inter, top_k, eps, staged, tail_ctas=tail_ctas), args
+        return ExpertsGemm2Combine(experts, latent, inter, top_k, eps, tail_ctas), args
 
     mma = on_tensor_cores(m, tensor_cores)
     staged = mma and stages_weights(m)
-    fn = compile_cached(("experts_gemm2_combine", experts, latent, inter, top_k, eps, mma, staged), build, max_regs)
+    key = ("experts_gemm2_combine", experts, latent, inter, top_k, eps, mma, staged, tail_ctas)
+    fn = compile_cached(key, build, max_regs)
     fn(
         to_cute(a, True), to_cute(w2), to_cute(s2), *(to_cute(t) for t in plan),
         to_cute(topk_w, True), to_cute(y_lat, True), to_cute(counter), to_cute(gamma), to_cute(normed, True),

@@ -52,7 +52,7 @@ from .common import (
     red_add_f32,
     situ_glu,
 )
-from .experts import TAIL_SMEM_BYTES, alloc_tail_smem, norm_tail, zero_y_lat
+from .experts import TAIL_CTAS, TAIL_SMEM_BYTES, alloc_tail_smem, norm_tail, zero_y_lat
 from .mma import MMA_ROWS, TILE_TOKENS, alloc_tile_scratch, mma_16816, reduce_tiles, scratch_bytes, zero_tiles
 
 WARPS_PER_CTA = 8
@@ -276,7 +276,7 @@ class ExpertsGemm2CombineMma:
     memory by bulk copies (one round trip), as in ExpertsGemm1SituMma."""
 
     def __init__(self, experts: int, latent: int, inter: int, top_k: int, eps: float, staged: bool = True,
-                 in_flight: int = GEMM2_GROUPS_IN_FLIGHT, early: bool = True):
+                 in_flight: int = GEMM2_GROUPS_IN_FLIGHT, early: bool = True, tail_ctas: int = TAIL_CTAS):
         check_mma_experts(latent, inter)
         groups = inter // FP4_GROUP
         if staged:
@@ -288,7 +288,7 @@ class ExpertsGemm2CombineMma:
         self.scale_row = inter // FP4_GROUP
         self.stage_bytes = GEMM2_ROWS * (inter // 2 + self.scale_row)
         # early: launched with programmatic dependent launch while GEMM1 drains (see the module docstring).
-        self.early = early
+        self.early, self.tail_ctas = early, tail_ctas
 
     def smem_bytes(self) -> int:
         return TAIL_SMEM_BYTES + (self.stage_bytes + SMEM_SLACK if self.staged else 0)
@@ -369,4 +369,5 @@ class ExpertsGemm2CombineMma:
 
         if cutlass.const_expr(self.early):
             cute.arch.griddepcontrol_wait()  # CTAs of empty slots too: the tail reads y_lat, which GEMM1 zeroes
-        norm_tail(y_lat, gamma, normed, counter, flag, partial, tidx, m_count, grid_x * grid_y, self.l, self.eps)
+        norm_tail(y_lat, gamma, normed, counter, flag, partial, tidx, m_count, grid_x * grid_y, self.l, self.eps,
+                  self.tail_ctas)

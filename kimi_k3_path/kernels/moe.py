@@ -211,7 +211,7 @@ class MoeWorkspace:
         self.logits = torch.empty(m, e, **f32)
         # Arrival counters of the router and of GEMM2 (last-CTA work); each launch leaves its counter at zero.
         self.router_counter = torch.zeros(1, **i32)
-        self.gemm2_counter = torch.zeros(1, **i32)
+        self.gemm2_counter = torch.zeros(2, **i32)  # arrivals, and the norm's CTAs done waiting (experts.norm_tail)
         self.ids = torch.empty(m, k, **i32)
         self.weights = torch.empty(m, k, **f32)
         self.plan = (torch.empty(1, **i32), torch.empty(e, **i32), torch.empty(e, **i32), torch.empty(e, m, **i32))

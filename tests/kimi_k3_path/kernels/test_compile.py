@@ -78,7 +78,7 @@ def _gemm2_args(d):
     m, pairs = dyn(), dyn()
     e, lat, i = d.experts, d.latent, d.intermediate
     return (fake(Float16, (pairs, i)), fake(Uint8, (e, lat, i // 2)), fake(Uint8, (e, lat, i // 32)), *_plan(e),
-            fake(Float32, (m, d.top_k)), fake(Float32, (m, lat)), fake(Int32, (1,)), fake(Float32, (lat,)),
+            fake(Float32, (m, d.top_k)), fake(Float32, (m, lat)), fake(Int32, (2,)), fake(Float32, (lat,)),
             fake(BFloat16, (m, lat)), fake_stream())
 
 
