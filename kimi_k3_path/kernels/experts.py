@@ -11,8 +11,8 @@ instruction, and the products run as packed f16x2 FMAs within each 32-value grou
 GEMM1 + SiTU: a half-warp per weight row, the two half-warps of a warp on gate row j and up row I+j, so the
 activation a[pair, j] = situ_glu(gate, up) is formed in registers. a is stored fp16 per (token, slot) pair.
 GEMM2 + combine: `lanes` lanes per row of w2; each row's result times the pair's routing weight is added with one
-fp32 reduction into y_lat[token] (zeroed by GEMM1 of the same step). The last CTAs to finish (up to 16, a token at
-a time each; self-resetting device counters) apply the latent RMSNorm, normed[t] = y_lat[t] * rsqrt(mean(y_lat[t]^2)
+fp32 reduction into y_lat[token] (zeroed by GEMM1 of the same step). The last CTAs to finish (one per token;
+self-resetting device counters) apply the latent RMSNorm, normed[t] = y_lat[t] * rsqrt(mean(y_lat[t]^2)
 + eps) * gamma, in bf16 for the finalize GEMM: the norm needs whole rows, which only exist once every CTA is done.
 """
 
@@ -81,7 +81,10 @@ def alloc_tail_smem(smem):
 TAIL_SMEM_BYTES = 64
 
 
-TAIL_CTAS = 16  # at most this many of GEMM2's last CTAs share the latent norm, a token at a time each
+# GEMM2's last CTAs share the latent norm, a token at a time each, up to one per token of the largest batch. Measured
+# on the H200 (NOTES.md, v10e; block medians, same run): TP8 M=64 1017 us with one CTA for all tokens, 841 with 16,
+# 834 with 64; TP16 M=64 751 / 575 / 566; M=8 205 -> 184 (TP8), 151 -> 131 (TP16); one token unchanged.
+TAIL_CTAS = 64
 
 
 @cute.jit
@@ -355,7 +358,7 @@ def experts_gemm1_situ(
 def experts_gemm2_combine(
     a, w2, s2, plan, topk_w, y_lat, counter, gamma, normed, eps: float, stream, max_regs: int | None = None,
     tensor_cores: bool = True, tail_ctas: int = TAIL_CTAS,
-) -> None:
+) -> None:  # tail_ctas: how many of the last CTAs share the norm (norm_tail; 1 = the single last CTA of v1-v9)
     """y_lat[t] += sum over t's pairs of weight * (a[pair] @ w2[e]^T) (y_lat must be zero: GEMM1 does it), then
     normed = rms_norm(y_lat, gamma, eps) in bf16. counter: int32 [2], zero before the first launch (left zero).
     On the tensor cores it is launched early (experts_mma.py); that is correct after any launch, since it waits for

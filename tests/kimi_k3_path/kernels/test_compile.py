@@ -4,6 +4,7 @@ dynamic batch dimension, at the TP8 and TP16 per-rank shapes of the shipped conf
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -154,6 +155,23 @@ def test_early_gemm2_reads_gemm1_results_only_after_it_waits(tp, staged, dims, t
                   tmp_path / "gemm1")
     trigger = next(n for n, line in enumerate(gemm1) if "PREEXIT" in line)
     assert trigger < next(n for n, line in enumerate(gemm1) if "LDG" in line)
+
+
+@pytest.mark.parametrize("staged", [True, False])
+@pytest.mark.parametrize("tp", [8, 16])
+def test_gemm2_keeps_two_ctas_per_sm(tp, staged, dims, tmp_path):
+    """GEMM2's register count (cuobjdump -res-usage) leaves room for 2 CTAs of 256 threads per SM (<= 128): a
+    rewrite of the norm tail with a loop from the CTA's first token in steps of the tail size took the direct
+    variant at TP16 to 140 (1 CTA per SM, 3.4 waves at one token instead of 1.7)."""
+    d = dims(tp)
+    op = ExpertsGemm2CombineMma(d.experts, d.latent, d.intermediate, d.top_k, d.eps, staged)
+    op_dir = tmp_path / "cubin"
+    op_dir.mkdir()
+    cute.compile(op, *_gemm2_args(d), options=f"--keep-cubin --dump-dir={op_dir}")
+    (cubin,) = op_dir.glob("*.cubin")
+    usage = subprocess.run([_cuobjdump(), "-res-usage", str(cubin)], capture_output=True, text=True, check=True).stdout
+    registers = int(re.search(r"REG:(\d+)", usage).group(1))
+    assert registers * 256 <= 65536 // 2, f"{registers} registers per thread"
 
 
 def test_gemm2_batches_staged_equal_of_at_most_4_groups_direct_a_short_row_in_one():
