@@ -120,7 +120,7 @@ def standalone_steps(xs, ours, spaces, d):
 
     def router(st):
         for x, w, ws in zip(xs, ours, spaces):
-            router_topk(x, w.router, w.router_bias, w.top_k, w.routed_scaling_factor, ws.logits, ws.router_counter,
+            router_topk(x, w.router, w.router_bias, w.top_k, w.routed_scaling_factor, ws.logits, ws.router_sync,
                         ws.ids[:m], ws.weights[:m], ws.plan, st)
 
     def down(st):

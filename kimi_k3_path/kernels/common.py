@@ -134,16 +134,38 @@ def count_in(counter: cute.Tensor, flag: cute.Tensor, tidx: Int32, ctas: Int32):
 
 
 @cute.jit
-def arrival(counter: cute.Tensor, order: cute.Tensor, tidx: Int32) -> Int32:
-    """This CTA's place (0, 1, ...) among the CTAs that count in on counter[0], once its results are written (the
-    barrier and thread 0's device-scope release fence cover every thread's writes, as in count_in); order: one Int32
-    of shared memory that broadcasts it."""
+def arrival(counter, order: cute.Tensor, tidx: Int32) -> Int32:
+    """This CTA's place (0, 1, ...) among the CTAs that count in on the Int32 at pointer `counter`, once its results
+    are written (the barrier and thread 0's device-scope release fence cover every thread's writes, as in count_in);
+    order: one Int32 of shared memory that broadcasts it."""
     cute.arch.sync_threads()
     if tidx == 0:
         cute.arch.fence_acq_rel_gpu()
-        order[0] = cute.arch.atomic_add(counter.iterator, Int32(1), scope="gpu")
+        order[0] = cute.arch.atomic_add(counter, Int32(1), scope="gpu")
     cute.arch.sync_threads()
     return order[0]
+
+
+@cute.jit
+def wait_for_all(counters: cute.Tensor, tidx: Int32, ctas: Int32, waiters: Int32):
+    """One of `waiters` CTAs that arrived last on counters[0] (arrival): wait until all `ctas` have arrived, then count
+    out on counters[1]; the last waiter to count out resets both for the next launch. Waiting is safe because at
+    most waiters - 1 CTAs are unfinished when the first waiter starts, and they fit on the GPU beside the waiters.
+    Every thread of the CTA calls it; afterwards what all `ctas` wrote before arriving is visible to all of them."""
+    if tidx == 0:
+        seen = ld_acquire_i32(counters.iterator.toint())
+        while seen < ctas:
+            seen = ld_acquire_i32(counters.iterator.toint())
+        if cute.arch.atomic_add(counters.iterator + 1, Int32(1), scope="gpu") == waiters - 1:
+            counters[0] = Int32(0)
+            counters[1] = Int32(0)
+    cute.arch.sync_threads()
+    cute.arch.fence_acq_rel_gpu()
+
+
+def ld_coherent_i32(addr: Int64) -> Int32:
+    """ld_coherent_f32 for an Int32."""
+    return cute.arch.inline_ptx("ld.global.cg.b32 {$w0}, [{$r0}];", write_only_types=[Int32], read_only_args=[addr])
 
 
 def ld_acquire_i32(addr: Int64) -> Int32:

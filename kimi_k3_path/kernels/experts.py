@@ -33,12 +33,12 @@ from .common import (
     fp4x8_fma_f16x2,
     lane_group_sum,
     ld_act_v4,
-    ld_acquire_i32,
     ld_coherent_f32,
     ld_u8,
     ld_weight_v4,
     red_add_f32,
     situ_glu,
+    wait_for_all,
 )
 
 WARPS_PER_CTA = 8
@@ -104,21 +104,11 @@ def norm_tail(
 ):
     """normed = rms_norm(y_lat) * gamma in bf16, by the last n = min(M, tail_ctas) of GEMM2's `ctas` CTAs (empty slots
     count too) to arrive on counter[0]: the one that arrived j-th among them takes tokens j, j + n, ... once all `ctas`
-    have arrived. The earlier ones wait for that; at most n - 1 CTAs are unfinished then, and they fit on the GPU
-    beside the n waiting ones, so the wait ends. Each of the n counts out on counter[1] after its wait; the last one
-    resets both counters for the next launch."""
-    place = arrival(counter, flag, tidx) - (ctas - cutlass.min(m_count, tail_ctas))
+    have arrived (common.wait_for_all, which leaves both counters zero)."""
+    place = arrival(counter.iterator, flag, tidx) - (ctas - cutlass.min(m_count, tail_ctas))
     if place >= 0:
         tail = cutlass.min(m_count, tail_ctas)
-        if tidx == 0:
-            seen = ld_acquire_i32(counter.iterator.toint())
-            while seen < ctas:
-                seen = ld_acquire_i32(counter.iterator.toint())
-            if cute.arch.atomic_add(counter.iterator + 1, Int32(1), scope="gpu") == tail - 1:
-                counter[0] = Int32(0)
-                counter[1] = Int32(0)
-        cute.arch.sync_threads()
-        cute.arch.fence_acq_rel_gpu()
+        wait_for_all(counter, tidx, ctas, tail)
         # All 256 threads per token row (coalesced 4-byte loads from L2), partial sums meet in shared memory. The
         # second pass reads the row again: keeping it in registers took GEMM2 at TP16 from 128 to 140 registers.
         per_thread: cutlass.Constexpr = latent // (WARPS_PER_CTA * WARP)

@@ -30,7 +30,15 @@ from .experts import experts_gemm1_situ, experts_gemm2_combine
 from .finalize import finalize
 from .gemv import GEMV_SPLIT, WARPS_PER_CTA, alloc_scratch, check_k, gemv_part, token_tile
 from .mma import MMA_ROWS, alloc_tile_scratch, check_mma, mma_rows_part, scratch_bytes, uses_tensor_cores
-from .router import MAX_TOKENS, alloc_router_smem, check_router, router_part, router_smem_bytes
+from .router import (
+    MAX_TOKENS,
+    TAIL_CTAS,
+    alloc_router_smem,
+    check_router,
+    router_part,
+    router_smem_bytes,
+    router_sync_words,
+)
 from .shared import check_shared, mma_shared_part, shared_ctas, shared_part
 
 
@@ -42,7 +50,7 @@ class FrontKernel:
     expert row)."""
 
     def __init__(self, experts: int, hidden: int, latent: int, shared_inter: int, top_k: int, scaling: float, mt: int,
-                 router_mt: int):
+                 router_mt: int, router_tail_ctas: int = TAIL_CTAS):
         check_router(experts, hidden, top_k)
         check_shared(shared_inter, hidden, mt)
         check_k(hidden, GEMV_SPLIT, "FrontKernel (down-projection)")
@@ -55,7 +63,7 @@ class FrontKernel:
             raise ValueError(f"FrontKernel: latent={latent} is not a multiple of {rows_per_cta}")
         self.e, self.h, self.l, self.s, self.k, self.scaling, self.mt = (
             experts, hidden, latent, shared_inter, top_k, scaling, mt)
-        self.router_mt = router_mt
+        self.router_mt, self.router_tail_ctas = router_mt, router_tail_ctas
         self.down_ctas = latent // rows_per_cta
         self.shared_ctas = shared_ctas(shared_inter, mt)
 
@@ -63,16 +71,16 @@ class FrontKernel:
         return router_smem_bytes(self.e, self.k) + (scratch_bytes(self.mt) if uses_tensor_cores(self.mt) else 0)
 
     @cute.jit
-    def __call__(self, x, w_router, bias, logits, counter, ids, weights, n_active, slot_expert, slot_count,
+    def __call__(self, x, w_router, bias, logits, sync, ids, weights, n_active, slot_expert, slot_count,
                  slot_pairs, w_down, x_lat, w_sh13, a_sh, stream: cuda.CUstream):
-        self.kernel(x, w_router, bias, logits, counter, ids, weights, n_active, slot_expert, slot_count, slot_pairs,
+        self.kernel(x, w_router, bias, logits, sync, ids, weights, n_active, slot_expert, slot_count, slot_pairs,
                     w_down, x_lat, w_sh13, a_sh, x.shape[0]).launch(
             grid=[self.e + self.down_ctas + self.shared_ctas, 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1],
             smem=self.smem_bytes(), stream=stream,
         )
 
     @cute.kernel
-    def kernel(self, x, w_router, bias, logits, counter, ids, weights, n_active, slot_expert, slot_count, slot_pairs,
+    def kernel(self, x, w_router, bias, logits, sync, ids, weights, n_active, slot_expert, slot_count, slot_pairs,
                w_down, x_lat, w_sh13, a_sh, m_count: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
@@ -82,9 +90,9 @@ class FrontKernel:
         tiles_scratch = alloc_tile_scratch(smem, self.mt) if cutlass.const_expr(uses_tensor_cores(self.mt)) else None
         warp, lane = tidx // WARP, tidx % WARP
         if bidx < self.e:
-            router_part(x, w_router, bias, logits, counter, ids, weights, n_active, slot_expert, slot_count,
+            router_part(x, w_router, bias, logits, sync, ids, weights, n_active, slot_expert, slot_count,
                         slot_pairs, state, scratch, bidx, tidx, m_count, self.e, self.h, self.k, self.scaling,
-                        self.router_mt)
+                        self.router_mt, self.router_tail_ctas)
         elif bidx < self.e + self.down_ctas:
             if cutlass.const_expr(uses_tensor_cores(self.mt)):
                 mma_rows_part(x, w_down, x_lat, tiles_scratch, bidx - self.e, tidx, m_count,
@@ -101,7 +109,8 @@ class FrontKernel:
                             self.h, self.mt)
 
 
-def front(x, w, ws, m: int, stream, max_regs: int | None = None, tensor_cores: bool = True) -> None:
+def front(x, w, ws, m: int, stream, max_regs: int | None = None, tensor_cores: bool = True,
+          router_tail_ctas: int = TAIL_CTAS) -> None:
     """Launch 1 of the block (see FrontKernel) on `stream`."""
     from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
 
@@ -114,17 +123,18 @@ def front(x, w, ws, m: int, stream, max_regs: int | None = None, tensor_cores: b
         md = dyn()
         args = (
             fake(BFloat16, (md, h)), fake(BFloat16, (e, h)), fake(Float32, (e,)), fake(Float32, (md, e)),
-            fake(Int32, (1,)), fake(Int32, (md, k)), fake(Float32, (md, k)),
+            fake(Int32, (router_sync_words(e),)), fake(Int32, (md, k)), fake(Float32, (md, k)),
             fake(Int32, (1,)), fake(Int32, (e,)), fake(Int32, (e,)), fake(Int32, (e, MAX_TOKENS)),
             fake(BFloat16, (lat, h)), fake(Float16, (md, lat)), fake(BFloat16, (2 * s, h)), fake(BFloat16, (md, s)),
             fake_stream(),
         )
-        return FrontKernel(e, h, lat, s, k, w.routed_scaling_factor, mt, router_mt), args
+        return FrontKernel(e, h, lat, s, k, w.routed_scaling_factor, mt, router_mt, router_tail_ctas), args
 
-    fn = compile_cached(("moe_front", e, h, lat, s, k, w.routed_scaling_factor, mt, router_mt), build, max_regs)
+    key = ("moe_front", e, h, lat, s, k, w.routed_scaling_factor, mt, router_mt, router_tail_ctas)
+    fn = compile_cached(key, build, max_regs)
     fn(
         to_cute(x, True), to_cute(w.router), to_cute(w.router_bias), to_cute(ws.logits[:m], True),
-        to_cute(ws.router_counter), to_cute(ws.ids[:m], True), to_cute(ws.weights[:m], True),
+        to_cute(ws.router_sync), to_cute(ws.ids[:m], True), to_cute(ws.weights[:m], True),
         *(to_cute(t) for t in ws.plan), to_cute(w.down), to_cute(ws.x_lat[:m], True), to_cute(w.shared13),
         to_cute(ws.a_sh[:m], True), cu_stream(stream),
     )
@@ -209,8 +219,8 @@ class MoeWorkspace:
         bf16 = dict(device=device, dtype=torch.bfloat16)
         m, e, k = MAX_TOKENS, w.experts, w.top_k
         self.logits = torch.empty(m, e, **f32)
-        # Arrival counters of the router and of GEMM2 (last-CTA work); each launch leaves its counter at zero.
-        self.router_counter = torch.zeros(1, **i32)
+        # Arrival counters (and the router's token masks) for the last CTAs' work; each launch leaves them zero.
+        self.router_sync = torch.zeros(router_sync_words(e), **i32)
         self.gemm2_counter = torch.zeros(2, **i32)  # arrivals, and the norm's CTAs done waiting (experts.norm_tail)
         self.ids = torch.empty(m, k, **i32)
         self.weights = torch.empty(m, k, **f32)

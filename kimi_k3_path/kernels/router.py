@@ -1,15 +1,17 @@
 """Router in one launch: fp32 logits of x [M, H] against the router weight [E, H], sigmoid, + correction bias for
 selection only, top-k, renormalized weights; and the expert plan the grouped expert kernels read.
 
-Every CTA computes the logits of one expert for all tokens; the last CTA to finish (a device-scope counter that it
-resets for the next launch, so CUDA-graph replays need no host work) selects the top-k for every token, one warp per
-token (radix select of the k-th key, then a rank sort of the k winners), and groups the (token, slot) pairs by
-expert with all its warps:
+Every CTA computes the logits of one expert for all tokens; the last n = min(ceil(M / 8), 8) CTAs to finish select the
+top-k once all logits are in (8 tokens at a time each, one warp per token: radix select of the k-th key, then a rank
+sort of the k winners), marking each token in its chosen experts' masks; the last of them to finish groups the
+(token, slot) pairs by expert with all its warps. Device-scope counters and masks in `sync` are left zero for the
+next launch, so CUDA-graph replays need no host work.
   - ties: equal keys go to the lower expert index (the reference's stable descending sort);
   - NaN: a NaN key ranks below every number (-inf included) and is taken only when fewer than k numbers remain,
     the lowest indices first;
   - plan: active experts in ascending index order; each one's pairs p = token*k + slot in ascending token order,
-    so the plan, and therefore the expert kernels' reading order, is deterministic."""
+    so the plan, and therefore the expert kernels' reading order, is deterministic.
+Measured on the H200: see TAIL_CTAS."""
 
 from __future__ import annotations
 
@@ -18,7 +20,16 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
-from .common import DEFAULT_WEIGHT_LOAD, WARP, count_in, lane_group_sum, ld_coherent_f32, sigmoid
+from .common import (
+    DEFAULT_WEIGHT_LOAD,
+    WARP,
+    arrival,
+    lane_group_sum,
+    ld_coherent_f32,
+    ld_coherent_i32,
+    sigmoid,
+    wait_for_all,
+)
 from .gemv import BF16_PER_VEC, SCRATCH_BYTES, WARPS_PER_CTA, alloc_scratch, check_k, dot_slice, split_k_reduce, zero_acc
 
 INT32_MIN = -(2**31)  # order key of a NaN router key; also the sign-bit flip between signed and unsigned order
@@ -26,6 +37,14 @@ MAX_TOKENS = 64  # the plan stores token sets as 64-bit masks (two 32-bit words)
 ROUTER_SPLIT = 8  # one expert row per CTA, its K split over the 8 warps: 896 CTAs stream the 12.8 MB weight
 LOAD_BATCHES = 2  # the last CTA reads a token's E logits in this many batches of E/32/LOAD_BATCHES loads per lane
 CANDIDATES = WARPS_PER_CTA * WARP  # each warp's k <= 32 winners of its current token, in index order
+TAIL_CTAS = 8  # at most this many of the last router CTAs select, 8 tokens at a time each
+MASKS = 4  # sync words: [0] arrivals, [1] waiters done, [2] selections done, [3] unused; then the masks
+
+
+def router_sync_words(experts: int) -> int:
+    """Int32 words of the router's `sync` state: counters, then each expert's 64-bit token mask (low words, high
+    words)."""
+    return MASKS + 2 * experts
 
 
 def _words(n: int) -> int:
@@ -33,19 +52,19 @@ def _words(n: int) -> int:
 
 
 def router_smem_bytes(experts: int, top_k: int) -> int:
-    words = 4 * _words(experts) + _words(MAX_TOKENS * top_k) + 4 + 2 * CANDIDATES + WARPS_PER_CTA * _words(experts)
+    words = 4 * _words(experts) + 4 + 2 * CANDIDATES + WARPS_PER_CTA * _words(experts)
     return (words + _words(experts // WARP)) * 4 + SCRATCH_BYTES
 
 
 def alloc_router_smem(smem, experts: int, top_k: int):
-    """(mask_lo, mask_hi, slot_of, chosen, flag, cand_key, cand_id, score_rows, chunk_active, bias_s): the last
-    CTA's selection and plan state; score_rows holds each warp's sigmoid scores of its current token (in shared memory
-    rather than 28 more registers per thread, which would cost the streaming CTAs occupancy)."""
+    """(mask_lo, mask_hi, slot_of, flag, cand_key, cand_id, score_rows, chunk_active, bias_s): the selecting and
+    planning CTAs' state; score_rows holds each warp's sigmoid scores of its current token (in shared memory rather
+    than 28 more registers per thread, which would cost the streaming CTAs occupancy)."""
     def words(dtype, n):
         return smem.allocate_tensor(dtype, cute.make_layout(n), byte_alignment=16)
 
     return (
-        words(Int32, experts), words(Int32, experts), words(Int32, experts), words(Int32, MAX_TOKENS * top_k),
+        words(Int32, experts), words(Int32, experts), words(Int32, experts),
         words(Int32, 4), words(Int32, CANDIDATES), words(Int32, CANDIDATES),
         words(Float32, WARPS_PER_CTA * _words(experts)),
         words(Int32, experts // WARP), words(Float32, experts),
@@ -67,7 +86,7 @@ def router_part(
     w: cute.Tensor,
     bias: cute.Tensor,
     logits: cute.Tensor,
-    counter: cute.Tensor,
+    sync: cute.Tensor,
     ids: cute.Tensor,
     weights: cute.Tensor,
     n_active: cute.Tensor,
@@ -84,10 +103,11 @@ def router_part(
     top_k: cutlass.Constexpr,
     scaling: cutlass.Constexpr,
     mt: cutlass.Constexpr,
+    tail_ctas: cutlass.Constexpr = TAIL_CTAS,
 ):
     """CTA `cta` (of `experts` router CTAs) of the router: the logits of expert `cta` for every token; the last
-    router CTA to finish then selects and plans for all tokens."""
-    mask_lo, mask_hi, slot_of, chosen, flag, cand_key, cand_id, score_rows, chunk_active, bias_s = state
+    router CTAs to finish then select (up to tail_ctas of them) and plan (the last of those) for all tokens."""
+    mask_lo, mask_hi, slot_of, flag, cand_key, cand_id, score_rows, chunk_active, bias_s = state
     lane = tidx % WARP
     warp = tidx // WARP
     n_vec: cutlass.Constexpr = hidden // BF16_PER_VEC // ROUTER_SPLIT
@@ -102,35 +122,46 @@ def router_part(
                 if m_first + mi < m_count:
                     logits[m_first + mi, cta] = acc[0, mi]
 
-    # Publish the logits, then count this CTA in; the last one to arrive owns the selection.
-    count_in(counter, flag, tidx, experts)
-    if flag[0] == 1:
-        cute.arch.fence_acq_rel_gpu()
+    # Publish the logits and count in; the last n to arrive select once every CTA has (common.wait_for_all).
+    n = cutlass.min((m_count + WARPS_PER_CTA - 1) // WARPS_PER_CTA, tail_ctas)
+    place = arrival(sync.iterator, flag, tidx) - (experts - n)
+    if place >= 0:
+        wait_for_all(sync, tidx, experts, n)
         # Unrolled, so that every thread's bias loads are in flight together (one round trip, not four).
         for i in cutlass.range_constexpr((experts + WARPS_PER_CTA * WARP - 1) // (WARPS_PER_CTA * WARP)):
             e = tidx + i * WARPS_PER_CTA * WARP
             if e < experts:
                 bias_s[e] = bias[e]
-                mask_lo[e] = Int32(0)
-                mask_hi[e] = Int32(0)
         cute.arch.sync_threads()
-        select_top_k(logits, bias_s, ids, weights, mask_lo, mask_hi, chosen, cand_key, cand_id, score_rows, lane, warp,
-                     m_count, experts, top_k, scaling)
-        cute.arch.sync_threads()
-        number_active(mask_lo, mask_hi, slot_of, n_active, slot_expert, slot_count, chunk_active, lane, warp, experts)
-        cute.arch.sync_threads()
-        for p in cutlass.range(tidx, m_count * top_k, WARPS_PER_CTA * WARP):
-            m = p // top_k
-            e = chosen[p]
-            # Rank of token m among the tokens that chose e = set bits of the mask below bit m.
-            below_lo = mask_lo[e] & ((Int32(1) << cutlass.min(m, 31)) - 1)
-            if m >= 32:
-                below_lo = mask_lo[e]
-            below_hi = Int32(0)
-            if m > 32:
-                below_hi = mask_hi[e] & ((Int32(1) << (m - 32)) - 1)
-            rank = cute.arch.popc(below_lo) + cute.arch.popc(below_hi)
-            slot_pairs[slot_of[e], rank] = p
+        select_top_k(logits, bias_s, ids, weights, sync, cand_key, cand_id, score_rows, lane, warp,
+                     place * WARPS_PER_CTA, n * WARPS_PER_CTA, m_count, experts, top_k, scaling)
+        if arrival(sync.iterator + 2, flag, tidx) == n - 1:  # every selection is in: plan, and leave sync zero
+            cute.arch.fence_acq_rel_gpu()
+            for e in cutlass.range(tidx, 2 * experts, WARPS_PER_CTA * WARP, unroll=1):
+                word = ld_coherent_i32(sync.iterator.toint() + Int64(MASKS + e) * 4)
+                if e < experts:
+                    mask_lo[e] = word
+                else:
+                    mask_hi[e - experts] = word
+                sync[MASKS + e] = Int32(0)
+            if tidx == 0:
+                sync[2] = Int32(0)
+            cute.arch.sync_threads()
+            number_active(mask_lo, mask_hi, slot_of, n_active, slot_expert, slot_count, chunk_active, lane, warp,
+                          experts)
+            cute.arch.sync_threads()
+            for p in cutlass.range(tidx, m_count * top_k, WARPS_PER_CTA * WARP):
+                m = p // top_k
+                e = ld_coherent_i32(ids.iterator.toint() + Int64(p) * 4)  # ids [M, k] row-major: ids[m, p % k]
+                # Rank of token m among the tokens that chose e = set bits of the mask below bit m.
+                below_lo = mask_lo[e] & ((Int32(1) << cutlass.min(m, 31)) - 1)
+                if m >= 32:
+                    below_lo = mask_lo[e]
+                below_hi = Int32(0)
+                if m > 32:
+                    below_hi = mask_hi[e] & ((Int32(1) << (m - 32)) - 1)
+                rank = cute.arch.popc(below_lo) + cute.arch.popc(below_hi)
+                slot_pairs[slot_of[e], rank] = p
 
 
 def order_key(key: Float32) -> Int32:
@@ -163,11 +194,12 @@ def warp_sum_i32(value: Int32) -> Int32:
 
 @cute.jit
 def select_top_k(
-    logits, bias_s, ids, weights, mask_lo, mask_hi, chosen, cand_key, cand_id, score_rows, lane, warp, m_count,
+    logits, bias_s, ids, weights, sync, cand_key, cand_id, score_rows, lane, warp, first, step, m_count,
     experts: cutlass.Constexpr, top_k: cutlass.Constexpr, scaling: cutlass.Constexpr,
 ):
-    """One warp per token: top-k of sigmoid(logit) + bias over E experts (expert lane + 32j in lane `lane`, slot j),
-    ties to the lower index; renormalized weights; the token's bit in each chosen expert's mask.
+    """One warp per token (tokens first + warp, then every `step`-th): top-k of sigmoid(logit) + bias over E experts
+    (expert lane + 32j in lane `lane`, slot j), ties to the lower index; renormalized weights; the token's bit in each
+    chosen expert's mask in `sync` (device-scope atomics: the selecting CTAs share the masks).
 
     Radix select instead of k argmax rounds: the k-th largest order key T is found bit by bit (32 rounds of one
     compare per key and one redux.sync), the winners are the keys above T plus the lowest-index keys equal to T
@@ -180,7 +212,7 @@ def select_top_k(
     score_base = warp * _words(experts)
     per_batch: cutlass.Constexpr = per_lane // LOAD_BATCHES
     logit_in = cute.make_rmem_tensor(per_batch, Float32)
-    for m in cutlass.range(warp, m_count, WARPS_PER_CTA):
+    for m in cutlass.range(first + warp, m_count, step):
         row_addr = logits.iterator.toint() + Int64(m) * (experts * 4) + Int64(lane) * 4
         # Loads first, then the arithmetic: the sigmoid's IEEE reciprocal expands to a branch, and loads
         # interleaved with it were issued one L2 round trip at a time (v3 and v4's first try: ~14 us per token).
@@ -244,11 +276,10 @@ def select_top_k(
                     rank = rank + 1
             ids[m, rank] = my_id
             weights[m, rank] = my_score / total * Float32(scaling)
-            chosen[m * top_k + rank] = my_id
             if m < 32:
-                cute.arch.atomic_or((mask_lo.iterator + my_id), Int32(1) << m, scope="cta")
+                cute.arch.atomic_or(sync.iterator + (MASKS + my_id), Int32(1) << m, scope="gpu")
             else:
-                cute.arch.atomic_or((mask_hi.iterator + my_id), Int32(1) << (m - 32), scope="cta")
+                cute.arch.atomic_or(sync.iterator + (MASKS + experts + my_id), Int32(1) << (m - 32), scope="gpu")
         cute.arch.sync_warp()  # the next token reuses this warp's candidate slots
 
 
@@ -286,42 +317,42 @@ def number_active(mask_lo, mask_hi, slot_of, n_active, slot_expert, slot_count, 
 
 class RouterTopK:
     """Logits, top-k and expert plan in one launch of E CTAs. Tensors (M dynamic, S = E plan slots):
-    x [M, H] bf16, w [E, H] bf16, bias [E] fp32, logits [M, E] fp32 (scratch), counter [1] int32 (zero before the
-    first launch; left zero), ids [M, k] int32, weights [M, k] fp32, n_active [1] int32, slot_expert [S] int32,
-    slot_count [S] int32, slot_pairs [S, MAX_TOKENS] int32."""
+    x [M, H] bf16, w [E, H] bf16, bias [E] fp32, logits [M, E] fp32 (scratch), sync [router_sync_words(E)] int32
+    (zero before the first launch; left zero), ids [M, k] int32, weights [M, k] fp32, n_active [1] int32,
+    slot_expert [S] int32, slot_count [S] int32, slot_pairs [S, MAX_TOKENS] int32."""
 
-    def __init__(self, experts: int, hidden: int, top_k: int, scaling: float, mt: int):
+    def __init__(self, experts: int, hidden: int, top_k: int, scaling: float, mt: int, tail_ctas: int = TAIL_CTAS):
         check_router(experts, hidden, top_k)
-        self.e, self.h, self.k, self.scaling, self.mt = experts, hidden, top_k, scaling, mt
+        self.e, self.h, self.k, self.scaling, self.mt, self.tail_ctas = experts, hidden, top_k, scaling, mt, tail_ctas
 
     @cute.jit
     def __call__(
-        self, x, w, bias, logits, counter, ids, weights, n_active, slot_expert, slot_count, slot_pairs,
+        self, x, w, bias, logits, sync, ids, weights, n_active, slot_expert, slot_count, slot_pairs,
         stream: cuda.CUstream,
     ):
         self.kernel(
-            x, w, bias, logits, counter, ids, weights, n_active, slot_expert, slot_count, slot_pairs, x.shape[0]
+            x, w, bias, logits, sync, ids, weights, n_active, slot_expert, slot_count, slot_pairs, x.shape[0]
         ).launch(
             grid=[self.e, 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1], smem=router_smem_bytes(self.e, self.k),
             stream=stream,
         )
 
     @cute.kernel
-    def kernel(self, x, w, bias, logits, counter, ids, weights, n_active, slot_expert, slot_count, slot_pairs,
+    def kernel(self, x, w, bias, logits, sync, ids, weights, n_active, slot_expert, slot_count, slot_pairs,
                m_count: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         smem = cutlass.memory.SmemAllocator()
         state = alloc_router_smem(smem, self.e, self.k)
         scratch = alloc_scratch(smem)
-        router_part(x, w, bias, logits, counter, ids, weights, n_active, slot_expert, slot_count, slot_pairs,
-                    state, scratch, bidx, tidx, m_count, self.e, self.h, self.k, self.scaling, self.mt)
+        router_part(x, w, bias, logits, sync, ids, weights, n_active, slot_expert, slot_count, slot_pairs,
+                    state, scratch, bidx, tidx, m_count, self.e, self.h, self.k, self.scaling, self.mt, self.tail_ctas)
 
 
-def router_topk(x, w, bias, top_k: int, scaling: float, logits, counter, ids, weights, plan, stream) -> None:
+def router_topk(x, w, bias, top_k: int, scaling: float, logits, sync, ids, weights, plan, stream) -> None:
     """Launch the router on `stream`. x [M, H] bf16 (M <= 64), w [E, H] bf16, bias [E] fp32; scratch logits
-    [>=M, E] fp32 and counter [1] int32 (zero once; the kernel leaves it zero); outputs ids [M, k] int32,
-    weights [M, k] fp32 and plan = (n_active [1], slot_expert [E], slot_count [E], slot_pairs [E, 64]) int32."""
+    [>=M, E] fp32 and sync [router_sync_words(E)] int32 (zero once; the kernel leaves it zero); outputs ids [M, k]
+    int32, weights [M, k] fp32 and plan = (n_active [1], slot_expert [E], slot_count [E], slot_pairs [E, 64]) int32."""
     from cutlass import BFloat16, Int32
 
     from .gemv import token_tile
@@ -336,7 +367,7 @@ def router_topk(x, w, bias, top_k: int, scaling: float, logits, counter, ids, we
     expect("bias", bias, (experts,), "float32")
     logits = logits[:m]
     expect("logits", logits, (m, experts), "float32")
-    expect("counter", counter, (1,), "int32")
+    expect("sync", sync, (router_sync_words(experts),), "int32")
     expect("ids", ids, (m, top_k), "int32")
     expect("weights", weights, (m, top_k), "float32")
     n_active, slot_expert, slot_count, slot_pairs = plan
@@ -353,7 +384,7 @@ def router_topk(x, w, bias, top_k: int, scaling: float, logits, counter, ids, we
             fake(BFloat16, (experts, hidden)),
             fake(Float32, (experts,)),
             fake(Float32, (md, experts)),
-            fake(Int32, (1,)),
+            fake(Int32, (router_sync_words(experts),)),
             fake(Int32, (md, top_k)),
             fake(Float32, (md, top_k)),
             fake(Int32, (1,)),
@@ -366,6 +397,6 @@ def router_topk(x, w, bias, top_k: int, scaling: float, logits, counter, ids, we
 
     fn = compile_cached(("router_topk", experts, hidden, top_k, scaling, mt), build)
     fn(
-        to_cute(x, True), to_cute(w), to_cute(bias), to_cute(logits, True), to_cute(counter),
+        to_cute(x, True), to_cute(w), to_cute(bias), to_cute(logits, True), to_cute(sync),
         to_cute(ids, True), to_cute(weights, True), *(to_cute(t) for t in plan), cu_stream(stream),
     )

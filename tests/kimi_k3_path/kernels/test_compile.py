@@ -33,7 +33,7 @@ from kimi_k3_path.kernels.experts_mma import (  # noqa: E402
 from kimi_k3_path.kernels.finalize import Finalize  # noqa: E402
 from kimi_k3_path.kernels.gemv import SkinnyGemm, token_tile  # noqa: E402
 from kimi_k3_path.kernels.moe import FrontKernel  # noqa: E402
-from kimi_k3_path.kernels.router import MAX_TOKENS, RouterTopK  # noqa: E402
+from kimi_k3_path.kernels.router import MAX_TOKENS, RouterTopK, router_sync_words  # noqa: E402
 from kimi_k3_path.kernels.runtime import dyn, fake, fake_stream  # noqa: E402
 from kimi_k3_path.kernels.shared import SharedGateUpSitu  # noqa: E402
 
@@ -53,7 +53,7 @@ def test_router_compiles(dims):
     _compiles(
         RouterTopK(d.experts, d.hidden, d.top_k, d.routed_scaling_factor, 8),
         fake(BFloat16, (m, d.hidden)), fake(BFloat16, (d.experts, d.hidden)), fake(Float32, (d.experts,)),
-        fake(Float32, (m, d.experts)), fake(Int32, (1,)), fake(Int32, (m, d.top_k)), fake(Float32, (m, d.top_k)),
+        fake(Float32, (m, d.experts)), fake(Int32, (router_sync_words(d.experts),)), fake(Int32, (m, d.top_k)), fake(Float32, (m, d.top_k)),
         *_plan(d.experts), fake_stream(),
     )
 
@@ -210,8 +210,8 @@ def test_front_kernel_compiles(tp, mt, dims):
     e, h, lat, s, k = d.experts, d.hidden, d.latent, d.shared_intermediate, d.top_k
     _compiles(
         FrontKernel(e, h, lat, s, k, d.routed_scaling_factor, mt, token_tile(mt, tensor_cores=False)),
-        fake(BFloat16, (m, h)), fake(BFloat16, (e, h)), fake(Float32, (e,)), fake(Float32, (m, e)), fake(Int32, (1,)),
-        fake(Int32, (m, k)), fake(Float32, (m, k)), *_plan(e), fake(BFloat16, (lat, h)), fake(BFloat16, (m, lat)),
+        fake(BFloat16, (m, h)), fake(BFloat16, (e, h)), fake(Float32, (e,)), fake(Float32, (m, e)),
+        fake(Int32, (router_sync_words(e),)), fake(Int32, (m, k)), fake(Float32, (m, k)), *_plan(e), fake(BFloat16, (lat, h)), fake(BFloat16, (m, lat)),
         fake(BFloat16, (2 * s, h)), fake(BFloat16, (m, s)), fake_stream(),
     )
 

@@ -56,7 +56,7 @@ def run_router(x, kw, ws):
     wts = poisoned(m, kw.top_k, dtype=torch.float32)
     for t in ws.plan:
         t.fill_(-1)
-    router_topk(x, kw.router, kw.router_bias, kw.top_k, kw.routed_scaling_factor, ws.logits, ws.router_counter, ids,
+    router_topk(x, kw.router, kw.router_bias, kw.top_k, kw.routed_scaling_factor, ws.logits, ws.router_sync, ids,
                 wts, ws.plan, stream())
     torch.cuda.synchronize()
     return ids, wts
@@ -121,7 +121,7 @@ def test_router_matches_reference(m, gen, dims):
     assert rel_err(wts, scores / scores.sum(-1, keepdim=True) * d.routed_scaling_factor) < 1e-5
     assert rel_err(wts.gather(1, torch.argsort(ids.long(), 1)), ref_w.gather(1, torch.argsort(ref_ids, 1))) < 1e-4
     assert_plan_matches(ids, ws, m)
-    assert int(ws.router_counter[0]) == 0, "the router must leave its arrival counter at zero for the next launch"
+    assert not ws.router_sync.any(), "the router must leave its counters and masks at zero for the next launch"
 
 
 def test_router_ties_go_to_the_lower_index_and_nan_is_never_preferred(gen, dims):
@@ -158,7 +158,7 @@ def test_router_all_keys_equal_takes_the_lowest_indices_in_order(m, gen, dims):
     assert ids.cpu().tolist() == [list(range(d.top_k))] * m
     assert torch.allclose(wts, torch.full_like(wts, d.routed_scaling_factor / d.top_k), rtol=1e-6, atol=0)
     assert_plan_matches(ids, ws, m)
-    assert int(ws.router_counter[0]) == 0
+    assert not ws.router_sync.any()
 
 
 @pytest.mark.parametrize("m", [1, 7])
