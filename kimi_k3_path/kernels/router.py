@@ -10,8 +10,7 @@ next launch, so CUDA-graph replays need no host work.
   - NaN: a NaN key ranks below every number (-inf included) and is taken only when fewer than k numbers remain,
     the lowest indices first;
   - plan: active experts in ascending index order; each one's pairs p = token*k + slot in ascending token order,
-    so the plan, and therefore the expert kernels' reading order, is deterministic.
-Measured on the H200: see TAIL_CTAS."""
+    so the plan, and therefore the expert kernels' reading order, is deterministic."""
 
 from __future__ import annotations
 
@@ -37,7 +36,10 @@ MAX_TOKENS = 64  # the plan stores token sets as 64-bit masks (two 32-bit words)
 ROUTER_SPLIT = 8  # one expert row per CTA, its K split over the 8 warps: 896 CTAs stream the 12.8 MB weight
 LOAD_BATCHES = 2  # the last CTA reads a token's E logits in this many batches of E/32/LOAD_BATCHES loads per lane
 CANDIDATES = WARPS_PER_CTA * WARP  # each warp's k <= 32 winners of its current token, in index order
-TAIL_CTAS = 8  # at most this many of the last router CTAs select, 8 tokens at a time each
+# At most this many of the last router CTAs select, 8 tokens at a time each. Measured on the H200 (NOTES.md, v10f; same
+# run): with one CTA selecting for every token the front took 167 us at M=64 (TP8), with 4 or 8 CTAs 125 us; the block
+# 838 -> 795 us at TP8 M=64, 572 -> 530 at TP16, 506 -> 481 at TP8 M=32; M <= 8 needs one CTA anyway.
+TAIL_CTAS = 8
 MASKS = 4  # sync words: [0] arrivals, [1] waiters done, [2] selections done, [3] unused; then the masks
 
 
