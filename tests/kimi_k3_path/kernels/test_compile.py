@@ -53,8 +53,8 @@ def test_router_compiles(dims):
     _compiles(
         RouterTopK(d.experts, d.hidden, d.top_k, d.routed_scaling_factor, 8),
         fake(BFloat16, (m, d.hidden)), fake(BFloat16, (d.experts, d.hidden)), fake(Float32, (d.experts,)),
-        fake(Float32, (m, d.experts)), fake(Int32, (router_sync_words(d.experts),)), fake(Int32, (m, d.top_k)), fake(Float32, (m, d.top_k)),
-        *_plan(d.experts), fake_stream(),
+        fake(Float32, (m, d.experts)), fake(Int32, (router_sync_words(d.experts),)), fake(Int32, (m, d.top_k)),
+        fake(Float32, (m, d.top_k)), *_plan(d.experts), fake_stream(),
     )
 
 
@@ -211,8 +211,8 @@ def test_front_kernel_compiles(tp, mt, dims):
     _compiles(
         FrontKernel(e, h, lat, s, k, d.routed_scaling_factor, mt, token_tile(mt, tensor_cores=False)),
         fake(BFloat16, (m, h)), fake(BFloat16, (e, h)), fake(Float32, (e,)), fake(Float32, (m, e)),
-        fake(Int32, (router_sync_words(e),)), fake(Int32, (m, k)), fake(Float32, (m, k)), *_plan(e), fake(BFloat16, (lat, h)), fake(BFloat16, (m, lat)),
-        fake(BFloat16, (2 * s, h)), fake(BFloat16, (m, s)), fake_stream(),
+        fake(Int32, (router_sync_words(e),)), fake(Int32, (m, k)), fake(Float32, (m, k)), *_plan(e),
+        fake(BFloat16, (lat, h)), fake(Float16, (m, lat)), fake(BFloat16, (2 * s, h)), fake(BFloat16, (m, s)), fake_stream(),
     )
 
 
