@@ -302,9 +302,11 @@ def stages_weights(m: int) -> bool:
 
 
 def experts_gemm1_situ(
-    x_lat, w13, s13, plan, top_k: int, a, y_lat, stream, max_regs: int | None = None, tensor_cores: bool = True
+    x_lat, w13, s13, plan, top_k: int, a, y_lat, stream, max_regs: int | None = None, tensor_cores: bool = True,
+    early_gemm2: bool = True,
 ) -> None:
-    """a[M*k, I] = SiTU-GLU of each planned pair's GEMM1; zeroes y_lat [M, L] for GEMM2. Launched on `stream`."""
+    """a[M*k, I] = SiTU-GLU of each planned pair's GEMM1; zeroes y_lat [M, L] for GEMM2. Launched on `stream`.
+    early_gemm2=False: GEMM2 does not start before this launch ends (as until v9; a comparison for the bench)."""
     from cutlass import Uint8
 
     from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
@@ -333,12 +335,13 @@ def experts_gemm1_situ(
         if mma:
             from .experts_mma import ExpertsGemm1SituMma
 
-            return ExpertsGemm1SituMma(experts, latent, inter, top_k, staged), args
+            return ExpertsGemm1SituMma(experts, latent, inter, top_k, staged, early_gemm2=early_gemm2), args
         return ExpertsGemm1Situ(experts, latent, inter, top_k), args
 
     mma = on_tensor_cores(m, tensor_cores)
     staged = mma and stages_weights(m)
-    fn = compile_cached(("experts_gemm1_situ", experts, latent, inter, top_k, mma, staged), build, max_regs)
+    key = ("experts_gemm1_situ", experts, latent, inter, top_k, mma, staged, early_gemm2)
+    fn = compile_cached(key, build, max_regs)
     fn(
         to_cute(x_lat, True), to_cute(w13), to_cute(s13), *(to_cute(t) for t in plan),
         to_cute(a, True), to_cute(y_lat, True), cu_stream(stream),
@@ -347,12 +350,12 @@ def experts_gemm1_situ(
 
 def experts_gemm2_combine(
     a, w2, s2, plan, topk_w, y_lat, counter, gamma, normed, eps: float, stream, max_regs: int | None = None,
-    tensor_cores: bool = True, tail_ctas: int = TAIL_CTAS,
+    tensor_cores: bool = True, tail_ctas: int = TAIL_CTAS, early: bool = True,
 ) -> None:  # tail_ctas: how many of the last CTAs share the norm (norm_tail; 1 = the single last CTA of v1-v9)
     """y_lat[t] += sum over t's pairs of weight * (a[pair] @ w2[e]^T) (y_lat must be zero: GEMM1 does it), then
     normed = rms_norm(y_lat, gamma, eps) in bf16. counter: int32 [2], zero before the first launch (left zero).
-    On the tensor cores it is launched early (experts_mma.py); that is correct after any launch, since it waits for
-    its predecessor before reading a or y_lat."""
+    On the tensor cores it is launched early (experts_mma.py; early=False: not, as until v9); that is correct after any
+    launch, since it waits for its predecessor before reading a or y_lat."""
     from cutlass import Uint8
 
     from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
@@ -388,12 +391,13 @@ def experts_gemm2_combine(
         if mma:
             from .experts_mma import ExpertsGemm2CombineMma
 
-            return ExpertsGemm2CombineMma(experts, latent, inter, top_k, eps, staged, tail_ctas=tail_ctas), args
+            return ExpertsGemm2CombineMma(experts, latent, inter, top_k, eps, staged, early=early,
+                                          tail_ctas=tail_ctas), args
         return ExpertsGemm2Combine(experts, latent, inter, top_k, eps, tail_ctas), args
 
     mma = on_tensor_cores(m, tensor_cores)
     staged = mma and stages_weights(m)
-    key = ("experts_gemm2_combine", experts, latent, inter, top_k, eps, mma, staged, tail_ctas)
+    key = ("experts_gemm2_combine", experts, latent, inter, top_k, eps, mma, staged, tail_ctas, early)
     fn = compile_cached(key, build, max_regs)
     fn(
         to_cute(a, True), to_cute(w2), to_cute(s2), *(to_cute(t) for t in plan),
