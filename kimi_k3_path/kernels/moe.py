@@ -42,6 +42,13 @@ from .router import (
 from .shared import check_shared, mma_shared_part, shared_ctas, shared_part
 
 
+# At least this much shared memory per front CTA, so that no more than 3 share an SM (4 x (57 + 1 reserved) KB >
+# 228 KB) and L1 keeps room for x, which every CTA rereads. At M = 4 the front needs only 64 registers, and with 4 CTAs
+# per SM (v10, after the router's smem shrank by 4 KB) L1 kept ~28 KB for 57 KB of x: the front took 58 us at M = 4
+# against 41 at M = 8 (TP8, NOTES.md v10g).
+FRONT_MIN_SMEM_BYTES = 57 * 1024
+
+
 class FrontKernel:
     """The three consumers of x in one launch: CTAs [0, E) route, the next ones project down, the last ones compute
     the shared experts' activation. Router CTAs come first so the top-k tail overlaps the other streams. From 2
@@ -68,7 +75,8 @@ class FrontKernel:
         self.shared_ctas = shared_ctas(shared_inter, mt)
 
     def smem_bytes(self) -> int:
-        return router_smem_bytes(self.e, self.k) + (scratch_bytes(self.mt) if uses_tensor_cores(self.mt) else 0)
+        needed = router_smem_bytes(self.e, self.k) + (scratch_bytes(self.mt) if uses_tensor_cores(self.mt) else 0)
+        return max(needed, FRONT_MIN_SMEM_BYTES)
 
     @cute.jit
     def __call__(self, x, w_router, bias, logits, sync, ids, weights, n_active, slot_expert, slot_count,
