@@ -103,12 +103,16 @@ def _cuobjdump() -> str:
     return str(bundled)
 
 
-def _sass(op, args, dump_dir: Path) -> list[str]:
+def _cubin_dump(op, args, dump_dir: Path, what: str) -> str:
+    """cuobjdump `what` (-sass, -res-usage) of op compiled for sm_90a, its cubin kept in dump_dir."""
     dump_dir.mkdir(parents=True, exist_ok=True)
     cute.compile(op, *args, options=f"--keep-cubin --dump-dir={dump_dir}")
     (cubin,) = dump_dir.glob("*.cubin")
-    out = subprocess.run([_cuobjdump(), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
-    return out.splitlines()
+    return subprocess.run([_cuobjdump(), what, str(cubin)], capture_output=True, text=True, check=True).stdout
+
+
+def _sass(op, args, dump_dir: Path) -> list[str]:
+    return _cubin_dump(op, args, dump_dir, "-sass").splitlines()
 
 
 @pytest.mark.parametrize("staged", [True, False])
@@ -165,11 +169,7 @@ def test_gemm2_keeps_two_ctas_per_sm(tp, staged, dims, tmp_path):
     variant at TP16 to 140 (1 CTA per SM, 3.4 waves at one token instead of 1.7)."""
     d = dims(tp)
     op = ExpertsGemm2CombineMma(d.experts, d.latent, d.intermediate, d.top_k, d.eps, staged)
-    op_dir = tmp_path / "cubin"
-    op_dir.mkdir()
-    cute.compile(op, *_gemm2_args(d), options=f"--keep-cubin --dump-dir={op_dir}")
-    (cubin,) = op_dir.glob("*.cubin")
-    usage = subprocess.run([_cuobjdump(), "-res-usage", str(cubin)], capture_output=True, text=True, check=True).stdout
+    usage = _cubin_dump(op, _gemm2_args(d), tmp_path, "-res-usage")
     registers = int(re.search(r"REG:(\d+)", usage).group(1))
     assert registers * 256 <= 65536 // 2, f"{registers} registers per thread"
 
@@ -212,7 +212,8 @@ def test_front_kernel_compiles(tp, mt, dims):
         FrontKernel(e, h, lat, s, k, d.routed_scaling_factor, mt, token_tile(mt, tensor_cores=False)),
         fake(BFloat16, (m, h)), fake(BFloat16, (e, h)), fake(Float32, (e,)), fake(Float32, (m, e)),
         fake(Int32, (router_sync_words(e),)), fake(Int32, (m, k)), fake(Float32, (m, k)), *_plan(e),
-        fake(BFloat16, (lat, h)), fake(Float16, (m, lat)), fake(BFloat16, (2 * s, h)), fake(BFloat16, (m, s)), fake_stream(),
+        fake(BFloat16, (lat, h)), fake(Float16, (m, lat)), fake(BFloat16, (2 * s, h)), fake(BFloat16, (m, s)),
+        fake_stream(),
     )
 
 
