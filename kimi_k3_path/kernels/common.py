@@ -85,6 +85,16 @@ def ld_shared_b32(addr: Int32) -> Int32:
     return cute.arch.inline_ptx("ld.shared.b32 {$w0}, [{$r0}];", write_only_types=[Int32], read_only_args=[addr])
 
 
+def ld_shared_v4(addr: Int32):
+    return cute.arch.inline_ptx(
+        "ld.shared.v4.b32 {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}];", write_only_types=[Int32] * 4, read_only_args=[addr]
+    )
+
+
+def st_shared_v4(addr: Int32, words) -> None:
+    cute.arch.inline_ptx("st.shared.v4.b32 [{$r0}], {{$r1}, {$r2}, {$r3}, {$r4}};", read_only_args=[addr, *words])
+
+
 def ld_shared_u8(addr: Int32) -> Int32:
     return cute.arch.inline_ptx("ld.shared.u8 {$w0}, [{$r0}];", write_only_types=[Int32], read_only_args=[addr])
 
@@ -117,27 +127,11 @@ def ld_coherent_f32(addr: Int64) -> Float32:
 
 
 @cute.jit
-def count_in(counter: cute.Tensor, flag: cute.Tensor, tidx: Int32, ctas: Int32):
-    """Count this CTA in once its results are written; afterwards flag[0] is 1 in the last of `ctas` CTAs to arrive
-    (which also resets the counter for the next launch, so CUDA-graph replays need no host work) and 0 elsewhere. The
-    barrier makes the CTA's writes visible to thread 0, whose device-scope release fence (fences are cumulative)
-    then covers them all; the last CTA must take an acquire fence before it reads what the others wrote."""
-    cute.arch.sync_threads()
-    if tidx == 0:
-        cute.arch.fence_acq_rel_gpu()
-        arrived = cute.arch.atomic_add(counter.iterator, Int32(1), scope="gpu")
-        flag[0] = Int32(0)
-        if arrived == ctas - 1:
-            flag[0] = Int32(1)
-            counter[0] = Int32(0)
-    cute.arch.sync_threads()
-
-
-@cute.jit
 def arrival(counter, order: cute.Tensor, tidx: Int32) -> Int32:
     """This CTA's place (0, 1, ...) among the CTAs that count in on the Int32 at pointer `counter`, once its results
-    are written (the barrier and thread 0's device-scope release fence cover every thread's writes, as in count_in);
-    order: one Int32 of shared memory that broadcasts it."""
+    are written: the barrier makes the CTA's writes visible to thread 0, whose device-scope release fence (fences are
+    cumulative) then covers them all before its atomic; order: one Int32 of shared memory that broadcasts the place.
+    Whoever reads what the others wrote takes an acquire fence first (wait_for_all does)."""
     cute.arch.sync_threads()
     if tidx == 0:
         cute.arch.fence_acq_rel_gpu()

@@ -350,7 +350,7 @@ def experts_gemm1_situ(
 
 def experts_gemm2_combine(
     a, w2, s2, plan, topk_w, y_lat, counter, gamma, normed, eps: float, stream, max_regs: int | None = None,
-    tensor_cores: bool = True, tail_ctas: int = TAIL_CTAS, early: bool = True,
+    tensor_cores: bool = True, tail_ctas: int = TAIL_CTAS, early: bool = True, hold_weights: bool = True,
 ) -> None:  # tail_ctas: how many of the last CTAs share the norm (norm_tail; 1 = the single last CTA of v1-v9)
     """y_lat[t] += sum over t's pairs of weight * (a[pair] @ w2[e]^T) (y_lat must be zero: GEMM1 does it), then
     normed = rms_norm(y_lat, gamma, eps) in bf16. counter: int32 [2], zero before the first launch (left zero).
@@ -392,12 +392,12 @@ def experts_gemm2_combine(
             from .experts_mma import ExpertsGemm2CombineMma
 
             return ExpertsGemm2CombineMma(experts, latent, inter, top_k, eps, staged, early=early,
-                                          tail_ctas=tail_ctas), args
+                                          tail_ctas=tail_ctas, hold_weights=hold_weights), args
         return ExpertsGemm2Combine(experts, latent, inter, top_k, eps, tail_ctas), args
 
     mma = on_tensor_cores(m, tensor_cores)
     staged = mma and stages_weights(m)
-    key = ("experts_gemm2_combine", experts, latent, inter, top_k, eps, mma, staged, tail_ctas, early)
+    key = ("experts_gemm2_combine", experts, latent, inter, top_k, eps, mma, staged, tail_ctas, early, hold_weights)
     fn = compile_cached(key, build, max_regs)
     fn(
         to_cute(a, True), to_cute(w2), to_cute(s2), *(to_cute(t) for t in plan),

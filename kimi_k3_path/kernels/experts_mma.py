@@ -23,6 +23,9 @@ GEMM2 is launched early (programmatic dependent launch): GEMM1 lets it start at 
 so its CTAs take the room GEMM1's finishing CTAs free, read the plan (and, staged, start their weight copies), and
 wait (griddepcontrol.wait) for GEMM1's results only before they read a or touch y_lat. Measured on the H200 (NOTES.md,
 v10; block medians, same run): 2-3% faster at 2 and 8 tokens with staged weights, 1.6% at one token with direct ones.
+At one token (v11) each lane of GEMM2 holds all its weight words and scales in registers, loaded before the wait
+(HeldWeights), and after the wait the CTA copies the token tile's rows of a into shared memory in one round trip
+(stage_token_tile), from where the lanes read their fragments.
 """
 
 from __future__ import annotations
@@ -45,12 +48,14 @@ from .common import (
     ld_fresh_v4,
     ld_shared_b32,
     ld_shared_u8,
+    ld_shared_v4,
     ld_u8,
     ld_weight_b32,
     pair_like_fp4x8,
     prefetch_l1,
     red_add_f32,
     situ_glu,
+    st_shared_v4,
 )
 from .experts import TAIL_CTAS, TAIL_SMEM_BYTES, alloc_tail_smem, norm_tail, zero_y_lat
 from .mma import MMA_ROWS, TILE_TOKENS, alloc_tile_scratch, mma_16816, reduce_tiles, scratch_bytes, zero_tiles
@@ -65,6 +70,9 @@ WARPS_PER_CTA = 8
 GEMM1_GROUPS_IN_FLIGHT = 4
 GEMM2_GROUPS_IN_FLIGHT = 4
 ONE_BATCH_GROUPS = 6
+# Held weights (one token, GEMM2): the token tile's activations come from shared memory two groups at a time: 64
+# registers at TP8 (4 CTAs per SM), where 3 took 70 and 6 took 74 (cuobjdump -res-usage).
+HELD_READS_IN_FLIGHT = 2
 GEMM1_COLUMNS = MMA_ROWS // 2  # a's columns per warp: 8 gate rows + the 8 matching up rows
 GEMM2_ROWS = WARPS_PER_CTA * MMA_ROWS  # latent rows per GEMM2 CTA
 # Staged (from 2 tokens; v9): GEMM1 stages its 16 rows 16 bytes apart beyond their length: the 8 rows g of one MMA
@@ -126,19 +134,26 @@ def groups_mma(
     first_g = after_all_loads(first_g, [v for words, scales, xw in frags for v in (*words, *scales, xw[0])], zero)
     frags[0] = ((first_g, first_g8), first_scales, first_x)
     for i in cutlass.range_constexpr(count):
-        (word_g, word_g8), (scale_g, scale_g8), xw = frags[i]
-        a_g = fp4x8_to_f16x2(word_g)
-        a_g8 = fp4x8_to_f16x2(word_g8)
-        b = pair_like_fp4x8(xw[0], xw[1], xw[2], xw[3])
-        zero = Float32(0.0)
-        d = mma_16816(a_g[0], a_g8[0], a_g[1], a_g8[1], b[0], b[1], zero, zero, zero, zero, "f16")
-        d = mma_16816(a_g[2], a_g8[2], a_g[3], a_g8[3], b[2], b[3], d[0], d[1], d[2], d[3], "f16")
-        sg = e8m0_scale_times_64(scale_g)
-        sg8 = e8m0_scale_times_64(scale_g8)
-        acc[0, 0] = acc[0, 0] + d[0] * sg
-        acc[0, 1] = acc[0, 1] + d[1] * sg
-        acc[0, 2] = acc[0, 2] + d[2] * sg8
-        acc[0, 3] = acc[0, 3] + d[3] * sg8
+        words, scales, xw = frags[i]
+        group_mma(acc, words, scales, xw)
+
+
+def group_mma(acc: cute.Tensor, words, scales, xw) -> None:
+    """acc += one MXFP4 group: `words` (rows g, g + 8: 8 packed E2M1 each), their E8M0 `scales`, and this lane's
+    16 bytes of the token tile's activations `xw`; two k16 MMA steps into a fresh tile, scaled per row."""
+    (word_g, word_g8), (scale_g, scale_g8) = words, scales
+    a_g = fp4x8_to_f16x2(word_g)
+    a_g8 = fp4x8_to_f16x2(word_g8)
+    b = pair_like_fp4x8(xw[0], xw[1], xw[2], xw[3])
+    zero = Float32(0.0)
+    d = mma_16816(a_g[0], a_g8[0], a_g[1], a_g8[1], b[0], b[1], zero, zero, zero, zero, "f16")
+    d = mma_16816(a_g[2], a_g8[2], a_g[3], a_g8[3], b[2], b[3], d[0], d[1], d[2], d[3], "f16")
+    sg = e8m0_scale_times_64(scale_g)
+    sg8 = e8m0_scale_times_64(scale_g8)
+    acc[0, 0] = acc[0, 0] + d[0] * sg
+    acc[0, 1] = acc[0, 1] + d[1] * sg
+    acc[0, 2] = acc[0, 2] + d[2] * sg8
+    acc[0, 3] = acc[0, 3] + d[3] * sg8
 
 
 @cute.jit
@@ -164,6 +179,72 @@ def group_span_mma(
     if cutlass.const_expr(groups % in_flight != 0):
         groups_mma(acc, x_row, w_g, w_g8, s_g, s_g8, first_group + batches * in_flight, q, zero, groups % in_flight,
                    staged, fresh)
+
+
+class HeldWeights:
+    """Every MXFP4 group of one lane's two w2 rows (g, g + 8), loaded into registers from global memory at once: the
+    weight words, and the scales as 4-byte words where the scale rows allow (groups % 4 == 0; one byte each
+    otherwise), so that GEMM2 launched early has its weights in flight while GEMM1 still runs."""
+
+    def __init__(self, w_g: Int64, w_g8: Int64, s_g: Int64, s_g8: Int64, q: Int32, groups: int):
+        self.groups = groups
+        self.words = [(ld_weight_b32(w_g + gi * VEC_BYTES + q * 4), ld_weight_b32(w_g8 + gi * VEC_BYTES + q * 4))
+                      for gi in range(groups)]
+        self.packed_scales = groups % 4 == 0
+        if self.packed_scales:
+            self.scales = [(ld_weight_b32(s_g + 4 * i), ld_weight_b32(s_g8 + 4 * i)) for i in range(groups // 4)]
+        else:
+            self.scales = [(ld_u8(s_g + gi), ld_u8(s_g8 + gi)) for gi in range(groups)]
+
+    def registers(self) -> list:
+        return [v for pair in self.words + self.scales for v in pair]
+
+    def scale_pair(self, gi: int, link: Int32):
+        """Group gi's two scales (link: a run-time 0 that ties their extraction to the group's batch)."""
+        if not self.packed_scales:
+            return tuple(s | link for s in self.scales[gi])
+        shift = 8 * (gi % 4)
+        return tuple(((word | link) >> shift) & 0xFF for word in self.scales[gi // 4])
+
+
+def held_span_mma(acc: cute.Tensor, x_row: Int32, held: HeldWeights, zero: Int32, in_flight: int):
+    """acc += every group of `held` times one token tile's activations, read from shared memory (x_row: this lane's
+    piece of its column's row, as stage_token_tile lays it out) `in_flight` groups at a time. Each batch's reads
+    depend on the previous batch's values, and its weights enter the math through a value that depends on its own:
+    unrolled, ptxas would otherwise hoist every read, and every weight's conversion, to the top (128 registers at
+    TP8 where 4 CTAs per SM need <= 64)."""
+    link = Int32(0)
+    for first in range(0, held.groups, in_flight):
+        batch = range(first, min(first + in_flight, held.groups))
+        base = x_row + link
+        xs = [ld_shared_v4(base + gi * (FP4_GROUP * 2)) for gi in batch]
+        link = after_all_loads(Int32(0), [v for xw in xs for v in xw], zero)  # not `zero |`: a | (b & a) folds to a
+        for gi, xw in zip(batch, xs):
+            words = tuple(word | link for word in held.words[gi])
+            group_mma(acc, words, held.scale_pair(gi, link), xw)
+
+
+TILE_ROW_PAD = 64  # the 8 rows of a staged token tile 64 bytes apart (mod 128): a quarter-warp's 16-byte reads of
+# rows g and g + 1 (lanes 4g .. 4g + 7) then fall in distinct banks
+
+
+def tile_row_bytes(inter: int) -> int:
+    return inter * 2 + TILE_ROW_PAD
+
+
+@cute.jit
+def stage_token_tile(tile_smem: Int32, a: cute.Tensor, slot_pairs: cute.Tensor, slot: Int32, first_column: Int32,
+                     columns: Int32, tidx: Int32, inter: cutlass.Constexpr):
+    """Copy the `a` rows of slot columns first_column .. + columns - 1 (at most 8; written by GEMM1, read after the
+    wait with plain loads) into shared memory, one 16-byte piece per thread and round: one round trip to L2 for the
+    tile instead of one per batch of groups."""
+    vecs: cutlass.Constexpr = inter * 2 // VEC_BYTES
+    cute.arch.sync_threads()  # the previous tile's reads are done
+    for idx in cutlass.range(tidx, columns * vecs, WARPS_PER_CTA * WARP, unroll=1):
+        column, vec = idx // vecs, idx % vecs
+        src = a.iterator.toint() + Int64(slot_pairs[slot, first_column + column]) * (inter * 2) + Int64(vec) * VEC_BYTES
+        st_shared_v4(tile_smem + column * tile_row_bytes(inter) + vec * VEC_BYTES, ld_fresh_v4(src))
+    cute.arch.sync_threads()
 
 
 def check_mma_experts(latent: int, inter: int) -> None:
@@ -276,7 +357,8 @@ class ExpertsGemm2CombineMma:
     memory by bulk copies (one round trip), as in ExpertsGemm1SituMma."""
 
     def __init__(self, experts: int, latent: int, inter: int, top_k: int, eps: float, staged: bool = True,
-                 in_flight: int = GEMM2_GROUPS_IN_FLIGHT, early: bool = True, tail_ctas: int = TAIL_CTAS):
+                 in_flight: int = GEMM2_GROUPS_IN_FLIGHT, early: bool = True, tail_ctas: int = TAIL_CTAS,
+                 hold_weights: bool = True):
         check_mma_experts(latent, inter)
         groups = inter // FP4_GROUP
         if staged:
@@ -289,8 +371,12 @@ class ExpertsGemm2CombineMma:
         self.stage_bytes = GEMM2_ROWS * (inter // 2 + self.scale_row)
         # early: launched with programmatic dependent launch while GEMM1 drains (see the module docstring).
         self.early, self.tail_ctas = early, tail_ctas
+        # Direct and early: every weight word and scale of the lane is loaded before the wait (HeldWeights).
+        self.holds_weights = hold_weights and early and not staged
 
     def smem_bytes(self) -> int:
+        if self.holds_weights:
+            return TAIL_SMEM_BYTES + TILE_TOKENS * tile_row_bytes(self.i)
         return TAIL_SMEM_BYTES + (self.stage_bytes + SMEM_SLACK if self.staged else 0)
 
     @cute.jit
@@ -315,6 +401,9 @@ class ExpertsGemm2CombineMma:
         if cutlass.const_expr(self.staged):
             stage = smem.allocate_tensor(Uint8, cute.make_layout(self.stage_bytes), byte_alignment=128)
             barrier = smem.allocate_tensor(Int64, cute.make_layout(1), byte_alignment=8)
+        if cutlass.const_expr(self.holds_weights):
+            token_tile = smem.allocate_tensor(Uint8, cute.make_layout(TILE_TOKENS * tile_row_bytes(self.i)),
+                                              byte_alignment=16)
         if slot < n_active[0]:
             warp, lane = tidx // WARP, tidx % WARP
             g, q = lane // 4, lane % 4
@@ -349,14 +438,28 @@ class ExpertsGemm2CombineMma:
                 row = Int64(expert) * self.l + Int64(r0 + g)
                 w_g, w_g8 = w2.iterator.toint() + row * packed, w2.iterator.toint() + (row + 8) * packed
                 s_g, s_g8 = s2.iterator.toint() + row * groups, s2.iterator.toint() + (row + 8) * groups
-                if cutlass.const_expr(self.early):
+                if cutlass.const_expr(self.holds_weights):
+                    held = HeldWeights(w_g, w_g8, s_g, s_g8, q, groups)
+                    # Wait once the weights have landed: a wait that depends on them keeps ptxas from sinking
+                    # their loads past it, next to their first use.
+                    zero = m_count >> 31
+                    if after_all_loads(Int32(0), held.registers(), zero) == 0:
+                        cute.arch.griddepcontrol_wait()
+                elif cutlass.const_expr(self.early):
                     cute.arch.griddepcontrol_wait()
             for t in cutlass.range(n_tiles, unroll=1):
-                x_row = token_row(slot_pairs, slot, count, t * TILE_TOKENS + g, self.k, False, a.iterator.toint(),
-                                  self.i * 2, q)
                 acc = zero_tiles(1)
-                group_span_mma(acc, x_row, w_g, w_g8, s_g, s_g8, Int32(0), q, m_count >> 31, groups, self.in_flight,
-                               self.staged, self.early)
+                if cutlass.const_expr(self.holds_weights):
+                    columns = cutlass.min(count - t * TILE_TOKENS, TILE_TOKENS)
+                    tile_addr = token_tile.iterator.toint()
+                    stage_token_tile(tile_addr, a, slot_pairs, slot, t * TILE_TOKENS, columns, tidx, self.i)
+                    x_row = tile_addr + cutlass.min(g, columns - 1) * tile_row_bytes(self.i) + q * VEC_BYTES
+                    held_span_mma(acc, x_row, held, m_count >> 31, HELD_READS_IN_FLIGHT)
+                else:
+                    x_row = token_row(slot_pairs, slot, count, t * TILE_TOKENS + g, self.k, False,
+                                      a.iterator.toint(), self.i * 2, q)
+                    group_span_mma(acc, x_row, w_g, w_g8, s_g, s_g8, Int32(0), q, m_count >> 31, groups,
+                                   self.in_flight, self.staged, self.early)
                 for c in cutlass.range_constexpr(2):
                     column = t * TILE_TOKENS + 2 * q + c
                     if column < count:

@@ -4,7 +4,7 @@ down-projection, summed into the block output:
     out[M, H] = normed @ W_up^T + a_sh @ W_sh2^T      (W_up [H, L] whole or this rank's row shard)
 
 The weighted top-k combine already happened in the GEMM2 epilogue (fp32 reductions into y_lat), and GEMM2's last
-CTA wrote normed = rms_norm(y_lat) in bf16, so this is one skinny GEMM over two K segments with one accumulator per
+CTAs wrote normed = rms_norm(y_lat) in bf16, so this is one skinny GEMM over two K segments with one accumulator per
 segment. Split-K over the CTA's warps as in gemv.py; from 2 tokens on the tensor cores (mma.py), where both segments
 accumulate into the same C fragments.
 """
@@ -136,7 +136,7 @@ class Finalize:
 
 
 def finalize(normed, w_up, a_sh, w_sh2, out, stream, max_regs: int | None = None, tensor_cores: bool = True) -> None:
-    """out = normed @ w_up^T + a_sh @ w_sh2^T (normed: the bf16 latent RMSNorm output GEMM2's last CTA writes)."""
+    """out = normed @ w_up^T + a_sh @ w_sh2^T (normed: the bf16 latent RMSNorm output GEMM2's last CTAs write)."""
     from .gemv import token_tile
     from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
 

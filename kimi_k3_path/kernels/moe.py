@@ -2,11 +2,11 @@
 the caller's stream, with no host synchronization and no allocation, so it can be captured in a CUDA graph:
 
   1 front           one grid, three CTA ranges over the same input x:                    (router, W_down, W_sh13)
-                      router: logits, sigmoid + bias top-k, weights, expert plan (last router CTA)
+                      router: logits, sigmoid + bias top-k, weights, expert plan (the last router CTAs)
                       down-projection x_lat = x @ W_down^T (stored fp16 for the experts)
                       shared experts' a_sh = situ_glu(x @ W_sh13^T)
   2 experts GEMM1   a[pair] = situ_glu(x_lat[t] @ w13[e]^T); y_lat = 0                    (active experts' w13)
-  3 experts GEMM2   y_lat[t] += w * a[pair] @ w2[e]^T; last CTA: normed = rms_norm(y_lat)  (active experts' w2)
+  3 experts GEMM2   y_lat[t] += w * a[pair] @ w2[e]^T; last CTAs: normed = rms_norm(y_lat) (active experts' w2)
                       launched while GEMM1 drains (programmatic dependent launch)
   4 finalize        out = normed @ W_up^T + a_sh @ W_sh2^T                                 (W_up, W_sh2)
 

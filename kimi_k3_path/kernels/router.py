@@ -34,7 +34,7 @@ from .gemv import BF16_PER_VEC, SCRATCH_BYTES, WARPS_PER_CTA, alloc_scratch, che
 INT32_MIN = -(2**31)  # order key of a NaN router key; also the sign-bit flip between signed and unsigned order
 MAX_TOKENS = 64  # the plan stores token sets as 64-bit masks (two 32-bit words)
 ROUTER_SPLIT = 8  # one expert row per CTA, its K split over the 8 warps: 896 CTAs stream the 12.8 MB weight
-LOAD_BATCHES = 2  # the last CTA reads a token's E logits in this many batches of E/32/LOAD_BATCHES loads per lane
+LOAD_BATCHES = 2  # a selecting CTA reads a token's E logits in this many batches of E/32/LOAD_BATCHES loads per lane
 CANDIDATES = WARPS_PER_CTA * WARP  # each warp's k <= 32 winners of its current token, in index order
 # At most this many of the last router CTAs select, 8 tokens at a time each. Measured on the H200 (NOTES.md, v10f; same
 # run): with one CTA selecting for every token the front took 167 us at M=64 (TP8), with 4 or 8 CTAs 125 us; the block
@@ -139,13 +139,20 @@ def router_part(
                      place * WARPS_PER_CTA, n * WARPS_PER_CTA, m_count, experts, top_k, scaling)
         if arrival(sync.iterator + 2, flag, tidx) == n - 1:  # every selection is in: plan, and leave sync zero
             cute.arch.fence_acq_rel_gpu()
-            for e in cutlass.range(tidx, 2 * experts, WARPS_PER_CTA * WARP, unroll=1):
-                word = ld_coherent_i32(sync.iterator.toint() + Int64(MASKS + e) * 4)
+            # All of a thread's mask words are loaded before any is used: one L2 round trip, not one per word.
+            rounds: cutlass.Constexpr = (2 * experts + WARPS_PER_CTA * WARP - 1) // (WARPS_PER_CTA * WARP)
+            words = []
+            for i in cutlass.range_constexpr(rounds):
+                e = cutlass.min(tidx + i * WARPS_PER_CTA * WARP, 2 * experts - 1)
+                words.append(ld_coherent_i32(sync.iterator.toint() + Int64(MASKS + e) * 4))
+            for i in cutlass.range_constexpr(rounds):
+                e = tidx + i * WARPS_PER_CTA * WARP
                 if e < experts:
-                    mask_lo[e] = word
-                else:
-                    mask_hi[e - experts] = word
-                sync[MASKS + e] = Int32(0)
+                    mask_lo[e] = words[i]
+                if e >= experts and e < 2 * experts:
+                    mask_hi[e - experts] = words[i]
+                if e < 2 * experts:
+                    sync[MASKS + e] = Int32(0)
             if tidx == 0:
                 sync[2] = Int32(0)
             cute.arch.sync_threads()
