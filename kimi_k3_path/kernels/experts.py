@@ -350,12 +350,14 @@ def experts_gemm1_situ(
 
 def experts_gemm2_combine(
     a, w2, s2, plan, topk_w, y_lat, counter, gamma, normed, eps: float, stream, max_regs: int | None = None,
-    tensor_cores: bool = True, tail_ctas: int = TAIL_CTAS, early: bool = True, hold_weights: bool = True,
+    tensor_cores: bool = True, tail_ctas: int = TAIL_CTAS, early: bool = True,
+    hold_weights: bool | None = None,
 ) -> None:  # tail_ctas: how many of the last CTAs share the norm (norm_tail; 1 = the single last CTA of v1-v9)
     """y_lat[t] += sum over t's pairs of weight * (a[pair] @ w2[e]^T) (y_lat must be zero: GEMM1 does it), then
     normed = rms_norm(y_lat, gamma, eps) in bf16. counter: int32 [2], zero before the first launch (left zero).
     On the tensor cores it is launched early (experts_mma.py; early=False: not, as until v9); that is correct after any
-    launch, since it waits for its predecessor before reading a or y_lat."""
+    launch, since it waits for its predecessor before reading a or y_lat. hold_weights (one token): None holds the
+    weights across the wait for short rows only (experts_mma.HOLD_MAX_GROUPS); True / False force it (comparisons)."""
     from cutlass import Uint8
 
     from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute

@@ -23,9 +23,9 @@ GEMM2 is launched early (programmatic dependent launch): GEMM1 lets it start at 
 so its CTAs take the room GEMM1's finishing CTAs free, read the plan (and, staged, start their weight copies), and
 wait (griddepcontrol.wait) for GEMM1's results only before they read a or touch y_lat. Measured on the H200 (NOTES.md,
 v10; block medians, same run): 2-3% faster at 2 and 8 tokens with staged weights, 1.6% at one token with direct ones.
-At one token (v11) each lane of GEMM2 holds all its weight words and scales in registers, loaded before the wait
-(HeldWeights), and after the wait the CTA copies the token tile's rows of a into shared memory in one round trip
-(stage_token_tile), from where the lanes read their fragments.
+At one token and for short rows (TP16's 6 groups; v11) each lane of GEMM2 holds all its weight words and scales in
+registers, loaded before the wait (HeldWeights), and after the wait the CTA copies the token tile's rows of a into
+shared memory in one round trip (stage_token_tile), from where the lanes read their fragments.
 """
 
 from __future__ import annotations
@@ -73,6 +73,10 @@ ONE_BATCH_GROUPS = 6
 # Held weights (one token, GEMM2): the token tile's activations come from shared memory two groups at a time: 64
 # registers at TP8 (4 CTAs per SM), where 3 took 70 and 6 took 74 (cuobjdump -res-usage).
 HELD_READS_IN_FLIGHT = 2
+# Held weights pay off for short rows only. Measured on the H200 (NOTES.md, v11; same run, M=1, block medians): TP16
+# (6 groups) 59.4 / 59.5 us held vs 61.4 / 61.4 direct; TP8 (12 groups) 73.8 / 73.9 held vs 72.1 / 72.2 direct (GEMM2
+# alone 16.3 vs 13.5 us; ncu: the held CTAs stay active longer, a longer chain per CTA, not bandwidth).
+HOLD_MAX_GROUPS = 6
 GEMM1_COLUMNS = MMA_ROWS // 2  # a's columns per warp: 8 gate rows + the 8 matching up rows
 GEMM2_ROWS = WARPS_PER_CTA * MMA_ROWS  # latent rows per GEMM2 CTA
 # Staged (from 2 tokens; v9): GEMM1 stages its 16 rows 16 bytes apart beyond their length: the 8 rows g of one MMA
@@ -358,7 +362,7 @@ class ExpertsGemm2CombineMma:
 
     def __init__(self, experts: int, latent: int, inter: int, top_k: int, eps: float, staged: bool = True,
                  in_flight: int = GEMM2_GROUPS_IN_FLIGHT, early: bool = True, tail_ctas: int = TAIL_CTAS,
-                 hold_weights: bool = True):
+                 hold_weights: bool | None = None):
         check_mma_experts(latent, inter)
         groups = inter // FP4_GROUP
         if staged:
@@ -371,7 +375,10 @@ class ExpertsGemm2CombineMma:
         self.stage_bytes = GEMM2_ROWS * (inter // 2 + self.scale_row)
         # early: launched with programmatic dependent launch while GEMM1 drains (see the module docstring).
         self.early, self.tail_ctas = early, tail_ctas
-        # Direct and early: every weight word and scale of the lane is loaded before the wait (HeldWeights).
+        # Direct and early: every weight word and scale of the lane is loaded before the wait (HeldWeights); by
+        # default only for rows of at most HOLD_MAX_GROUPS groups (see there).
+        if hold_weights is None:
+            hold_weights = groups <= HOLD_MAX_GROUPS
         self.holds_weights = hold_weights and early and not staged
 
     def smem_bytes(self) -> int:

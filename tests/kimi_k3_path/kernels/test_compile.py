@@ -121,7 +121,7 @@ def _sass(op, args, dump_dir: Path) -> list[str]:
 def test_expert_weight_loads_and_activations_of_a_batch_precede_its_first_mma(tp, gemm, staged, dims, tmp_path):
     """ptxas sinks each load next to its first use unless common.after_all_loads pins the batch (v8): without it only
     group 0's loads preceded the first HMMA, one round trip per group. Direct (one token): all of a batch's weight
-    words (LDG...NA, ld.global.nc.L1::no_allocate) come first; GEMM2 holds all of them (v11), so every group's do.
+    words (LDG...NA, ld.global.nc.L1::no_allocate) come first; GEMM2 at TP16 holds all of them (v11): every group's.
     Staged (v9): the CTA's weight rows arrive by bulk copies (UBLKCP), no weight word is loaded from global memory,
     and all of a batch's 16-byte activation loads come first."""
     d = dims(tp)
@@ -138,7 +138,7 @@ def test_expert_weight_loads_and_activations_of_a_batch_precede_its_first_mma(tp
     else:
         assert not any("UBLKCP" in line for line in lines)
         early = sum("LDG.E.NA" in line for line in lines[:first_mma])
-        if gemm == "gemm2":  # every weight word of rows g and g + 8 (and, at TP8, the scales as 4-byte words)
+        if gemm == "gemm2" and op.holds_weights:  # every weight word of rows g and g + 8
             assert early == sum("LDG.E.NA" in line for line in lines) >= 2 * d.intermediate // 32
         else:
             assert early == 2 * op.in_flight  # rows g and g + 8
@@ -148,19 +148,20 @@ def test_expert_weight_loads_and_activations_of_a_batch_precede_its_first_mma(tp
 @pytest.mark.parametrize("tp", [8, 16])
 def test_early_gemm2_reads_gemm1_results_only_after_it_waits(tp, staged, dims, tmp_path):
     """GEMM2 launched early (v10): staged, its weight copies (UBLKCP) are issued before griddepcontrol.wait (ACQBULK),
-    direct, every weight word (v11); every activation load (a, GEMM1's output) comes after the wait and none takes the
+    direct and holding its weights (TP16), every weight word (v11); every activation load (a, GEMM1's output) comes after the wait and none takes the
     read-only path (.CONSTANT), which is undefined for data GEMM1 may still be writing; GEMM1 lets it start (PREEXIT)
     before any load of its own."""
     d = dims(tp)
-    gemm2 = _sass(ExpertsGemm2CombineMma(d.experts, d.latent, d.intermediate, d.top_k, d.eps, staged),
-                  _gemm2_args(d), tmp_path / "gemm2")
+    op = ExpertsGemm2CombineMma(d.experts, d.latent, d.intermediate, d.top_k, d.eps, staged)
+    gemm2 = _sass(op, _gemm2_args(d), tmp_path / "gemm2")
     wait = next(n for n, line in enumerate(gemm2) if "ACQBULK" in line)
     copies = [n for n, line in enumerate(gemm2) if "UBLKCP" in line]
     activations = [n for n, line in enumerate(gemm2) if "LDG.E.128" in line]
     assert bool(copies) == staged and all(n < wait for n in copies)
     weight_words = [n for n, line in enumerate(gemm2) if "LDG.E.NA" in line]
-    assert (not weight_words) == staged and all(n < wait for n in weight_words)
-    assert staged or len(weight_words) >= 2 * d.intermediate // 32
+    assert (not weight_words) == staged
+    if op.holds_weights:
+        assert len(weight_words) >= 2 * d.intermediate // 32 and all(n < wait for n in weight_words)
     assert activations and min(activations) > wait
     assert not any("CONSTANT" in gemm2[n] for n in activations)
     gemm1 = _sass(ExpertsGemm1SituMma(d.experts, d.latent, d.intermediate, d.top_k, staged), _gemm1_args(d),
@@ -184,11 +185,13 @@ def test_gemm2_keeps_two_ctas_per_sm(tp, staged, dims, tmp_path):
 
 @pytest.mark.parametrize("tp", [8, 16])
 def test_gemm2_holding_its_weights_keeps_four_ctas_per_sm(tp, dims, tmp_path):
-    """One token (v11): the lanes hold every weight word and scale across the wait; with the token tile in shared
-    memory and two groups' reads in flight GEMM2 stays at <= 64 registers, so its 448 CTAs fit in one wave (4 per
-    SM); reads of all groups at once took 128 at TP8."""
+    """One token (v11): the lanes hold every weight word and scale across the wait (by default at TP16 only, forced
+    here at TP8 too); with the token tile in shared memory and two groups' reads in flight GEMM2 stays at <= 64
+    registers, so its 448 CTAs fit in one wave (4 per SM); reads of all groups at once took 128 at TP8."""
     d = dims(tp)
-    op = ExpertsGemm2CombineMma(d.experts, d.latent, d.intermediate, d.top_k, d.eps, staged=False)
+    assert ExpertsGemm2CombineMma(d.experts, d.latent, d.intermediate, d.top_k, d.eps, staged=False).holds_weights \
+        == (tp == 16)
+    op = ExpertsGemm2CombineMma(d.experts, d.latent, d.intermediate, d.top_k, d.eps, staged=False, hold_weights=True)
     assert op.holds_weights
     usage = _cubin_dump(op, _gemm2_args(d), tmp_path, "-res-usage")
     registers = int(re.search(r"REG:(\d+)", usage).group(1))

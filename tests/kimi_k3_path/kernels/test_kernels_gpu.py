@@ -206,6 +206,18 @@ def test_router_nan_keys_rank_below_every_number_including_minus_infinity(gen, d
 def test_experts_match_reference(tp, m, tensor_cores, gen, dims):
     """Both expert kernels, on the tensor cores (the block's choice at every batch) and on the CUDA cores (the
     bench's comparison)."""
+    check_experts(dims, tp, m, tensor_cores, gen)
+
+
+@pytest.mark.parametrize("hold_weights", [True, False])
+@pytest.mark.parametrize("tp", [8, 16])
+def test_gemm2_at_one_token_with_weights_held_or_not_matches_reference(tp, hold_weights, gen, dims):
+    """GEMM2 at one token with its weights held across the wait and without, whatever the row length (v11: by
+    default they are held at TP16 only)."""
+    check_experts(dims, tp, 1, True, gen, hold_weights)
+
+
+def check_experts(dims, tp: int, m: int, tensor_cores: bool, gen, hold_weights: bool | None = None) -> None:
     from kimi_k3_path.kernels.experts import experts_gemm1_situ, experts_gemm2_combine
 
     d, ref, kw, ws = weights(dims, tp, gen)
@@ -218,7 +230,7 @@ def test_experts_match_reference(tp, m, tensor_cores, gen, dims):
     experts_gemm1_situ(x_lat, kw.w13_packed, kw.w13_scales, ws.plan, d.top_k, a, y_lat, stream(),
                        tensor_cores=tensor_cores)
     experts_gemm2_combine(a, kw.w2_packed, kw.w2_scales, ws.plan, wts, y_lat, ws.gemm2_counter, kw.latent_norm, normed,
-                          d.eps, stream(), tensor_cores=tensor_cores)
+                          d.eps, stream(), tensor_cores=tensor_cores, hold_weights=hold_weights)
     torch.cuda.synchronize()
     want = routed_experts(x_lat, ids.long(), wts, ref)
     assert rel_err(y_lat, want) < TOL
