@@ -320,13 +320,15 @@ def situ_glu(gate: Float32, up: Float32) -> Float32:
     return soft_gate * Float32(SITU_LINEAR_BETA) * cute.math.tanh(up * Float32(1.0 / SITU_LINEAR_BETA))
 
 
-def load_bf16_tokens(x_addr: Int64, row_stride_bytes, m_first, m_count, vec: Int32, mt: int):
+def load_bf16_tokens(x_addr: Int64, row_stride_bytes, m_first, m_count, vec: Int32, mt: int, fresh: bool = False):
     """For `mt` tokens starting at m_first, the 8 bf16 values of vector `vec` as fp32 (rows past m_count reread
-    the last valid row, so every load stays in bounds; the caller drops those results)."""
+    the last valid row, so every load stays in bounds; the caller drops those results). fresh: x was written by a
+    launch still running when this one started (ld_fresh_v4)."""
+    load_act = ld_fresh_v4 if fresh else ld_act_v4
     rows = []
     for mi in range(mt):
         m = cutlass.min(m_first + mi, m_count - 1)
-        words = ld_act_v4(x_addr + Int64(m) * row_stride_bytes + Int64(vec) * VEC_BYTES)
+        words = load_act(x_addr + Int64(m) * row_stride_bytes + Int64(vec) * VEC_BYTES)
         vals = []
         for j in range(4):
             lo, hi = bf16x2_to_f32(words[j])

@@ -49,6 +49,7 @@ def finalize_part(
     latent: cutlass.Constexpr,
     inter: cutlass.Constexpr,
     mt: cutlass.Constexpr,
+    fresh: cutlass.Constexpr,
 ):
     part = warp % FINALIZE_SPLIT
     row = cta * (WARPS_PER_CTA // FINALIZE_SPLIT) + warp // FINALIZE_SPLIT
@@ -59,9 +60,9 @@ def finalize_part(
     for m_first in cutlass.range(0, m_count, mt, unroll=1):
         acc = zero_acc(1, mt)
         dot_slice(acc, up_addr, up_addr, normed.iterator.toint(), part * up_vec, lane, m_first, m_count,
-                  0, 1, latent, up_vec, mt, DEFAULT_WEIGHT_LOAD)
+                  0, 1, latent, up_vec, mt, DEFAULT_WEIGHT_LOAD, fresh)
         dot_slice(acc, sh_addr, sh_addr, a_sh.iterator.toint(), part * sh_vec, lane, m_first, m_count,
-                  0, 1, inter, sh_vec, mt, DEFAULT_WEIGHT_LOAD)
+                  0, 1, inter, sh_vec, mt, DEFAULT_WEIGHT_LOAD, fresh)
         split_k_reduce(acc, scratch, warp, lane, FINALIZE_SPLIT, 1, mt)
         if lane == 0 and part == 0:
             for mi in cutlass.range_constexpr(mt):
@@ -83,6 +84,7 @@ def mma_finalize_part(
     latent: cutlass.Constexpr,
     inter: cutlass.Constexpr,
     mt: cutlass.Constexpr,
+    fresh: cutlass.Constexpr,
 ):
     """CTA `cta`: output rows 16*cta .. +15 for every token, both K segments on the tensor cores."""
     tiles: cutlass.Constexpr = mt // TILE_TOKENS
@@ -92,17 +94,19 @@ def mma_finalize_part(
     sh_addr = w_sh2.iterator.toint() + Int64(row0 + lane // 4) * (inter * 2)
     acc = zero_tiles(tiles)
     mma_segment(acc, up_addr, up_addr + Int64(8 * latent * 2), normed.iterator.toint(), warp, lane, m_count, latent,
-                tiles, DEFAULT_WEIGHT_LOAD)
+                tiles, DEFAULT_WEIGHT_LOAD, fresh)
     mma_segment(acc, sh_addr, sh_addr + Int64(8 * inter * 2), a_sh.iterator.toint(), warp, lane, m_count, inter,
-                tiles, DEFAULT_WEIGHT_LOAD)
+                tiles, DEFAULT_WEIGHT_LOAD, fresh)
     reduce_tiles(acc, scratch, tidx, tiles)
     store_rows(scratch, out, row0, tidx, m_count, mt)
 
 
 class Finalize:
-    """out [M, H] bf16 = normed [M, L] @ W_up [H, L]^T + a_sh [M, Ish] @ W_sh2 [H, Ish]^T (bf16, fp32 accumulation)."""
+    """out [M, H] bf16 = normed [M, L] @ W_up [H, L]^T + a_sh [M, Ish] @ W_sh2 [H, Ish]^T (bf16, fp32 accumulation).
+    early: launched with programmatic dependent launch while GEMM2 runs (GEMM2 lets it start at once); each CTA waits
+    (griddepcontrol.wait) before its first load and reads normed and a_sh with plain loads."""
 
-    def __init__(self, hidden: int, latent: int, shared_inter: int, mt: int):
+    def __init__(self, hidden: int, latent: int, shared_inter: int, mt: int, early: bool = False):
         if hidden % (WARPS_PER_CTA // FINALIZE_SPLIT):
             raise ValueError(f"Finalize: hidden={hidden} is not a multiple of {WARPS_PER_CTA // FINALIZE_SPLIT}")
         check_k(latent, FINALIZE_SPLIT, "Finalize (latent)")
@@ -110,7 +114,7 @@ class Finalize:
         if uses_tensor_cores(mt):
             check_mma(hidden, latent, "Finalize (latent)")
             check_mma(hidden, shared_inter, "Finalize (shared intermediate)")
-        self.h, self.l, self.s, self.mt = hidden, latent, shared_inter, mt
+        self.h, self.l, self.s, self.mt, self.early = hidden, latent, shared_inter, mt, early
 
     def ctas(self) -> int:
         return self.h // (MMA_ROWS if uses_tensor_cores(self.mt) else WARPS_PER_CTA // FINALIZE_SPLIT)
@@ -119,7 +123,7 @@ class Finalize:
     def __call__(self, normed, w_up, a_sh, w_sh2, out, stream: cuda.CUstream):
         smem = scratch_bytes(self.mt) if uses_tensor_cores(self.mt) else SCRATCH_BYTES
         self.kernel(normed, w_up, a_sh, w_sh2, out, normed.shape[0]).launch(
-            grid=[self.ctas(), 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1], smem=smem, stream=stream
+            grid=[self.ctas(), 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1], smem=smem, stream=stream, use_pdl=self.early
         )
 
     @cute.kernel
@@ -127,16 +131,20 @@ class Finalize:
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         smem = cutlass.memory.SmemAllocator()
+        if cutlass.const_expr(self.early):
+            cute.arch.griddepcontrol_wait()
         if cutlass.const_expr(uses_tensor_cores(self.mt)):
             mma_finalize_part(normed, w_up, a_sh, w_sh2, out, alloc_tile_scratch(smem, self.mt), bidx, tidx, m_count,
-                              self.l, self.s, self.mt)
+                              self.l, self.s, self.mt, self.early)
         else:
             finalize_part(normed, w_up, a_sh, w_sh2, out, alloc_scratch(smem), bidx, tidx // WARP, tidx % WARP,
-                          m_count, self.l, self.s, self.mt)
+                          m_count, self.l, self.s, self.mt, self.early)
 
 
-def finalize(normed, w_up, a_sh, w_sh2, out, stream, max_regs: int | None = None, tensor_cores: bool = True) -> None:
-    """out = normed @ w_up^T + a_sh @ w_sh2^T (normed: the bf16 latent RMSNorm output GEMM2's last CTAs write)."""
+def finalize(normed, w_up, a_sh, w_sh2, out, stream, max_regs: int | None = None, tensor_cores: bool = True,
+             early: bool = True) -> None:
+    """out = normed @ w_up^T + a_sh @ w_sh2^T (normed: the bf16 latent RMSNorm output GEMM2's last CTAs write).
+    early: launched with programmatic dependent launch (Finalize); correct after any launch, since it waits first."""
     from .gemv import token_tile
     from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
 
@@ -155,7 +163,7 @@ def finalize(normed, w_up, a_sh, w_sh2, out, stream, max_regs: int | None = None
             fake(BFloat16, (md, latent)), fake(BFloat16, (hidden, latent)), fake(BFloat16, (md, inter)),
             fake(BFloat16, (hidden, inter)), fake(BFloat16, (md, hidden)), fake_stream(),
         )
-        return Finalize(hidden, latent, inter, mt), args
+        return Finalize(hidden, latent, inter, mt, early), args
 
-    fn = compile_cached(("finalize", hidden, latent, inter, mt), build, max_regs)
+    fn = compile_cached(("finalize", hidden, latent, inter, mt, early), build, max_regs)
     fn(to_cute(normed, True), to_cute(w_up), to_cute(a_sh, True), to_cute(w_sh2), to_cute(out, True), cu_stream(stream))

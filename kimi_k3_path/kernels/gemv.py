@@ -80,21 +80,22 @@ def dot_slice(
     n_vec: cutlass.Constexpr,
     mt: cutlass.Constexpr,
     hint: cutlass.Constexpr,
+    fresh: cutlass.Constexpr = False,
 ):
     """acc[acc_row + r, mi] += this lane's share of the dot of weight row r (1 or 2 rows at byte addresses
     row0/row1) with bf16 token m_first + mi (rows of x_elems values), over the n_vec 16-byte vectors starting at
-    first_vec. The caller reduces across lanes and warps."""
+    first_vec. The caller reduces across lanes and warps. fresh: x is read as common.load_bf16_tokens says."""
     row_addrs = [row0, row1][:rows]
     full: cutlass.Constexpr = n_vec // WARP
     # Short loops unroll fully so every weight load of the slice is in flight before the first FMA.
     for step in cutlass.range(full, unroll=full if full <= 8 else unroll_for(full)):
         vec = first_vec + lane + step * WARP
-        tokens = load_bf16_tokens(x_addr, x_elems * 2, m_first, m_count, vec, mt)
+        tokens = load_bf16_tokens(x_addr, x_elems * 2, m_first, m_count, vec, mt, fresh)
         rows_dot_tokens_step(acc, acc_row, row_addrs, tokens, vec, hint)
     if cutlass.const_expr(n_vec % WARP != 0):
         if lane < n_vec % WARP:
             vec = first_vec + lane + full * WARP
-            tokens = load_bf16_tokens(x_addr, x_elems * 2, m_first, m_count, vec, mt)
+            tokens = load_bf16_tokens(x_addr, x_elems * 2, m_first, m_count, vec, mt, fresh)
             rows_dot_tokens_step(acc, acc_row, row_addrs, tokens, vec, hint)
 
 

@@ -23,7 +23,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
-from .common import VEC_BYTES, WARP, ld_act_v4, ld_weight_v4
+from .common import VEC_BYTES, WARP, ld_act_v4, ld_fresh_v4, ld_weight_v4
 
 WARPS_PER_CTA = 8
 MMA_ROWS = 16  # weight rows per warp: the MMA's m
@@ -78,9 +78,11 @@ def zero_tiles(tiles: int):
 
 
 def chunks_mma(acc, row_addr: Int64, row8_addr: Int64, x_addr: Int64, x_row_bytes: int, first_chunk, stride: int,
-               count: int, g, q, m_count, tiles: int, hint: str) -> None:
+               count: int, g, q, m_count, tiles: int, hint: str, fresh: bool = False) -> None:
     """acc += the products of `count` K chunks (first_chunk, first_chunk + stride, ...): their weight loads go out
-    first, then per chunk the token loads of every tile, then the MMAs (inline PTX keeps program order)."""
+    first, then per chunk the token loads of every tile, then the MMAs (inline PTX keeps program order). fresh: x
+    was written by a launch still running when this one started (ld_fresh_v4)."""
+    load_act = ld_fresh_v4 if fresh else ld_act_v4
     offsets = [Int64(first_chunk + i * stride) * (K_CHUNK * 2) + Int64(q) * VEC_BYTES for i in range(count)]
     weights = [(ld_weight_v4(row_addr + off, hint), ld_weight_v4(row8_addr + off, hint)) for off in offsets]
     for i in range(count):
@@ -88,7 +90,7 @@ def chunks_mma(acc, row_addr: Int64, row8_addr: Int64, x_addr: Int64, x_row_byte
         xs = []
         for t in range(tiles):
             token = cutlass.min(t * TILE_TOKENS + g, m_count - 1)  # rows past the batch reread the last one
-            xs.append(ld_act_v4(x_addr + Int64(token) * x_row_bytes + offsets[i]))
+            xs.append(load_act(x_addr + Int64(token) * x_row_bytes + offsets[i]))
         for t in range(tiles):
             for s in range(2):
                 d = mma_16816(wa[2 * s], wb[2 * s], wa[2 * s + 1], wb[2 * s + 1], xs[t][2 * s], xs[t][2 * s + 1],
@@ -109,9 +111,10 @@ def mma_segment(
     k: cutlass.Constexpr,
     tiles: cutlass.Constexpr,
     hint: cutlass.Constexpr,
+    fresh: cutlass.Constexpr = False,
 ):
     """acc += this warp's share (chunks c = warp mod 8) of rows (g, g+8) at byte addresses row_addr / row8_addr (K
-    values each) times tokens 0 .. 8*tiles - 1 of x (rows of K bf16 at x_addr)."""
+    values each) times tokens 0 .. 8*tiles - 1 of x (rows of K bf16 at x_addr; fresh: as chunks_mma says)."""
     g = lane // 4
     q = lane % 4
     chunks: cutlass.Constexpr = k // K_CHUNK
@@ -120,14 +123,14 @@ def mma_segment(
     step: cutlass.Constexpr = CHUNKS_IN_FLIGHT * WARPS_PER_CTA
     for i in cutlass.range(groups, unroll=1):
         chunks_mma(acc, row_addr, row8_addr, x_addr, k * 2, warp + i * step, WARPS_PER_CTA, CHUNKS_IN_FLIGHT,
-                   g, q, m_count, tiles, hint)
+                   g, q, m_count, tiles, hint, fresh)
     if cutlass.const_expr(per_warp % CHUNKS_IN_FLIGHT != 0):
         chunks_mma(acc, row_addr, row8_addr, x_addr, k * 2, warp + groups * step, WARPS_PER_CTA,
-                   per_warp % CHUNKS_IN_FLIGHT, g, q, m_count, tiles, hint)
+                   per_warp % CHUNKS_IN_FLIGHT, g, q, m_count, tiles, hint, fresh)
     if cutlass.const_expr(chunks % WARPS_PER_CTA != 0):
         if warp < chunks % WARPS_PER_CTA:
             chunks_mma(acc, row_addr, row8_addr, x_addr, k * 2, warp + per_warp * WARPS_PER_CTA, WARPS_PER_CTA, 1,
-                       g, q, m_count, tiles, hint)
+                       g, q, m_count, tiles, hint, fresh)
 
 
 @cute.jit

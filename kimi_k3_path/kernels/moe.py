@@ -57,7 +57,7 @@ class FrontKernel:
     expert row)."""
 
     def __init__(self, experts: int, hidden: int, latent: int, shared_inter: int, top_k: int, scaling: float, mt: int,
-                 router_mt: int, router_tail_ctas: int = TAIL_CTAS):
+                 router_mt: int, router_tail_ctas: int = TAIL_CTAS, early_gemm1: bool = False):
         check_router(experts, hidden, top_k)
         check_shared(shared_inter, hidden, mt)
         check_k(hidden, GEMV_SPLIT, "FrontKernel (down-projection)")
@@ -71,6 +71,7 @@ class FrontKernel:
         self.e, self.h, self.l, self.s, self.k, self.scaling, self.mt = (
             experts, hidden, latent, shared_inter, top_k, scaling, mt)
         self.router_mt, self.router_tail_ctas = router_mt, router_tail_ctas
+        self.early_gemm1 = early_gemm1  # GEMM1 (launched early) may start once every CTA here has started
         self.down_ctas = latent // rows_per_cta
         self.shared_ctas = shared_ctas(shared_inter, mt)
 
@@ -92,6 +93,8 @@ class FrontKernel:
                w_down, x_lat, w_sh13, a_sh, m_count: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
+        if cutlass.const_expr(self.early_gemm1):
+            cute.arch.griddepcontrol_launch_dependents()
         smem = cutlass.memory.SmemAllocator()
         state = alloc_router_smem(smem, self.e, self.k)
         scratch = alloc_scratch(smem)
@@ -118,8 +121,9 @@ class FrontKernel:
 
 
 def front(x, w, ws, m: int, stream, max_regs: int | None = None, tensor_cores: bool = True,
-          router_tail_ctas: int = TAIL_CTAS) -> None:
-    """Launch 1 of the block (see FrontKernel) on `stream`."""
+          router_tail_ctas: int = TAIL_CTAS, early_gemm1: bool = True) -> None:
+    """Launch 1 of the block (see FrontKernel) on `stream`; early_gemm1: lets GEMM1 (launched early) start once
+    every front CTA has started."""
     from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
 
     e, h, lat, s, k = w.experts, w.hidden, w.latent, w.shared_intermediate, w.top_k
@@ -136,9 +140,10 @@ def front(x, w, ws, m: int, stream, max_regs: int | None = None, tensor_cores: b
             fake(BFloat16, (lat, h)), fake(Float16, (md, lat)), fake(BFloat16, (2 * s, h)), fake(BFloat16, (md, s)),
             fake_stream(),
         )
-        return FrontKernel(e, h, lat, s, k, w.routed_scaling_factor, mt, router_mt, router_tail_ctas), args
+        return FrontKernel(e, h, lat, s, k, w.routed_scaling_factor, mt, router_mt, router_tail_ctas,
+                           early_gemm1), args
 
-    key = ("moe_front", e, h, lat, s, k, w.routed_scaling_factor, mt, router_mt, router_tail_ctas)
+    key = ("moe_front", e, h, lat, s, k, w.routed_scaling_factor, mt, router_mt, router_tail_ctas, early_gemm1)
     fn = compile_cached(key, build, max_regs)
     fn(
         to_cute(x, True), to_cute(w.router), to_cute(w.router_bias), to_cute(ws.logits[:m], True),
