@@ -303,12 +303,10 @@ def stages_weights(m: int) -> bool:
 
 def experts_gemm1_situ(
     x_lat, w13, s13, plan, top_k: int, a, y_lat, stream, max_regs: int | None = None, tensor_cores: bool = True,
-    early_gemm2: bool = True, early: bool = True,
+    early_gemm2: bool = True,
 ) -> None:
     """a[M*k, I] = SiTU-GLU of each planned pair's GEMM1; zeroes y_lat [M, L] for GEMM2. Launched on `stream`.
-    early_gemm2=False: GEMM2 does not start before this launch ends (as until v9; a comparison for the bench).
-    early (tensor cores): launched with programmatic dependent launch, waiting for its predecessor (the front) before
-    it reads anything; correct after any launch."""
+    early_gemm2=False: GEMM2 does not start before this launch ends (as until v9; a comparison for the bench)."""
     from cutlass import Uint8
 
     from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
@@ -337,13 +335,12 @@ def experts_gemm1_situ(
         if mma:
             from .experts_mma import ExpertsGemm1SituMma
 
-            return ExpertsGemm1SituMma(experts, latent, inter, top_k, staged, early_gemm2=early_gemm2,
-                                       early=early), args
+            return ExpertsGemm1SituMma(experts, latent, inter, top_k, staged, early_gemm2=early_gemm2), args
         return ExpertsGemm1Situ(experts, latent, inter, top_k), args
 
     mma = on_tensor_cores(m, tensor_cores)
     staged = mma and stages_weights(m)
-    key = ("experts_gemm1_situ", experts, latent, inter, top_k, mma, staged, early_gemm2, early)
+    key = ("experts_gemm1_situ", experts, latent, inter, top_k, mma, staged, early_gemm2)
     fn = compile_cached(key, build, max_regs)
     fn(
         to_cute(x_lat, True), to_cute(w13), to_cute(s13), *(to_cute(t) for t in plan),

@@ -267,11 +267,10 @@ class ExpertsGemm1SituMma:
     memory in pinned batches (v8), which one token measured faster (NOTES.md, v9)."""
 
     def __init__(self, experts: int, latent: int, inter: int, top_k: int, staged: bool = True,
-                 in_flight: int = GEMM1_GROUPS_IN_FLIGHT, early_gemm2: bool = True, early: bool = False):
+                 in_flight: int = GEMM1_GROUPS_IN_FLIGHT, early_gemm2: bool = True):
         check_mma_experts(latent, inter)  # latent % 256 == 0: the 8 warps get whole, equal shares of the K groups
         self.e, self.l, self.i, self.k, self.staged, self.in_flight = experts, latent, inter, top_k, staged, in_flight
         self.early_gemm2 = early_gemm2
-        self.early = early  # launched early from the front: waits before anything but zeroing y_lat
         self.row_stride = latent // 2 + ROW_PAD
         self.scale_row = latent // FP4_GROUP
         self.stage_bytes = MMA_ROWS * (latent // 2 + self.scale_row)  # what the bulk copies bring
@@ -286,7 +285,7 @@ class ExpertsGemm1SituMma:
         slots = cutlass.min(m * self.k, self.e)
         self.kernel(x_lat, w13, s13, n_active, slot_expert, slot_count, slot_pairs, a, y_lat, m).launch(
             grid=[slots, self.i // GEMM1_COLUMNS, 1], block=[WARPS_PER_CTA * WARP, 1, 1],
-            smem=self.smem_bytes(), stream=stream, use_pdl=self.early,
+            smem=self.smem_bytes(), stream=stream,
         )
 
     @cute.kernel
@@ -294,6 +293,9 @@ class ExpertsGemm1SituMma:
         tidx, _, _ = cute.arch.thread_idx()
         slot, tile, _ = cute.arch.block_idx()
         grid_x, grid_y, _ = cute.arch.grid_dim()
+        if cutlass.const_expr(self.early_gemm2):
+            # GEMM2 (launched early) may take the SM room this grid frees: it stages its weights, then waits for us.
+            cute.arch.griddepcontrol_launch_dependents()
         smem = cutlass.memory.SmemAllocator()
         scratch = alloc_tile_scratch(smem, TILE_TOKENS)
         if cutlass.const_expr(self.staged):
@@ -302,12 +304,6 @@ class ExpertsGemm1SituMma:
             barrier = smem.allocate_tensor(Int64, cute.make_layout(1), byte_alignment=8)
         zero_y_lat(y_lat, (tile * grid_x + slot) * WARPS_PER_CTA * WARP + tidx, grid_x * grid_y * WARPS_PER_CTA * WARP,
                    m_count, self.l)
-        if cutlass.const_expr(self.early):
-            cute.arch.griddepcontrol_wait()  # the front's plan and x_lat
-        if cutlass.const_expr(self.early_gemm2):
-            # GEMM2 (launched early) may take the SM room this grid frees: it reads the plan and stages its weights,
-            # then waits for us. After our own wait, so that the front's plan is complete when GEMM2 starts.
-            cute.arch.griddepcontrol_launch_dependents()
         if slot < n_active[0]:
             warp, lane = tidx // WARP, tidx % WARP
             g, q = lane // 4, lane % 4
@@ -348,7 +344,7 @@ class ExpertsGemm1SituMma:
                                   self.l * 2, q)
                 acc = zero_tiles(1)
                 group_span_mma(acc, x_row, w_g, w_g8, s_g, s_g8, warp * per_warp, q, m_count >> 31, per_warp,
-                               self.in_flight, self.staged, self.early)
+                               self.in_flight, self.staged)
                 reduce_tiles(acc, scratch, tidx, 1)
                 if tidx < TILE_TOKENS * GEMM1_COLUMNS:
                     token, j = tidx // GEMM1_COLUMNS, tidx % GEMM1_COLUMNS

@@ -9,6 +9,7 @@ the caller's stream, with no host synchronization and no allocation, so it can b
   3 experts GEMM2   y_lat[t] += w * a[pair] @ w2[e]^T; last CTAs: normed = rms_norm(y_lat) (active experts' w2)
                       launched while GEMM1 drains (programmatic dependent launch)
   4 finalize        out = normed @ W_up^T + a_sh @ W_sh2^T                                 (W_up, W_sh2)
+                      launched while GEMM2 runs; waits for it before its first load
 
 Weights are prepared once (`prepare_weights`); the workspace is allocated once per device (`MoeWorkspace`) for the
 largest batch and sliced per call.
@@ -57,7 +58,7 @@ class FrontKernel:
     expert row)."""
 
     def __init__(self, experts: int, hidden: int, latent: int, shared_inter: int, top_k: int, scaling: float, mt: int,
-                 router_mt: int, router_tail_ctas: int = TAIL_CTAS, early_gemm1: bool = False):
+                 router_mt: int, router_tail_ctas: int = TAIL_CTAS):
         check_router(experts, hidden, top_k)
         check_shared(shared_inter, hidden, mt)
         check_k(hidden, GEMV_SPLIT, "FrontKernel (down-projection)")
@@ -71,7 +72,6 @@ class FrontKernel:
         self.e, self.h, self.l, self.s, self.k, self.scaling, self.mt = (
             experts, hidden, latent, shared_inter, top_k, scaling, mt)
         self.router_mt, self.router_tail_ctas = router_mt, router_tail_ctas
-        self.early_gemm1 = early_gemm1  # GEMM1 (launched early) may start once every CTA here has started
         self.down_ctas = latent // rows_per_cta
         self.shared_ctas = shared_ctas(shared_inter, mt)
 
@@ -93,8 +93,6 @@ class FrontKernel:
                w_down, x_lat, w_sh13, a_sh, m_count: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        if cutlass.const_expr(self.early_gemm1):
-            cute.arch.griddepcontrol_launch_dependents()
         smem = cutlass.memory.SmemAllocator()
         state = alloc_router_smem(smem, self.e, self.k)
         scratch = alloc_scratch(smem)
@@ -121,9 +119,8 @@ class FrontKernel:
 
 
 def front(x, w, ws, m: int, stream, max_regs: int | None = None, tensor_cores: bool = True,
-          router_tail_ctas: int = TAIL_CTAS, early_gemm1: bool = True) -> None:
-    """Launch 1 of the block (see FrontKernel) on `stream`; early_gemm1: lets GEMM1 (launched early) start once
-    every front CTA has started."""
+          router_tail_ctas: int = TAIL_CTAS) -> None:
+    """Launch 1 of the block (see FrontKernel) on `stream`."""
     from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
 
     e, h, lat, s, k = w.experts, w.hidden, w.latent, w.shared_intermediate, w.top_k
@@ -140,10 +137,9 @@ def front(x, w, ws, m: int, stream, max_regs: int | None = None, tensor_cores: b
             fake(BFloat16, (lat, h)), fake(Float16, (md, lat)), fake(BFloat16, (2 * s, h)), fake(BFloat16, (md, s)),
             fake_stream(),
         )
-        return FrontKernel(e, h, lat, s, k, w.routed_scaling_factor, mt, router_mt, router_tail_ctas,
-                           early_gemm1), args
+        return FrontKernel(e, h, lat, s, k, w.routed_scaling_factor, mt, router_mt, router_tail_ctas), args
 
-    key = ("moe_front", e, h, lat, s, k, w.routed_scaling_factor, mt, router_mt, router_tail_ctas, early_gemm1)
+    key = ("moe_front", e, h, lat, s, k, w.routed_scaling_factor, mt, router_mt, router_tail_ctas)
     fn = compile_cached(key, build, max_regs)
     fn(
         to_cute(x, True), to_cute(w.router), to_cute(w.router_bias), to_cute(ws.logits[:m], True),

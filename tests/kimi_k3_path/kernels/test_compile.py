@@ -226,6 +226,28 @@ def test_shared_and_finalize_compile(tp, mt, dims):
     )
 
 
+@pytest.mark.parametrize("mt", [1, 16])
+def test_early_finalize_loads_nothing_before_it_waits_and_reads_activations_plainly(mt, dims, tmp_path):
+    """The finalize launched early (v11; GEMM2 lets it start, PREEXIT): every global load comes after
+    griddepcontrol.wait (ACQBULK), and its activation loads (normed, a_sh: no L1::no_allocate hint, unlike the
+    weights) do not take the read-only path (.CONSTANT), undefined for data written while the launch runs."""
+    d = dims(8)
+    m = dyn()
+    h, lat, s = d.hidden, d.latent, d.shared_intermediate
+    lines = _sass(Finalize(h, lat, s, mt, early=True),
+                  (fake(BFloat16, (m, lat)), fake(BFloat16, (h, lat)), fake(BFloat16, (m, s)), fake(BFloat16, (h, s)),
+                   fake(BFloat16, (m, h)), fake_stream()), tmp_path / "finalize")
+    wait = next(n for n, line in enumerate(lines) if "ACQBULK" in line)
+    loads = [n for n, line in enumerate(lines) if "LDG" in line]
+    activations = [n for n in loads if ".NA" not in lines[n]]
+    assert loads and min(loads) > wait
+    assert activations and not any("CONSTANT" in lines[n] for n in activations)
+    gemm2 = _sass(ExpertsGemm2CombineMma(d.experts, d.latent, d.intermediate, d.top_k, d.eps, False,
+                                         early_finalize=True), _gemm2_args(d), tmp_path / "gemm2")
+    assert next(n for n, line in enumerate(gemm2) if "PREEXIT" in line) < next(
+        n for n, line in enumerate(gemm2) if "LDG" in line)
+
+
 @pytest.mark.parametrize("mt", [8, 64])
 @pytest.mark.parametrize("tp", [8, 16])
 def test_front_kernel_compiles(tp, mt, dims):
