@@ -109,31 +109,6 @@ def bulk_copy_to_shared(dst: Int32, src: Int64, nbytes, barrier: Int32) -> None:
     )
 
 
-def cp_async_16(dst: Int32, src: Int64) -> None:
-    """Copy 16 bytes from global `src` to shared `dst` asynchronously (through L2, not L1): every thread can have many
-    in flight, and no register holds them. Completion: cp_async_wait_all, then a barrier for the other threads."""
-    cute.arch.inline_ptx("cp.async.cg.shared.global [{$r0}], [{$r1}], 16;", read_only_args=[dst, src])
-
-
-def cp_async_wait_all() -> None:
-    """Wait for this thread's cp_async_16 copies (all of them)."""
-    cute.arch.inline_ptx("cp.async.wait_all;")
-
-
-@cute.jit
-def cp_async_rows(dst: Int32, dst_stride: cutlass.Constexpr, src: Int64, rows: cutlass.Constexpr,
-                  row_bytes: cutlass.Constexpr, tidx: Int32, threads: cutlass.Constexpr):
-    """Issue the copies of `rows` contiguous global rows of row_bytes (a multiple of 16) from `src` into shared rows
-    dst_stride bytes apart, 16 bytes per copy, spread over the CTA's `threads` threads (consecutive threads take
-    consecutive pieces of a row, so each warp's copies read 512 contiguous bytes)."""
-    pieces: cutlass.Constexpr = row_bytes // 16
-    total: cutlass.Constexpr = rows * pieces
-    for i in cutlass.range_constexpr((total + threads - 1) // threads):
-        c = tidx + i * threads
-        if c < total:
-            cp_async_16(dst + (c // pieces) * dst_stride + (c % pieces) * 16, src + Int64(c) * 16)
-
-
 @cute.jit
 def expect_bulk_bytes(barrier: cute.Tensor, tidx: Int32, nbytes: cutlass.Constexpr):
     """A single-use mbarrier (one Int64 in shared memory) that completes when nbytes of bulk copies have landed.

@@ -303,12 +303,10 @@ def stages_weights(m: int) -> bool:
 
 def experts_gemm1_situ(
     x_lat, w13, s13, plan, top_k: int, a, y_lat, stream, max_regs: int | None = None, tensor_cores: bool = True,
-    early_gemm2: bool = True, staged: bool | None = None, copies: str = "bulk",
+    early_gemm2: bool = True,
 ) -> None:
     """a[M*k, I] = SiTU-GLU of each planned pair's GEMM1; zeroes y_lat [M, L] for GEMM2. Launched on `stream`.
-    early_gemm2=False: GEMM2 does not start before this launch ends (as until v9; a comparison for the bench).
-    staged: None stages the weights in shared memory as `stages_weights` decides; True / False force it; copies: how
-    (experts_mma.check_copies)."""
+    early_gemm2=False: GEMM2 does not start before this launch ends (as until v9; a comparison for the bench)."""
     from cutlass import Uint8
 
     from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
@@ -337,13 +335,12 @@ def experts_gemm1_situ(
         if mma:
             from .experts_mma import ExpertsGemm1SituMma
 
-            return ExpertsGemm1SituMma(experts, latent, inter, top_k, staged, early_gemm2=early_gemm2,
-                                       copies=copies), args
+            return ExpertsGemm1SituMma(experts, latent, inter, top_k, staged, early_gemm2=early_gemm2), args
         return ExpertsGemm1Situ(experts, latent, inter, top_k), args
 
     mma = on_tensor_cores(m, tensor_cores)
-    staged = mma and (stages_weights(m) if staged is None else staged)
-    key = ("experts_gemm1_situ", experts, latent, inter, top_k, mma, staged, early_gemm2, copies)
+    staged = mma and stages_weights(m)
+    key = ("experts_gemm1_situ", experts, latent, inter, top_k, mma, staged, early_gemm2)
     fn = compile_cached(key, build, max_regs)
     fn(
         to_cute(x_lat, True), to_cute(w13), to_cute(s13), *(to_cute(t) for t in plan),
@@ -354,15 +351,14 @@ def experts_gemm1_situ(
 def experts_gemm2_combine(
     a, w2, s2, plan, topk_w, y_lat, counter, gamma, normed, eps: float, stream, max_regs: int | None = None,
     tensor_cores: bool = True, tail_ctas: int = TAIL_CTAS, early: bool = True,
-    hold_weights: bool | None = None, early_finalize: bool = True, staged: bool | None = None, copies: str = "bulk",
+    hold_weights: bool | None = None, early_finalize: bool = True,
 ) -> None:  # tail_ctas: how many of the last CTAs share the norm (norm_tail; 1 = the single last CTA of v1-v9)
     """y_lat[t] += sum over t's pairs of weight * (a[pair] @ w2[e]^T) (y_lat must be zero: GEMM1 does it), then
     normed = rms_norm(y_lat, gamma, eps) in bf16. counter: int32 [2], zero before the first launch (left zero).
     On the tensor cores it is launched early (experts_mma.py; early=False: not, as until v9); that is correct after any
     launch, since it waits for its predecessor before reading a or y_lat. hold_weights (one token): None holds the
     weights across the wait for short rows only (experts_mma.HOLD_MAX_GROUPS); True / False force it (comparisons).
-    early_finalize (tensor cores): lets the next launch (the finalize, launched early) start at once. staged, copies:
-    as experts_gemm1_situ."""
+    early_finalize (tensor cores): lets the next launch (the finalize, launched early) start at once."""
     from cutlass import Uint8
 
     from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
@@ -400,13 +396,13 @@ def experts_gemm2_combine(
 
             return ExpertsGemm2CombineMma(experts, latent, inter, top_k, eps, staged, early=early,
                                           tail_ctas=tail_ctas, hold_weights=hold_weights,
-                                          early_finalize=early_finalize, copies=copies), args
+                                          early_finalize=early_finalize), args
         return ExpertsGemm2Combine(experts, latent, inter, top_k, eps, tail_ctas), args
 
     mma = on_tensor_cores(m, tensor_cores)
-    staged = mma and (stages_weights(m) if staged is None else staged)
+    staged = mma and stages_weights(m)
     key = ("experts_gemm2_combine", experts, latent, inter, top_k, eps, mma, staged, tail_ctas, early, hold_weights,
-           early_finalize, copies)
+           early_finalize)
     fn = compile_cached(key, build, max_regs)
     fn(
         to_cute(a, True), to_cute(w2), to_cute(s2), *(to_cute(t) for t in plan),

@@ -41,8 +41,6 @@ from .common import (
     WARP,
     after_all_loads,
     bulk_copy_to_shared,
-    cp_async_rows,
-    cp_async_wait_all,
     e8m0_scale_times_64,
     expect_bulk_bytes,
     fp4x8_to_f16x2,
@@ -253,17 +251,6 @@ def stage_token_tile(tile_smem: Int32, a: cute.Tensor, slot_pairs: cute.Tensor, 
     cute.arch.sync_threads()
 
 
-STAGING_COPIES = ("bulk", "per_thread")
-
-
-def check_copies(copies: str) -> str:
-    """How a staged CTA brings its weights into shared memory: "bulk" (cp.async.bulk on the TMA engine, issued by a
-    few lanes) or "per_thread" (cp.async of 16 bytes by every thread)."""
-    if copies not in STAGING_COPIES:
-        raise ValueError(f"experts (tensor cores): copies={copies!r} is not one of {STAGING_COPIES}")
-    return copies
-
-
 def check_mma_experts(latent: int, inter: int) -> None:
     if latent % (WARPS_PER_CTA * MMA_ROWS) or latent % (WARPS_PER_CTA * WARP):
         raise ValueError(f"experts (tensor cores): latent={latent} is not a multiple of {WARPS_PER_CTA * WARP}")
@@ -280,11 +267,10 @@ class ExpertsGemm1SituMma:
     memory in pinned batches (v8), which one token measured faster (NOTES.md, v9)."""
 
     def __init__(self, experts: int, latent: int, inter: int, top_k: int, staged: bool = True,
-                 in_flight: int = GEMM1_GROUPS_IN_FLIGHT, early_gemm2: bool = True, copies: str = "bulk"):
+                 in_flight: int = GEMM1_GROUPS_IN_FLIGHT, early_gemm2: bool = True):
         check_mma_experts(latent, inter)  # latent % 256 == 0: the 8 warps get whole, equal shares of the K groups
         self.e, self.l, self.i, self.k, self.staged, self.in_flight = experts, latent, inter, top_k, staged, in_flight
         self.early_gemm2 = early_gemm2
-        self.copies = check_copies(copies)
         self.row_stride = latent // 2 + ROW_PAD
         self.scale_row = latent // FP4_GROUP
         self.stage_bytes = MMA_ROWS * (latent // 2 + self.scale_row)  # what the bulk copies bring
@@ -331,33 +317,21 @@ class ExpertsGemm1SituMma:
             first_row = Int64(expert) * (2 * self.i) + Int64(j0)
             if cutlass.const_expr(self.staged):
                 # Stage rows r < 8: gate row j0 + r; r >= 8: up row I + j0 + r - 8 (the MMA's rows g and g + 8).
+                # Warp w copies gate row w (lane 0) and up row w (lane 1); lane 2 of warps 0 and 1 the scales.
+                expect_bulk_bytes(barrier, tidx, self.stage_bytes)
                 stage_addr = stage.iterator.toint()
                 scales_addr = stage_addr + MMA_ROWS * self.row_stride
-                if cutlass.const_expr(self.copies == "bulk"):
-                    # Warp w copies gate row w (lane 0) and up row w (lane 1); lane 2 of warps 0 and 1 the scales.
-                    expect_bulk_bytes(barrier, tidx, self.stage_bytes)
-                    if lane < 2:
-                        row = first_row + Int64(warp + lane * self.i)
-                        bulk_copy_to_shared(stage_addr + (warp + lane * 8) * self.row_stride,
-                                            w13.iterator.toint() + row * packed, packed, barrier.iterator.toint())
-                    elif lane == 2 and warp < 2:
-                        bulk_copy_to_shared(scales_addr + warp * 8 * groups,
-                                            s13.iterator.toint() + (first_row + Int64(warp * self.i)) * groups,
-                                            8 * groups, barrier.iterator.toint())
-                else:  # 16-byte copies by every thread: the 8 gate rows, the 8 up rows, then their scales
-                    for half in cutlass.range_constexpr(2):
-                        src_row = first_row + Int64(half * self.i)
-                        cp_async_rows(stage_addr + half * 8 * self.row_stride, self.row_stride,
-                                      w13.iterator.toint() + src_row * packed, 8, packed, tidx, WARPS_PER_CTA * WARP)
-                        cp_async_rows(scales_addr + half * 8 * groups, groups,
-                                      s13.iterator.toint() + src_row * groups, 8, groups, tidx, WARPS_PER_CTA * WARP)
+                if lane < 2:
+                    row = first_row + Int64(warp + lane * self.i)
+                    bulk_copy_to_shared(stage_addr + (warp + lane * 8) * self.row_stride,
+                                        w13.iterator.toint() + row * packed, packed, barrier.iterator.toint())
+                elif lane == 2 and warp < 2:
+                    bulk_copy_to_shared(scales_addr + warp * 8 * groups,
+                                        s13.iterator.toint() + (first_row + Int64(warp * self.i)) * groups,
+                                        8 * groups, barrier.iterator.toint())
                 prefetch_activations(token_row(slot_pairs, slot, count, g, self.k, True, x_lat.iterator.toint(),
                                                self.l * 2, q), q, warp * per_warp, per_warp)
-                if cutlass.const_expr(self.copies == "bulk"):
-                    cute.arch.mbarrier_wait(barrier.iterator, 0)
-                else:
-                    cp_async_wait_all()
-                    cute.arch.sync_threads()
+                cute.arch.mbarrier_wait(barrier.iterator, 0)
                 w_g, w_g8 = stage_addr + g * self.row_stride, stage_addr + (g + 8) * self.row_stride
                 s_g, s_g8 = scales_addr + g * groups, scales_addr + (g + 8) * groups
             else:
@@ -388,7 +362,7 @@ class ExpertsGemm2CombineMma:
 
     def __init__(self, experts: int, latent: int, inter: int, top_k: int, eps: float, staged: bool = True,
                  in_flight: int = GEMM2_GROUPS_IN_FLIGHT, early: bool = True, tail_ctas: int = TAIL_CTAS,
-                 hold_weights: bool | None = None, early_finalize: bool = False, copies: str = "bulk"):
+                 hold_weights: bool | None = None, early_finalize: bool = False):
         check_mma_experts(latent, inter)
         groups = inter // FP4_GROUP
         if staged:
@@ -401,7 +375,6 @@ class ExpertsGemm2CombineMma:
         self.stage_bytes = GEMM2_ROWS * (inter // 2 + self.scale_row)
         # early: launched with programmatic dependent launch while GEMM1 drains (see the module docstring).
         self.early, self.tail_ctas, self.early_finalize = early, tail_ctas, early_finalize
-        self.copies = check_copies(copies)
         # Direct and early: every weight word and scale of the lane is loaded before the wait (HeldWeights); by
         # default only for rows of at most HOLD_MAX_GROUPS groups (see there).
         if hold_weights is None:
@@ -451,32 +424,22 @@ class ExpertsGemm2CombineMma:
             groups: cutlass.Constexpr = self.i // FP4_GROUP
             y_addr = y_lat.iterator.toint()
             if cutlass.const_expr(self.staged):
+                expect_bulk_bytes(barrier, tidx, self.stage_bytes)
                 stage_addr = stage.iterator.toint()
                 scales_addr = stage_addr + GEMM2_ROWS * packed
                 first_row = Int64(expert) * self.l + Int64(tile * GEMM2_ROWS)
-                if cutlass.const_expr(self.copies == "bulk"):
-                    expect_bulk_bytes(barrier, tidx, self.stage_bytes)
-                    if lane == 0:  # the warp's 16 rows, contiguous in w2
-                        bulk_copy_to_shared(stage_addr + warp * MMA_ROWS * packed,
-                                            w2.iterator.toint() + (first_row + Int64(warp * MMA_ROWS)) * packed,
-                                            MMA_ROWS * packed, barrier.iterator.toint())
-                    elif lane == 1 and warp == 0:
-                        bulk_copy_to_shared(scales_addr, s2.iterator.toint() + first_row * groups, GEMM2_ROWS * groups,
-                                            barrier.iterator.toint())
-                else:  # 16-byte copies by every thread of the CTA's contiguous rows, then their scales
-                    cp_async_rows(stage_addr, GEMM2_ROWS * packed, w2.iterator.toint() + first_row * packed, 1,
-                                  GEMM2_ROWS * packed, tidx, WARPS_PER_CTA * WARP)
-                    cp_async_rows(scales_addr, GEMM2_ROWS * groups, s2.iterator.toint() + first_row * groups, 1,
-                                  GEMM2_ROWS * groups, tidx, WARPS_PER_CTA * WARP)
+                if lane == 0:  # the warp's 16 rows, contiguous in w2
+                    bulk_copy_to_shared(stage_addr + warp * MMA_ROWS * packed,
+                                        w2.iterator.toint() + (first_row + Int64(warp * MMA_ROWS)) * packed,
+                                        MMA_ROWS * packed, barrier.iterator.toint())
+                elif lane == 1 and warp == 0:
+                    bulk_copy_to_shared(scales_addr, s2.iterator.toint() + first_row * groups, GEMM2_ROWS * groups,
+                                        barrier.iterator.toint())
                 if cutlass.const_expr(self.early):
                     cute.arch.griddepcontrol_wait()
                 prefetch_activations(token_row(slot_pairs, slot, count, g, self.k, False, a.iterator.toint(),
                                                self.i * 2, q), q, 0, groups)
-                if cutlass.const_expr(self.copies == "bulk"):
-                    cute.arch.mbarrier_wait(barrier.iterator, 0)
-                else:
-                    cp_async_wait_all()
-                    cute.arch.sync_threads()
+                cute.arch.mbarrier_wait(barrier.iterator, 0)
                 local = warp * MMA_ROWS + g  # this lane's MMA row g within the CTA's rows
                 w_g, w_g8 = stage_addr + local * packed, stage_addr + (local + 8) * packed
                 s_g, s_g8 = scales_addr + local * groups, scales_addr + (local + 8) * groups
