@@ -108,20 +108,33 @@ def token_row(slot_pairs, slot, count, column, top_k: int, by_token: bool, base:
     return base + Int64(row) * row_bytes + Int64(q) * VEC_BYTES
 
 
-def groups_mma(acc: cute.Tensor, x_row, w_g, w_g8, s_g, s_g8, first_group: Int32, q: Int32, zero: Int32, count: int,
-               staged: bool, fresh: bool, shared_x: bool = False) -> None:
+@cute.jit
+def groups_mma(
+    acc: cute.Tensor,
+    x_row: Int64,
+    w_g,
+    w_g8,
+    s_g,
+    s_g8,
+    first_group: Int32,
+    q: Int32,
+    zero: Int32,
+    count: cutlass.Constexpr,
+    staged: cutlass.Constexpr,
+    fresh: cutlass.Constexpr,
+    shared_x: cutlass.Constexpr = False,
+):
     """acc += `count` MXFP4 groups from first_group of rows g / g + 8 (packed rows at w_g / w_g8, scale rows at s_g /
     s_g8: shared-memory addresses if staged, else global) times one token tile's activations (x_row: this lane's
     token row, global; `fresh`: written by a launch that was still running when this one started). Loads first, then
     the math (zero: a run-time 0 for common.after_all_loads). shared_x: x_row is a shared-memory address that this
     thread's cp_async_16 copies (and the warp's) fill; the activations are read there group by group, at their use,
-    so the batch's registers hold weights only. (Plain Python, traced inline: the DSL rewrites conditional
-    expressions in jit functions into run-time selects.)"""
+    so the batch's registers hold weights only."""
     load_word = ld_shared_b32 if staged else ld_weight_b32
     load_scale = ld_shared_u8 if staged else ld_u8
     load_act = ld_fresh_v4 if fresh else ld_act_v4
     frags = []
-    for i in range(count):
+    for i in cutlass.range_constexpr(count):
         group = first_group + i
         words = (load_word(w_g + group * VEC_BYTES + q * 4), load_word(w_g8 + group * VEC_BYTES + q * 4))
         scales = (load_scale(s_g + group), load_scale(s_g8 + group))
@@ -131,12 +144,12 @@ def groups_mma(acc: cute.Tensor, x_row, w_g, w_g8, s_g, s_g8, first_group: Int32
     pinned = [v for words, scales, xw in frags for v in (*words, *scales, *([] if shared_x else [xw[0]]))]
     first_g = after_all_loads(first_g, pinned, zero)
     frags[0] = ((first_g, first_g8), first_scales, first_x)
-    if shared_x:
+    if cutlass.const_expr(shared_x):
         cp_async_wait_all()
         cute.arch.sync_warp()
-    for i in range(count):
+    for i in cutlass.range_constexpr(count):
         words, scales, xw = frags[i]
-        if shared_x:
+        if cutlass.const_expr(shared_x):
             xw = ld_shared_v4(x_row + (first_group + i) * (FP4_GROUP * 2))
         group_mma(acc, words, scales, xw)
 
