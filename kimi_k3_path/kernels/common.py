@@ -109,17 +109,6 @@ def bulk_copy_to_shared(dst: Int32, src: Int64, nbytes, barrier: Int32) -> None:
     )
 
 
-def cp_async_16(dst: Int32, src: Int64) -> None:
-    """Copy 16 bytes from global `src` to shared `dst` asynchronously (through L2, not L1): no register holds them
-    and the thread goes on at once. Completion: cp_async_wait_all, then a barrier for the other threads."""
-    cute.arch.inline_ptx("cp.async.cg.shared.global [{$r0}], [{$r1}], 16;", read_only_args=[dst, src])
-
-
-def cp_async_wait_all() -> None:
-    """Wait for this thread's cp_async_16 copies (all of them)."""
-    cute.arch.inline_ptx("cp.async.wait_all;")
-
-
 @cute.jit
 def expect_bulk_bytes(barrier: cute.Tensor, tidx: Int32, nbytes: cutlass.Constexpr):
     """A single-use mbarrier (one Int64 in shared memory) that completes when nbytes of bulk copies have landed.

@@ -303,12 +303,10 @@ def stages_weights(m: int) -> bool:
 
 def experts_gemm1_situ(
     x_lat, w13, s13, plan, top_k: int, a, y_lat, stream, max_regs: int | None = None, tensor_cores: bool = True,
-    early_gemm2: bool = True, x_in_shared: bool = False, in_flight: int | None = None,
+    early_gemm2: bool = True,
 ) -> None:
     """a[M*k, I] = SiTU-GLU of each planned pair's GEMM1; zeroes y_lat [M, L] for GEMM2. Launched on `stream`.
-    early_gemm2=False: GEMM2 does not start before this launch ends (as until v9; a comparison for the bench).
-    x_in_shared (one token): the activations come from a shared-memory copy (ExpertsGemm1SituMma); in_flight: MXFP4
-    groups per batch of loads (None: GEMM1_GROUPS_IN_FLIGHT)."""
+    early_gemm2=False: GEMM2 does not start before this launch ends (as until v9; a comparison for the bench)."""
     from cutlass import Uint8
 
     from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
@@ -337,16 +335,12 @@ def experts_gemm1_situ(
         if mma:
             from .experts_mma import ExpertsGemm1SituMma
 
-            from .experts_mma import GEMM1_GROUPS_IN_FLIGHT
-
-            return ExpertsGemm1SituMma(experts, latent, inter, top_k, staged, in_flight or GEMM1_GROUPS_IN_FLIGHT,
-                                       early_gemm2=early_gemm2, x_in_shared=x_in_shared and m == 1), args
+            return ExpertsGemm1SituMma(experts, latent, inter, top_k, staged, early_gemm2=early_gemm2), args
         return ExpertsGemm1Situ(experts, latent, inter, top_k), args
 
     mma = on_tensor_cores(m, tensor_cores)
     staged = mma and stages_weights(m)
-    key = ("experts_gemm1_situ", experts, latent, inter, top_k, mma, staged, early_gemm2, x_in_shared and m == 1,
-           in_flight)
+    key = ("experts_gemm1_situ", experts, latent, inter, top_k, mma, staged, early_gemm2)
     fn = compile_cached(key, build, max_regs)
     fn(
         to_cute(x_lat, True), to_cute(w13), to_cute(s13), *(to_cute(t) for t in plan),

@@ -41,8 +41,6 @@ from .common import (
     WARP,
     after_all_loads,
     bulk_copy_to_shared,
-    cp_async_16,
-    cp_async_wait_all,
     e8m0_scale_times_64,
     expect_bulk_bytes,
     fp4x8_to_f16x2,
@@ -122,14 +120,11 @@ def groups_mma(
     count: cutlass.Constexpr,
     staged: cutlass.Constexpr,
     fresh: cutlass.Constexpr,
-    shared_x: cutlass.Constexpr = False,
 ):
     """acc += `count` MXFP4 groups from first_group of rows g / g + 8 (packed rows at w_g / w_g8, scale rows at s_g /
     s_g8: shared-memory addresses if staged, else global) times one token tile's activations (x_row: this lane's
     token row, global; `fresh`: written by a launch that was still running when this one started). Loads first, then
-    the math (zero: a run-time 0 for common.after_all_loads). shared_x: x_row is a shared-memory address that this
-    thread's cp_async_16 copies (and the warp's) fill; the activations are read there group by group, at their use,
-    so the batch's registers hold weights only."""
+    the math (zero: a run-time 0 for common.after_all_loads)."""
     load_word = ld_shared_b32 if staged else ld_weight_b32
     load_scale = ld_shared_u8 if staged else ld_u8
     load_act = ld_fresh_v4 if fresh else ld_act_v4
@@ -138,19 +133,12 @@ def groups_mma(
         group = first_group + i
         words = (load_word(w_g + group * VEC_BYTES + q * 4), load_word(w_g8 + group * VEC_BYTES + q * 4))
         scales = (load_scale(s_g + group), load_scale(s_g8 + group))
-        xw = None if shared_x else load_act(x_row + Int64(group) * (FP4_GROUP * 2))
-        frags.append((words, scales, xw))
+        frags.append((words, scales, load_act(x_row + Int64(group) * (FP4_GROUP * 2))))
     (first_g, first_g8), first_scales, first_x = frags[0]
-    pinned = [v for words, scales, xw in frags for v in (*words, *scales, *([] if shared_x else [xw[0]]))]
-    first_g = after_all_loads(first_g, pinned, zero)
+    first_g = after_all_loads(first_g, [v for words, scales, xw in frags for v in (*words, *scales, xw[0])], zero)
     frags[0] = ((first_g, first_g8), first_scales, first_x)
-    if cutlass.const_expr(shared_x):
-        cp_async_wait_all()
-        cute.arch.sync_warp()
     for i in cutlass.range_constexpr(count):
         words, scales, xw = frags[i]
-        if cutlass.const_expr(shared_x):
-            xw = ld_shared_v4(x_row + (first_group + i) * (FP4_GROUP * 2))
         group_mma(acc, words, scales, xw)
 
 
@@ -187,16 +175,14 @@ def group_span_mma(
     in_flight: cutlass.Constexpr,
     staged: cutlass.Constexpr,
     fresh: cutlass.Constexpr = False,
-    shared_x: cutlass.Constexpr = False,
 ):
     """acc += groups first_group .. first_group + groups - 1, `in_flight` groups' loads at a time."""
     batches: cutlass.Constexpr = groups // in_flight
     for b in cutlass.range(batches, unroll=1):
-        groups_mma(acc, x_row, w_g, w_g8, s_g, s_g8, first_group + b * in_flight, q, zero, in_flight, staged, fresh,
-                   shared_x)
+        groups_mma(acc, x_row, w_g, w_g8, s_g, s_g8, first_group + b * in_flight, q, zero, in_flight, staged, fresh)
     if cutlass.const_expr(groups % in_flight != 0):
         groups_mma(acc, x_row, w_g, w_g8, s_g, s_g8, first_group + batches * in_flight, q, zero, groups % in_flight,
-                   staged, fresh, shared_x)
+                   staged, fresh)
 
 
 class HeldWeights:
@@ -281,22 +267,17 @@ class ExpertsGemm1SituMma:
     memory in pinned batches (v8), which one token measured faster (NOTES.md, v9)."""
 
     def __init__(self, experts: int, latent: int, inter: int, top_k: int, staged: bool = True,
-                 in_flight: int = GEMM1_GROUPS_IN_FLIGHT, early_gemm2: bool = True, x_in_shared: bool = False):
+                 in_flight: int = GEMM1_GROUPS_IN_FLIGHT, early_gemm2: bool = True):
         check_mma_experts(latent, inter)  # latent % 256 == 0: the 8 warps get whole, equal shares of the K groups
         self.e, self.l, self.i, self.k, self.staged, self.in_flight = experts, latent, inter, top_k, staged, in_flight
         self.early_gemm2 = early_gemm2
-        # One token per slot only (M = 1), direct loads: each warp copies its K slice of the token's x_lat row into
-        # shared memory, so a batch's registers hold weights only (x_slice_bytes per warp).
-        self.x_in_shared = x_in_shared and not staged
-        self.x_slice_bytes = latent // FP4_GROUP // WARPS_PER_CTA * FP4_GROUP * 2
         self.row_stride = latent // 2 + ROW_PAD
         self.scale_row = latent // FP4_GROUP
         self.stage_bytes = MMA_ROWS * (latent // 2 + self.scale_row)  # what the bulk copies bring
 
     def smem_bytes(self) -> int:
         staging = MMA_ROWS * (self.row_stride + self.scale_row) + SMEM_SLACK if self.staged else 0
-        x_slices = WARPS_PER_CTA * self.x_slice_bytes if self.x_in_shared else 0
-        return scratch_bytes(TILE_TOKENS) + staging + x_slices
+        return scratch_bytes(TILE_TOKENS) + staging
 
     @cute.jit
     def __call__(self, x_lat, w13, s13, n_active, slot_expert, slot_count, slot_pairs, a, y_lat, stream: cuda.CUstream):
@@ -321,9 +302,6 @@ class ExpertsGemm1SituMma:
             stage = smem.allocate_tensor(Uint8, cute.make_layout(MMA_ROWS * (self.row_stride + self.scale_row)),
                                          byte_alignment=128)
             barrier = smem.allocate_tensor(Int64, cute.make_layout(1), byte_alignment=8)
-        if cutlass.const_expr(self.x_in_shared):
-            x_slices = smem.allocate_tensor(Uint8, cute.make_layout(WARPS_PER_CTA * self.x_slice_bytes),
-                                            byte_alignment=16)
         zero_y_lat(y_lat, (tile * grid_x + slot) * WARPS_PER_CTA * WARP + tidx, grid_x * grid_y * WARPS_PER_CTA * WARP,
                    m_count, self.l)
         if slot < n_active[0]:
@@ -361,26 +339,12 @@ class ExpertsGemm1SituMma:
                 up_row = gate_row + Int64(self.i)
                 w_g, w_g8 = w13.iterator.toint() + gate_row * packed, w13.iterator.toint() + up_row * packed
                 s_g, s_g8 = s13.iterator.toint() + gate_row * groups, s13.iterator.toint() + up_row * groups
-                if cutlass.const_expr(self.x_in_shared):
-                    # The warp's slice of the slot's one token row, 16 bytes per copy; waited for in groups_mma.
-                    slice_addr = x_slices.iterator.toint() + warp * self.x_slice_bytes
-                    src = token_row(slot_pairs, slot, count, 0, self.k, True, x_lat.iterator.toint(), self.l * 2, 0)
-                    src = src + Int64(warp * self.x_slice_bytes)
-                    for i in cutlass.range_constexpr(-(-self.x_slice_bytes // VEC_BYTES // WARP)):
-                        piece = lane + i * WARP
-                        if piece < self.x_slice_bytes // VEC_BYTES:
-                            cp_async_16(slice_addr + piece * VEC_BYTES, src + Int64(piece) * VEC_BYTES)
-                    shared_x_row = slice_addr - warp * self.x_slice_bytes + q * VEC_BYTES  # as if for group 0
             for t in cutlass.range(n_tiles, unroll=1):
+                x_row = token_row(slot_pairs, slot, count, t * TILE_TOKENS + g, self.k, True, x_lat.iterator.toint(),
+                                  self.l * 2, q)
                 acc = zero_tiles(1)
-                if cutlass.const_expr(self.x_in_shared):
-                    group_span_mma(acc, shared_x_row, w_g, w_g8, s_g, s_g8, warp * per_warp, q, m_count >> 31,
-                                   per_warp, self.in_flight, False, False, True)
-                else:
-                    x_row = token_row(slot_pairs, slot, count, t * TILE_TOKENS + g, self.k, True,
-                                      x_lat.iterator.toint(), self.l * 2, q)
-                    group_span_mma(acc, x_row, w_g, w_g8, s_g, s_g8, warp * per_warp, q, m_count >> 31, per_warp,
-                                   self.in_flight, self.staged)
+                group_span_mma(acc, x_row, w_g, w_g8, s_g, s_g8, warp * per_warp, q, m_count >> 31, per_warp,
+                               self.in_flight, self.staged)
                 reduce_tiles(acc, scratch, tidx, 1)
                 if tidx < TILE_TOKENS * GEMM1_COLUMNS:
                     token, j = tidx // GEMM1_COLUMNS, tidx % GEMM1_COLUMNS
