@@ -81,20 +81,6 @@ def prefetch_l1(addr: Int64) -> None:
     cute.arch.inline_ptx("prefetch.global.L1 [{$r0}];", read_only_args=[addr])
 
 
-def ld_weight_v2(addr: Int64):
-    """8 bytes of a weight read once per step (bypassing L1, as ld_weight_v4)."""
-    return cute.arch.inline_ptx(
-        "ld.global.nc.L1::no_allocate.v2.b32 {{$w0}, {$w1}}, [{$r0}];", write_only_types=[Int32] * 2,
-        read_only_args=[addr],
-    )
-
-
-def ld_shared_v2(addr: Int32):
-    return cute.arch.inline_ptx(
-        "ld.shared.v2.b32 {{$w0}, {$w1}}, [{$r0}];", write_only_types=[Int32] * 2, read_only_args=[addr]
-    )
-
-
 def ld_shared_b32(addr: Int32) -> Int32:
     return cute.arch.inline_ptx("ld.shared.b32 {$w0}, [{$r0}];", write_only_types=[Int32], read_only_args=[addr])
 
@@ -350,15 +336,3 @@ def load_bf16_tokens(x_addr: Int64, row_stride_bytes, m_first, m_count, vec: Int
             vals.append(hi)
         rows.append(vals)
     return rows
-
-
-# The experts' packed weight rows, in "paired" order (prepare_weights applies pair_groups once): MXFP4 groups 2p and
-# 2p + 1 share one 32-byte block, word q of both side by side, so that the tensor-core kernels' lane (g, q) reads
-# its words of two groups with one 8-byte load and each warp load uses whole 32-byte sectors (with 4-byte loads per
-# group every sector was read twice, half each time).
-PAIR_BLOCK = 32
-
-
-def paired_word_offset(group, q):
-    """Byte offset within a paired row of word q (elements 8q .. 8q + 7) of MXFP4 group `group`."""
-    return (group // 2) * PAIR_BLOCK + q * 8 + (group % 2) * 4

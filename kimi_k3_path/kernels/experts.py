@@ -35,8 +35,7 @@ from .common import (
     ld_act_v4,
     ld_coherent_f32,
     ld_u8,
-    ld_weight_b32,
-    paired_word_offset,
+    ld_weight_v4,
     red_add_f32,
     situ_glu,
     wait_for_all,
@@ -55,22 +54,6 @@ def group_dot(packed, x_addr: Int64) -> Float32:
         xw = ld_act_v4(x_addr + Int64(q * VEC_BYTES))
         acc0, acc1 = fp4x8_fma_f16x2(packed[q], xw[0], xw[1], xw[2], xw[3], acc0, acc1)
     return f16x2_pair_sum_f32(acc0, acc1)
-
-
-def pair_groups(packed):
-    """The paired order of packed MXFP4 rows (torch uint8 [..., G * 16], G even; common.paired_word_offset): byte
-    b of word q of group 2p + h moves from (2p + h) * 16 + 4q + b to 32p + 8q + 4h + b."""
-    *lead, row_bytes = packed.shape
-    if row_bytes % (2 * VEC_BYTES):
-        raise ValueError(f"pair_groups: rows of {row_bytes} bytes are not whole pairs of MXFP4 groups (32 bytes)")
-    pairs = row_bytes // (2 * VEC_BYTES)
-    return packed.reshape(*lead, pairs, 2, 4, 4).transpose(-3, -2).reshape(*lead, row_bytes).contiguous()
-
-
-def group_words(row_addr: Int64, group):
-    """The 4 words of one MXFP4 group of a paired row (4-byte loads: the CUDA-core kernels give each lane whole
-    groups, which the paired order spreads over a 32-byte block)."""
-    return [ld_weight_b32(row_addr + Int64(paired_word_offset(group, q))) for q in range(4)]
 
 
 def lanes_per_row(groups: int) -> int:
@@ -196,7 +179,7 @@ class ExpertsGemm1Situ:
             scales = []
             for gi in cutlass.range_constexpr(self.groups_per_lane):
                 g = sub + gi * GEMM1_LANES_PER_ROW
-                packed.append(group_words(row_addr, g))
+                packed.append(ld_weight_v4(row_addr + Int64(g) * VEC_BYTES))
                 scales.append(e8m0_scale_times_64(ld_u8(scale_addr + Int64(g))))
             for idx in cutlass.range(count, unroll=1):
                 pair = slot_pairs[slot, idx]
@@ -225,9 +208,6 @@ class ExpertsGemm2Combine:
             )
         if inter % FP4_GROUP:
             raise ValueError(f"ExpertsGemm2Combine: intermediate={inter} is not a multiple of {FP4_GROUP}")
-        if inter % (2 * FP4_GROUP):
-            raise ValueError(f"ExpertsGemm2Combine: intermediate={inter} is not whole pairs of MXFP4 groups (the paired "
-                             f"order of w2's rows needs a multiple of {2 * FP4_GROUP})")
         groups = inter // FP4_GROUP
         self.lanes = lanes_per_row(groups)
         self.rows_per_cta = WARPS_PER_CTA * WARP // self.lanes
@@ -266,7 +246,7 @@ class ExpertsGemm2Combine:
             scales = []
             for gi in cutlass.range_constexpr(self.groups_per_lane):
                 g = sub + gi * self.lanes
-                packed.append(group_words(row_addr, g))
+                packed.append(ld_weight_v4(row_addr + Int64(g) * VEC_BYTES))
                 scales.append(e8m0_scale_times_64(ld_u8(scale_addr + Int64(g))))
             for idx in cutlass.range(count, unroll=1):
                 pair = slot_pairs[slot, idx]

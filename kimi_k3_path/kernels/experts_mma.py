@@ -46,14 +46,12 @@ from .common import (
     fp4x8_to_f16x2,
     ld_act_v4,
     ld_fresh_v4,
+    ld_shared_b32,
     ld_shared_u8,
-    ld_shared_v2,
     ld_shared_v4,
     ld_u8,
     ld_weight_b32,
-    ld_weight_v2,
     pair_like_fp4x8,
-    paired_word_offset,
     prefetch_l1,
     red_add_f32,
     situ_glu,
@@ -67,8 +65,8 @@ WARPS_PER_CTA = 8
 # keeps ptxas from splitting a batch into one round trip per group). Weights from DRAM (one token), v8 in one run at
 # TP8 M=1: GEMM1 with 4 17.2 us, with 7 20.1 (registers cost occupancy); GEMM2 with 4 of its 12 groups 14.3 us, 6
 # 16.6, 12 23.3, but at TP16 (6 groups) 4 + 2 took 17.4 us and all 6 at once 12.8: a short row goes in one batch.
-# Weights staged in shared memory (from 2 tokens): GEMM2 takes the largest equal batches of whole pairs of groups, at
-# most 4 (TP16: 2 + 2 + 2, 40 registers; until v11 3 + 3, 48 registers, where 4 + 2 needed 122).
+# Weights staged in shared memory (from 2 tokens): GEMM2 takes the largest equal batches of at most 4 (at TP16 as
+# 3 + 3: 48 registers, where 4 + 2 needs 122).
 GEMM1_GROUPS_IN_FLIGHT = 4
 GEMM2_GROUPS_IN_FLIGHT = 4
 ONE_BATCH_GROUPS = 6
@@ -81,13 +79,12 @@ HELD_READS_IN_FLIGHT = 2
 HOLD_MAX_GROUPS = 6
 GEMM1_COLUMNS = MMA_ROWS // 2  # a's columns per warp: 8 gate rows + the 8 matching up rows
 GEMM2_ROWS = WARPS_PER_CTA * MMA_ROWS  # latent rows per GEMM2 CTA
-# Staged (from 2 tokens; v9): GEMM1 stages its 16 rows 32 bytes apart beyond their length: a half-warp's 8-byte
-# reads cover 32 bytes of each of rows g .. g + 3 (the same pair block), which then fall in distinct banks (row
-# stride 1824 = 32 mod 128); unpadded rows of 1792 bytes would put them all in the same 8 banks. GEMM2's 128 rows go
-# unpadded, one bulk copy per warp's 16 contiguous rows (192 or 96 bytes each: a 2-way conflict at TP8): a bulk copy
-# whose operands differ across lanes is issued once per lane in a loop, so one copy per row would serialize 16
-# copies in each warp.
-ROW_PAD = 32
+# Staged (from 2 tokens; v9): GEMM1 stages its 16 rows 16 bytes apart beyond their length: the 8 rows g of one MMA
+# read word q of the same group, and unpadded rows of 1792 bytes would put all 8 in one bank. GEMM2's 128 rows go
+# unpadded, one bulk copy per warp's 16 contiguous rows (192 or 96 bytes each: a 4- or 2-way conflict on a few
+# loads): a bulk copy whose operands differ across lanes is issued once per lane in a loop, so one copy per row
+# would serialize 16 copies in each warp.
+ROW_PAD = 16
 SMEM_SLACK = 256  # alignment of the staging buffer and its barrier
 
 
@@ -128,18 +125,13 @@ def groups_mma(
     s_g8: shared-memory addresses if staged, else global) times one token tile's activations (x_row: this lane's
     token row, global; `fresh`: written by a launch that was still running when this one started). Loads first, then
     the math (zero: a run-time 0 for common.after_all_loads)."""
-    load_pair = ld_shared_v2 if staged else ld_weight_v2
+    load_word = ld_shared_b32 if staged else ld_weight_b32
     load_scale = ld_shared_u8 if staged else ld_u8
     load_act = ld_fresh_v4 if fresh else ld_act_v4
-    pairs = []  # rows g and g + 8 are in paired order (common.paired_word_offset); first_group and count are even
-    for p in cutlass.range_constexpr(count // 2):
-        offset = paired_word_offset(first_group + 2 * p, q)
-        pairs.append((load_pair(w_g + offset), load_pair(w_g8 + offset)))
     frags = []
     for i in cutlass.range_constexpr(count):
         group = first_group + i
-        pair_g, pair_g8 = pairs[i // 2]
-        words = (pair_g[i % 2], pair_g8[i % 2])
+        words = (load_word(w_g + group * VEC_BYTES + q * 4), load_word(w_g8 + group * VEC_BYTES + q * 4))
         scales = (load_scale(s_g + group), load_scale(s_g8 + group))
         frags.append((words, scales, load_act(x_row + Int64(group) * (FP4_GROUP * 2))))
     (first_g, first_g8), first_scales, first_x = frags[0]
@@ -200,9 +192,8 @@ class HeldWeights:
 
     def __init__(self, w_g: Int64, w_g8: Int64, s_g: Int64, s_g8: Int64, q: Int32, groups: int):
         self.groups = groups
-        pairs = [(ld_weight_v2(w_g + paired_word_offset(2 * p, q)), ld_weight_v2(w_g8 + paired_word_offset(2 * p, q)))
-                 for p in range(groups // 2)]
-        self.words = [(pairs[gi // 2][0][gi % 2], pairs[gi // 2][1][gi % 2]) for gi in range(groups)]
+        self.words = [(ld_weight_b32(w_g + gi * VEC_BYTES + q * 4), ld_weight_b32(w_g8 + gi * VEC_BYTES + q * 4))
+                      for gi in range(groups)]
         self.packed_scales = groups % 4 == 0
         if self.packed_scales:
             self.scales = [(ld_weight_b32(s_g + 4 * i), ld_weight_b32(s_g8 + 4 * i)) for i in range(groups // 4)]
@@ -263,10 +254,8 @@ def stage_token_tile(tile_smem: Int32, a: cute.Tensor, slot_pairs: cute.Tensor, 
 def check_mma_experts(latent: int, inter: int) -> None:
     if latent % (WARPS_PER_CTA * MMA_ROWS) or latent % (WARPS_PER_CTA * WARP):
         raise ValueError(f"experts (tensor cores): latent={latent} is not a multiple of {WARPS_PER_CTA * WARP}")
-    if inter % (2 * FP4_GROUP):  # whole pairs of MXFP4 groups per w2 row (the paired order); 8 columns per GEMM1 CTA
-        raise ValueError(f"experts (tensor cores): intermediate={inter} is not a multiple of {2 * FP4_GROUP}")
-    if (latent // FP4_GROUP // WARPS_PER_CTA) % 2:  # GEMM1's warps split K in whole pairs of groups
-        raise ValueError(f"experts (tensor cores): latent={latent} does not split into whole pairs of groups per warp")
+    if inter % FP4_GROUP:  # whole MXFP4 groups per w2 row; GEMM1's CTAs take 8 columns each (32 = 4 x 8)
+        raise ValueError(f"experts (tensor cores): intermediate={inter} is not a multiple of {FP4_GROUP}")
 
 
 class ExpertsGemm1SituMma:
@@ -376,8 +365,8 @@ class ExpertsGemm2CombineMma:
                  hold_weights: bool | None = None, early_finalize: bool = False):
         check_mma_experts(latent, inter)
         groups = inter // FP4_GROUP
-        if staged:  # whole pairs of groups per batch
-            in_flight = max(n for n in range(2, in_flight + 1, 2) if groups % n == 0)
+        if staged:
+            in_flight = max(n for n in range(1, in_flight + 1) if groups % n == 0)
         elif groups <= ONE_BATCH_GROUPS:
             in_flight = groups
         self.e, self.l, self.i, self.k, self.eps, self.staged, self.in_flight = (

@@ -156,9 +156,9 @@ class MoeKernelWeights:
     router: torch.Tensor  # [E, H] bf16
     router_bias: torch.Tensor  # [E] fp32
     down: torch.Tensor  # [L, H] bf16
-    w13_packed: torch.Tensor  # [E, 2I, L/2] uint8, each row in paired order (experts.pair_groups)
+    w13_packed: torch.Tensor  # [E, 2I, L/2] uint8
     w13_scales: torch.Tensor  # [E, 2I, L/32] uint8
-    w2_packed: torch.Tensor  # [E, L, I/2] uint8, paired order
+    w2_packed: torch.Tensor  # [E, L, I/2] uint8
     w2_scales: torch.Tensor  # [E, L, I/32] uint8
     latent_norm: torch.Tensor  # [L] fp32
     up: torch.Tensor  # [H, L] bf16
@@ -199,9 +199,7 @@ class MoeKernelWeights:
 
 
 def prepare_weights(ref, top_k: int, routed_scaling_factor: float, eps: float, device) -> MoeKernelWeights:
-    """Kernel layout on `device` from a reference `MoeWeights` (any float dtype): bf16 matrices, fp32 bias/gamma,
-    the experts' packed MXFP4 rows in paired order (experts.pair_groups; their scales unchanged)."""
-    from .experts import pair_groups
+    """Kernel layout on `device` from a reference `MoeWeights` (any float dtype): bf16 matrices, fp32 bias/gamma."""
 
     def bf16(t: torch.Tensor) -> torch.Tensor:
         return t.to(device=device, dtype=torch.bfloat16).contiguous()
@@ -214,8 +212,8 @@ def prepare_weights(ref, top_k: int, routed_scaling_factor: float, eps: float, d
 
     return MoeKernelWeights(
         router=bf16(ref.router), router_bias=f32(ref.router_bias), down=bf16(ref.down),
-        w13_packed=pair_groups(u8(ref.w13_packed)), w13_scales=u8(ref.w13_scales),
-        w2_packed=pair_groups(u8(ref.w2_packed)), w2_scales=u8(ref.w2_scales),
+        w13_packed=u8(ref.w13_packed), w13_scales=u8(ref.w13_scales),
+        w2_packed=u8(ref.w2_packed), w2_scales=u8(ref.w2_scales),
         latent_norm=f32(ref.latent_norm), up=bf16(ref.up), shared13=bf16(ref.shared13), shared2=bf16(ref.shared2),
         top_k=top_k, routed_scaling_factor=routed_scaling_factor, eps=eps,
     )
