@@ -44,7 +44,6 @@ from .common import (
     e8m0_scale_times_64,
     expect_bulk_bytes,
     fp4x8_to_f16x2,
-    ld_coherent_i32,
     ld_act_v4,
     ld_fresh_v4,
     ld_shared_b32,
@@ -252,15 +251,6 @@ def stage_token_tile(tile_smem: Int32, a: cute.Tensor, slot_pairs: cute.Tensor, 
     cute.arch.sync_threads()
 
 
-def read_slot(n_active: cute.Tensor, slot_expert: cute.Tensor, slot_count: cute.Tensor, slot: Int32):
-    """(n_active, expert, count) of the plan for this CTA's slot, the three loads issued together: one L2 round trip
-    where reading n_active first and the slot's words only if it is active took two (slot < E, so all three are in
-    bounds either way; inline PTX, so the compiler cannot sink the slot's loads behind the branch)."""
-    return (ld_coherent_i32(n_active.iterator.toint()),
-            ld_coherent_i32(slot_expert.iterator.toint() + Int64(slot) * 4),
-            ld_coherent_i32(slot_count.iterator.toint() + Int64(slot) * 4))
-
-
 def check_mma_experts(latent: int, inter: int) -> None:
     if latent % (WARPS_PER_CTA * MMA_ROWS) or latent % (WARPS_PER_CTA * WARP):
         raise ValueError(f"experts (tensor cores): latent={latent} is not a multiple of {WARPS_PER_CTA * WARP}")
@@ -314,11 +304,12 @@ class ExpertsGemm1SituMma:
             barrier = smem.allocate_tensor(Int64, cute.make_layout(1), byte_alignment=8)
         zero_y_lat(y_lat, (tile * grid_x + slot) * WARPS_PER_CTA * WARP + tidx, grid_x * grid_y * WARPS_PER_CTA * WARP,
                    m_count, self.l)
-        active, expert, count = read_slot(n_active, slot_expert, slot_count, slot)
-        if slot < active:
+        if slot < n_active[0]:
             warp, lane = tidx // WARP, tidx % WARP
             g, q = lane // 4, lane % 4
             j0 = tile * GEMM1_COLUMNS
+            expert = slot_expert[slot]
+            count = slot_count[slot]
             n_tiles = (count + TILE_TOKENS - 1) // TILE_TOKENS
             packed: cutlass.Constexpr = self.l // 2
             groups: cutlass.Constexpr = self.l // FP4_GROUP
@@ -422,11 +413,12 @@ class ExpertsGemm2CombineMma:
         if cutlass.const_expr(self.holds_weights):
             token_tile = smem.allocate_tensor(Uint8, cute.make_layout(TILE_TOKENS * tile_row_bytes(self.i)),
                                               byte_alignment=16)
-        active, expert, count = read_slot(n_active, slot_expert, slot_count, slot)
-        if slot < active:
+        if slot < n_active[0]:
             warp, lane = tidx // WARP, tidx % WARP
             g, q = lane // 4, lane % 4
             r0 = (tile * WARPS_PER_CTA + warp) * MMA_ROWS
+            expert = slot_expert[slot]
+            count = slot_count[slot]
             n_tiles = (count + TILE_TOKENS - 1) // TILE_TOKENS
             packed: cutlass.Constexpr = self.i // 2
             groups: cutlass.Constexpr = self.i // FP4_GROUP
