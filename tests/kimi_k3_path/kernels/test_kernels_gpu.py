@@ -119,7 +119,13 @@ def test_router_matches_reference(m, gen, dims):
     assert_same_selection(ids, ref_ids, keys)
     scores = torch.sigmoid(x.float() @ ref.router.float().T).gather(1, ids.long())
     assert rel_err(wts, scores / scores.sum(-1, keepdim=True) * d.routed_scaling_factor) < 1e-5
-    assert rel_err(wts.gather(1, torch.argsort(ids.long(), 1)), ref_w.gather(1, torch.argsort(ref_ids, 1))) < 1e-4
+    # Against the reference's weights only where both chose the same experts: a near-tie swap (allowed above) changes
+    # every weight of its token through the renormalization (seed 1900759755 at M=64 had one).
+    same = (torch.sort(ids.long(), 1).values == torch.sort(ref_ids, 1).values).all(1)
+    assert same.sum() >= m - max(1, m // 8), f"{m - int(same.sum())} of {m} tokens chose other experts"
+    by_id, ref_by_id = torch.argsort(ids.long(), 1), torch.argsort(ref_ids, 1)
+    if same.any():
+        assert rel_err(wts.gather(1, by_id)[same], ref_w.gather(1, ref_by_id)[same]) < 1e-4
     assert_plan_matches(ids, ws, m)
     assert not ws.router_sync.any(), "the router must leave its counters and masks at zero for the next launch"
 
