@@ -115,6 +115,11 @@ def _sass(op, args, dump_dir: Path) -> list[str]:
     return _cubin_dump(op, args, dump_dir, "-sass").splitlines()
 
 
+def _registers(op, args, dump_dir: Path) -> int:
+    """Registers per thread of op's kernel (cuobjdump -res-usage)."""
+    return int(re.search(r"REG:(\d+)", _cubin_dump(op, args, dump_dir, "-res-usage")).group(1))
+
+
 @pytest.mark.parametrize("staged", [True, False])
 @pytest.mark.parametrize("gemm", ["gemm1", "gemm2"])
 @pytest.mark.parametrize("tp", [8, 16])
@@ -178,8 +183,7 @@ def test_gemm2_keeps_two_ctas_per_sm(tp, staged, dims, tmp_path):
     variant at TP16 to 140 (1 CTA per SM, 3.4 waves at one token instead of 1.7)."""
     d = dims(tp)
     op = ExpertsGemm2CombineMma(d.experts, d.latent, d.intermediate, d.top_k, d.eps, staged)
-    usage = _cubin_dump(op, _gemm2_args(d), tmp_path, "-res-usage")
-    registers = int(re.search(r"REG:(\d+)", usage).group(1))
+    registers = _registers(op, _gemm2_args(d), tmp_path)
     assert registers * 256 <= 65536 // 2, f"{registers} registers per thread"
 
 
@@ -193,8 +197,7 @@ def test_gemm2_holding_its_weights_keeps_four_ctas_per_sm(tp, dims, tmp_path):
         == (tp == 16)
     op = ExpertsGemm2CombineMma(d.experts, d.latent, d.intermediate, d.top_k, d.eps, staged=False, hold_weights=True)
     assert op.holds_weights
-    usage = _cubin_dump(op, _gemm2_args(d), tmp_path, "-res-usage")
-    registers = int(re.search(r"REG:(\d+)", usage).group(1))
+    registers = _registers(op, _gemm2_args(d), tmp_path)
     assert registers * 256 * 4 <= 65536, f"{registers} registers per thread"
 
 
