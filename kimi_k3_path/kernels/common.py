@@ -72,6 +72,12 @@ def after_all_loads(value: Int32, loaded, zero: Int32) -> Int32:
     return value | (folded & zero)
 
 
+def batch_zero(m_count: Int32) -> Int32:
+    """0 for every decode batch (1 <= m_count <= 64), for after_all_loads, and unknown to the compiler even inside a
+    loop over the batch: there LLVM knows m_count > 0, folds m_count >> 31 to 0, and drops the pin with it."""
+    return m_count >> 7
+
+
 def ld_u8(addr: Int64) -> Int32:
     return cute.arch.inline_ptx("ld.global.nc.u8 {$w0}, [{$r0}];", write_only_types=[Int32], read_only_args=[addr])
 

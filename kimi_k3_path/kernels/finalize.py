@@ -16,8 +16,20 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Int32, Int64
 
-from .common import DEFAULT_WEIGHT_LOAD, WARP
-from .gemv import BF16_PER_VEC, SCRATCH_BYTES, WARPS_PER_CTA, alloc_scratch, check_k, dot_slice, split_k_reduce, zero_acc
+from .common import DEFAULT_WEIGHT_LOAD, WARP, after_all_loads
+from .gemv import (
+    BF16_PER_VEC,
+    SCRATCH_BYTES,
+    WARPS_PER_CTA,
+    alloc_scratch,
+    check_k,
+    load_slice,
+    loaded_words,
+    pin_first_words,
+    slice_dot,
+    split_k_reduce,
+    zero_acc,
+)
 from .mma import (
     MMA_ROWS,
     TILE_TOKENS,
@@ -32,6 +44,12 @@ from .mma import (
 )
 
 FINALIZE_SPLIT = 4
+# The CUDA-core finalize is compiled to fit this many CTAs per SM (ptxas register bound; 66 -> 63 registers, 8 bytes
+# of stack): resident while GEMM2 runs, more of them hold their weights. Measured on the H200 (NOTES.md v14; same run,
+# TP8 / TP16 M=1 block): 70.1 / 70.7 and 57.6 / 57.7 us against 70.7 / 70.6 and 58.7 / 58.9 at 3; with 5 (48
+# registers, 104 bytes of stack) 91.2 and 76.9.
+SIMT_MIN_CTAS_PER_SM = 4
+SMEM_CARVEOUT_DEFAULT = -1  # CU_SHAREDMEM_CARVEOUT_DEFAULT: no preference
 
 
 @cute.jit
@@ -49,20 +67,39 @@ def finalize_part(
     latent: cutlass.Constexpr,
     inter: cutlass.Constexpr,
     mt: cutlass.Constexpr,
-    fresh: cutlass.Constexpr,
+    early: cutlass.Constexpr,
+    hold: cutlass.Constexpr,
 ):
+    """CTA `cta`: output rows 2*cta, 2*cta + 1 for every token (4 warps per row split K). Each lane loads its
+    weight vectors of both segments once, for all token tiles. Launched early, the CTA waits for GEMM2 before its
+    first load, or, holding its weights, after them: then the CTAs resident while GEMM2 runs have their weights in
+    flight by the time normed is ready."""
     part = warp % FINALIZE_SPLIT
     row = cta * (WARPS_PER_CTA // FINALIZE_SPLIT) + warp // FINALIZE_SPLIT
     up_vec: cutlass.Constexpr = latent // BF16_PER_VEC // FINALIZE_SPLIT
     sh_vec: cutlass.Constexpr = inter // BF16_PER_VEC // FINALIZE_SPLIT
-    up_addr = w_up.iterator.toint() + Int64(row) * (latent * 2)
-    sh_addr = w_sh2.iterator.toint() + Int64(row) * (inter * 2)
+    up_steps: cutlass.Constexpr = range(-(-up_vec // WARP))
+    sh_steps: cutlass.Constexpr = range(-(-sh_vec // WARP))
+    if cutlass.const_expr(early and not hold):
+        cute.arch.griddepcontrol_wait()
+    up = load_slice([w_up.iterator.toint() + Int64(row) * (latent * 2)], part * up_vec, lane, up_vec, up_steps,
+                    DEFAULT_WEIGHT_LOAD)
+    sh = load_slice([w_sh2.iterator.toint() + Int64(row) * (inter * 2)], part * sh_vec, lane, sh_vec, sh_steps,
+                    DEFAULT_WEIGHT_LOAD)
+    # Every FMA (and, holding, the wait) depends on every weight word: ptxas would otherwise sink each load next to
+    # its first use, past the wait.
+    zero = after_all_loads(Int32(0), loaded_words(up) + loaded_words(sh), m_count >> 31)
+    if cutlass.const_expr(hold):
+        if zero == 0:
+            cute.arch.griddepcontrol_wait()
+    pin_first_words(up, zero)
+    pin_first_words(sh, zero)
     for m_first in cutlass.range(0, m_count, mt, unroll=1):
         acc = zero_acc(1, mt)
-        dot_slice(acc, up_addr, up_addr, normed.iterator.toint(), part * up_vec, lane, m_first, m_count,
-                  0, 1, latent, up_vec, mt, DEFAULT_WEIGHT_LOAD, fresh)
-        dot_slice(acc, sh_addr, sh_addr, a_sh.iterator.toint(), part * sh_vec, lane, m_first, m_count,
-                  0, 1, inter, sh_vec, mt, DEFAULT_WEIGHT_LOAD, fresh)
+        slice_dot(acc, 0, up, up_steps, normed.iterator.toint(), part * up_vec, lane, m_first, m_count, latent,
+                  up_vec, mt, early)
+        slice_dot(acc, 0, sh, sh_steps, a_sh.iterator.toint(), part * sh_vec, lane, m_first, m_count, inter,
+                  sh_vec, mt, early)
         split_k_reduce(acc, scratch, warp, lane, FINALIZE_SPLIT, 1, mt)
         if lane == 0 and part == 0:
             for mi in cutlass.range_constexpr(mt):
@@ -104,9 +141,11 @@ def mma_finalize_part(
 class Finalize:
     """out [M, H] bf16 = normed [M, L] @ W_up [H, L]^T + a_sh [M, Ish] @ W_sh2 [H, Ish]^T (bf16, fp32 accumulation).
     early: launched with programmatic dependent launch while GEMM2 runs (GEMM2 lets it start at once); each CTA waits
-    (griddepcontrol.wait) before its first load and reads normed and a_sh with plain loads."""
+    (griddepcontrol.wait) before its first activation load and reads normed and a_sh with plain loads; with
+    hold_weights (CUDA cores only) it loads its weights before the wait, otherwise nothing."""
 
-    def __init__(self, hidden: int, latent: int, shared_inter: int, mt: int, early: bool = False):
+    def __init__(self, hidden: int, latent: int, shared_inter: int, mt: int, early: bool = False,
+                 hold_weights: bool = False):
         if hidden % (WARPS_PER_CTA // FINALIZE_SPLIT):
             raise ValueError(f"Finalize: hidden={hidden} is not a multiple of {WARPS_PER_CTA // FINALIZE_SPLIT}")
         check_k(latent, FINALIZE_SPLIT, "Finalize (latent)")
@@ -114,37 +153,55 @@ class Finalize:
         if uses_tensor_cores(mt):
             check_mma(hidden, latent, "Finalize (latent)")
             check_mma(hidden, shared_inter, "Finalize (shared intermediate)")
-        self.h, self.l, self.s, self.mt, self.early = hidden, latent, shared_inter, mt, early
+        if hold_weights and (not early or uses_tensor_cores(mt)):
+            raise ValueError("Finalize: hold_weights needs early=True and the CUDA-core path (token tile 1..8)")
+        self.h, self.l, self.s, self.mt, self.early, self.hold = hidden, latent, shared_inter, mt, early, hold_weights
 
     def ctas(self) -> int:
         return self.h // (MMA_ROWS if uses_tensor_cores(self.mt) else WARPS_PER_CTA // FINALIZE_SPLIT)
 
     @cute.jit
     def __call__(self, normed, w_up, a_sh, w_sh2, out, stream: cuda.CUstream):
-        smem = scratch_bytes(self.mt) if uses_tensor_cores(self.mt) else SCRATCH_BYTES
-        self.kernel(normed, w_up, a_sh, w_sh2, out, normed.shape[0]).launch(
-            grid=[self.ctas(), 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1], smem=smem, stream=stream, use_pdl=self.early
-        )
+        if cutlass.const_expr(uses_tensor_cores(self.mt)):
+            self.kernel(normed, w_up, a_sh, w_sh2, out, normed.shape[0]).launch(
+                grid=[self.ctas(), 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1], smem=scratch_bytes(self.mt),
+                stream=stream, use_pdl=self.early,
+            )
+        else:
+            # An explicit (default) carveout: with a CTA-per-SM bound the DSL would otherwise query the device for
+            # it while compiling, which fails on a machine without a GPU (CI).
+            self.kernel(normed, w_up, a_sh, w_sh2, out, normed.shape[0]).launch(
+                grid=[self.ctas(), 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1], smem=SCRATCH_BYTES, stream=stream,
+                use_pdl=self.early, min_blocks_per_mp=SIMT_MIN_CTAS_PER_SM, preferred_smem_carveout=SMEM_CARVEOUT_DEFAULT,
+            )
 
     @cute.kernel
     def kernel(self, normed, w_up, a_sh, w_sh2, out, m_count: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         smem = cutlass.memory.SmemAllocator()
-        if cutlass.const_expr(self.early):
-            cute.arch.griddepcontrol_wait()
         if cutlass.const_expr(uses_tensor_cores(self.mt)):
+            if cutlass.const_expr(self.early):
+                cute.arch.griddepcontrol_wait()
             mma_finalize_part(normed, w_up, a_sh, w_sh2, out, alloc_tile_scratch(smem, self.mt), bidx, tidx, m_count,
                               self.l, self.s, self.mt, self.early)
         else:
             finalize_part(normed, w_up, a_sh, w_sh2, out, alloc_scratch(smem), bidx, tidx // WARP, tidx % WARP,
-                          m_count, self.l, self.s, self.mt, self.early)
+                          m_count, self.l, self.s, self.mt, self.early, self.hold)
+
+
+def holds_weights(early: bool, mt: int) -> bool:
+    """Whether the finalize loads its weights before it waits for GEMM2: whenever it is launched early on the CUDA
+    cores (one token). Measured on the H200 (NOTES.md v14; same run, M=1 block, 3 CTAs per SM): TP8 70.5 / 70.5 us
+    against 71.3 / 71.3 loading them after the wait, TP16 58.7 / 58.6 against 59.7 / 59.7."""
+    return early and not uses_tensor_cores(mt)
 
 
 def finalize(normed, w_up, a_sh, w_sh2, out, stream, max_regs: int | None = None, tensor_cores: bool = True,
-             early: bool = True) -> None:
+             early: bool = True, hold_weights: bool | None = None) -> None:
     """out = normed @ w_up^T + a_sh @ w_sh2^T (normed: the bf16 latent RMSNorm output GEMM2's last CTAs write).
-    early: launched with programmatic dependent launch (Finalize); correct after any launch, since it waits first."""
+    early: launched with programmatic dependent launch (Finalize); correct after any launch, since it waits before
+    reading activations. hold_weights (None: holds_weights's choice) loads the weights before that wait."""
     from .gemv import token_tile
     from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
 
@@ -156,6 +213,7 @@ def finalize(normed, w_up, a_sh, w_sh2, out, stream, max_regs: int | None = None
     expect("w_sh2", w_sh2, (hidden, inter), "bfloat16")
     expect("out", out, (m, hidden), "bfloat16")
     mt = token_tile(m, tensor_cores)
+    hold = holds_weights(early, mt) if hold_weights is None else hold_weights
 
     def build():
         md = dyn()
@@ -163,7 +221,7 @@ def finalize(normed, w_up, a_sh, w_sh2, out, stream, max_regs: int | None = None
             fake(BFloat16, (md, latent)), fake(BFloat16, (hidden, latent)), fake(BFloat16, (md, inter)),
             fake(BFloat16, (hidden, inter)), fake(BFloat16, (md, hidden)), fake_stream(),
         )
-        return Finalize(hidden, latent, inter, mt, early), args
+        return Finalize(hidden, latent, inter, mt, early, hold), args
 
-    fn = compile_cached(("finalize", hidden, latent, inter, mt, early), build, max_regs)
+    fn = compile_cached(("finalize", hidden, latent, inter, mt, early, hold), build, max_regs)
     fn(to_cute(normed, True), to_cute(w_up), to_cute(a_sh, True), to_cute(w_sh2), to_cute(out, True), cu_stream(stream))

@@ -21,6 +21,8 @@ from .common import (
     BF16_PER_VEC,
     VEC_BYTES,
     WARP,
+    after_all_loads,
+    batch_zero,
     dot_bf16x8,
     lane_group_sum,
     DEFAULT_WEIGHT_LOAD,
@@ -52,51 +54,65 @@ def check_k(k: int, split: int, what: str) -> None:
         raise ValueError(f"{what}: K={k} is not a multiple of {BF16_PER_VEC * split} (16-byte loads, {split}-way split)")
 
 
-def unroll_for(steps: int) -> int:
-    return 4 if steps % 4 == 0 else (2 if steps % 2 == 0 else 1)
+WORDS_IN_FLIGHT = 32  # weight words (of one or two rows) a lane loads before the first FMA that uses one
 
 
-def rows_dot_tokens_step(acc, acc_row: int, row_addrs, tokens, vec, hint: str) -> None:
-    """acc[acc_row + r, mi] += dot of the 8 bf16 weights at vector `vec` of row r with the tokens' 8 values."""
-    weights = [ld_weight_v4(addr + Int64(vec) * VEC_BYTES, hint) for addr in row_addrs]
-    for r in range(len(row_addrs)):
-        for mi in range(len(tokens)):
-            acc[acc_row + r, mi] = dot_bf16x8(weights[r], tokens[mi], acc[acc_row + r, mi])
+def slice_vec(first_vec: Int32, lane: Int32, n_vec: int, step: int) -> Int32:
+    """The vector this lane reads at `step` of a K slice of n_vec vectors (first_vec + lane + 32 * step); on a ragged
+    last step the lanes past the slice reread its last vector, which keeps the load in bounds (slice_dot drops it)."""
+    vec = first_vec + lane + step * WARP
+    if n_vec % WARP and step == n_vec // WARP:
+        vec = cutlass.min(vec, first_vec + n_vec - 1)
+    return vec
 
 
-@cute.jit
-def dot_slice(
-    acc: cute.Tensor,
-    row0: Int64,
-    row1: Int64,
-    x_addr: Int64,
-    first_vec: Int32,
-    lane: Int32,
-    m_first: Int32,
-    m_count: Int32,
-    acc_row: cutlass.Constexpr,
-    rows: cutlass.Constexpr,
-    x_elems: cutlass.Constexpr,
-    n_vec: cutlass.Constexpr,
-    mt: cutlass.Constexpr,
-    hint: cutlass.Constexpr,
-    fresh: cutlass.Constexpr = False,
-):
-    """acc[acc_row + r, mi] += this lane's share of the dot of weight row r (1 or 2 rows at byte addresses
-    row0/row1) with bf16 token m_first + mi (rows of x_elems values), over the n_vec 16-byte vectors starting at
-    first_vec. The caller reduces across lanes and warps. fresh: x is read as common.load_bf16_tokens says."""
-    row_addrs = [row0, row1][:rows]
-    full: cutlass.Constexpr = n_vec // WARP
-    # Short loops unroll fully so every weight load of the slice is in flight before the first FMA.
-    for step in cutlass.range(full, unroll=full if full <= 8 else unroll_for(full)):
-        vec = first_vec + lane + step * WARP
+def load_slice(row_addrs: list, first_vec: Int32, lane: Int32, n_vec: int, steps: range, hint: str) -> list:
+    """This lane's weight vectors of the rows at byte addresses row_addrs, at `steps` of a K slice: [step][row] -> 4
+    words. Only loads: a launch started early can issue them before griddepcontrol.wait."""
+    return [[list(ld_weight_v4(addr + Int64(slice_vec(first_vec, lane, n_vec, s)) * VEC_BYTES, hint))
+             for addr in row_addrs] for s in steps]
+
+
+def loaded_words(held: list) -> list:
+    return [w for step in held for words in step for w in words]
+
+
+def pin_first_words(held: list, zero: Int32) -> None:
+    """Make the first word of every row (each row's dot is its own FMA chain) depend on `zero`, a run-time 0 that
+    common.after_all_loads computed from every held word: no FMA can then start before all the loads are issued."""
+    for words in held[0]:
+        words[0] = words[0] | zero
+
+
+def slice_dot(acc, acc_row: int, held: list, steps: range, x_addr: Int64, first_vec: Int32, lane: Int32, m_first,
+              m_count, x_elems: int, n_vec: int, mt: int, fresh: bool = False) -> None:
+    """acc[acc_row + r, mi] += this lane's share of the dot of held row r (load_slice, the same steps) with bf16
+    token m_first + mi (rows of x_elems values; fresh: read as common.load_bf16_tokens says)."""
+    for step, rows in zip(steps, held):
+        vec = slice_vec(first_vec, lane, n_vec, step)
+        if n_vec % WARP and step == n_vec // WARP:
+            keep = (lane - n_vec % WARP) >> 31  # all ones for the lanes inside the slice, zero past it
+            rows = [[w & keep for w in words] for words in rows]
         tokens = load_bf16_tokens(x_addr, x_elems * 2, m_first, m_count, vec, mt, fresh)
-        rows_dot_tokens_step(acc, acc_row, row_addrs, tokens, vec, hint)
-    if cutlass.const_expr(n_vec % WARP != 0):
-        if lane < n_vec % WARP:
-            vec = first_vec + lane + full * WARP
-            tokens = load_bf16_tokens(x_addr, x_elems * 2, m_first, m_count, vec, mt, fresh)
-            rows_dot_tokens_step(acc, acc_row, row_addrs, tokens, vec, hint)
+        for r, words in enumerate(rows):
+            for mi in range(mt):
+                acc[acc_row + r, mi] = dot_bf16x8(words, tokens[mi], acc[acc_row + r, mi])
+
+
+def dot_slice(acc, row_addrs: list, x_addr: Int64, first_vec: Int32, lane: Int32, m_first, m_count, acc_row: int,
+              x_elems: int, n_vec: int, mt: int, hint: str, fresh: bool = False) -> None:
+    """acc[acc_row + r, mi] += this lane's share of the dot of weight row r (at byte address row_addrs[r]) with bf16
+    token m_first + mi (rows of x_elems values), over the n_vec 16-byte vectors starting at first_vec. The caller
+    reduces across lanes and warps. Up to WORDS_IN_FLIGHT weight words are loaded at once, and the first FMA
+    waits for all of them (common.after_all_loads): left to itself ptxas sank loads next to their uses, one DRAM
+    round trip per step (the shared experts' SASS, v14)."""
+    steps = -(-n_vec // WARP)
+    in_flight = max(1, WORDS_IN_FLIGHT // (4 * len(row_addrs)))
+    for first in range(0, steps, in_flight):
+        batch = range(first, min(first + in_flight, steps))
+        held = load_slice(row_addrs, first_vec, lane, n_vec, batch, hint)
+        pin_first_words(held, after_all_loads(Int32(0), loaded_words(held), batch_zero(m_count)))
+        slice_dot(acc, acc_row, held, batch, x_addr, first_vec, lane, m_first, m_count, x_elems, n_vec, mt, fresh)
 
 
 @cute.jit
@@ -169,8 +185,7 @@ def gemv_part(
     row_addr = w.iterator.toint() + Int64(row) * (k * 2)
     for m_first in cutlass.range(0, m_count, mt, unroll=1):
         acc = zero_acc(1, mt)
-        dot_slice(acc, row_addr, row_addr, x.iterator.toint(), part * n_vec, lane, m_first, m_count,
-                  0, 1, k, n_vec, mt, hint)
+        dot_slice(acc, [row_addr], x.iterator.toint(), part * n_vec, lane, m_first, m_count, 0, k, n_vec, mt, hint)
         split_k_reduce(acc, scratch, warp, lane, split, 1, mt)
         if lane == 0 and part == 0:
             for mi in cutlass.range_constexpr(mt):

@@ -116,8 +116,8 @@ def router_part(
     row_addr = w.iterator.toint() + Int64(cta) * (hidden * 2)
     for m_first in cutlass.range(0, m_count, mt, unroll=1):
         acc = zero_acc(1, mt)
-        dot_slice(acc, row_addr, row_addr, x.iterator.toint(), warp * n_vec, lane, m_first, m_count,
-                  0, 1, hidden, n_vec, mt, DEFAULT_WEIGHT_LOAD)
+        dot_slice(acc, [row_addr], x.iterator.toint(), warp * n_vec, lane, m_first, m_count, 0, hidden, n_vec, mt,
+                  DEFAULT_WEIGHT_LOAD)
         split_k_reduce(acc, scratch, warp, lane, ROUTER_SPLIT, 1, mt)
         if tidx == 0:
             for mi in cutlass.range_constexpr(mt):

@@ -64,8 +64,8 @@ def shared_part(
     up_addr = w13.iterator.toint() + Int64(inter + cta) * (hidden * 2)
     for m_first in cutlass.range(0, m_count, mt, unroll=1):
         acc = zero_acc(2, mt)
-        dot_slice(acc, gate_addr, up_addr, x.iterator.toint(), warp * n_vec, lane, m_first, m_count,
-                  0, 2, hidden, n_vec, mt, DEFAULT_WEIGHT_LOAD)
+        dot_slice(acc, [gate_addr, up_addr], x.iterator.toint(), warp * n_vec, lane, m_first, m_count, 0, hidden,
+                  n_vec, mt, DEFAULT_WEIGHT_LOAD)
         split_k_reduce(acc, scratch, warp, lane, SHARED_SPLIT, 2, mt)
         if warp == 0 and lane == 0:
             for mi in cutlass.range_constexpr(mt):

@@ -30,7 +30,7 @@ from kimi_k3_path.kernels.experts_mma import (  # noqa: E402
     ExpertsGemm1SituMma,
     ExpertsGemm2CombineMma,
 )
-from kimi_k3_path.kernels.finalize import Finalize  # noqa: E402
+from kimi_k3_path.kernels.finalize import SIMT_MIN_CTAS_PER_SM, Finalize  # noqa: E402
 from kimi_k3_path.kernels.gemv import SkinnyGemm, token_tile  # noqa: E402
 from kimi_k3_path.kernels.moe import FrontKernel  # noqa: E402
 from kimi_k3_path.kernels.router import MAX_TOKENS, RouterTopK, router_sync_words  # noqa: E402
@@ -229,26 +229,78 @@ def test_shared_and_finalize_compile(tp, mt, dims):
     )
 
 
-@pytest.mark.parametrize("mt", [1, 16])
-def test_early_finalize_loads_nothing_before_it_waits_and_reads_activations_plainly(mt, dims, tmp_path):
-    """The finalize launched early (v11; GEMM2 lets it start, PREEXIT): every global load comes after
-    griddepcontrol.wait (ACQBULK), and its activation loads (normed, a_sh: no L1::no_allocate hint, unlike the
-    weights) do not take the read-only path (.CONSTANT), undefined for data written while the launch runs."""
-    d = dims(8)
+@pytest.mark.parametrize(("mt", "hold"), [(1, False), (1, True), (16, False)])
+@pytest.mark.parametrize("tp", [8, 16])
+def test_early_finalize_reads_activations_only_after_it_waits(tp, mt, hold, dims, tmp_path):
+    """The finalize launched early (v11; GEMM2 lets it start, PREEXIT): every activation load (normed, a_sh: no
+    L1::no_allocate hint, unlike the weights) comes after griddepcontrol.wait (ACQBULK) and none takes the read-only
+    path (.CONSTANT), undefined for data written while the launch runs. Holding its weights (v14), every weight load
+    comes before the wait, all of a lane's at once (no activation load or math between them); otherwise none does."""
+    d = dims(tp)
     m = dyn()
     h, lat, s = d.hidden, d.latent, d.shared_intermediate
-    lines = _sass(Finalize(h, lat, s, mt, early=True),
+    lines = _sass(Finalize(h, lat, s, mt, early=True, hold_weights=hold),
                   (fake(BFloat16, (m, lat)), fake(BFloat16, (h, lat)), fake(BFloat16, (m, s)), fake(BFloat16, (h, s)),
                    fake(BFloat16, (m, h)), fake_stream()), tmp_path / "finalize")
     wait = next(n for n, line in enumerate(lines) if "ACQBULK" in line)
     loads = [n for n, line in enumerate(lines) if "LDG" in line]
+    weights = [n for n in loads if ".NA" in lines[n]]
     activations = [n for n in loads if ".NA" not in lines[n]]
-    assert loads and min(loads) > wait
-    assert activations and not any("CONSTANT" in lines[n] for n in activations)
+    assert activations and min(activations) > wait
+    assert not any("CONSTANT" in lines[n] for n in activations)
+    if hold:
+        lat_vec, sh_vec = lat // 8 // 4, s // 8 // 4  # FINALIZE_SPLIT = 4 warps per row
+        assert len(weights) == -(-lat_vec // 32) + -(-sh_vec // 32)
+        assert max(weights) < wait
+    else:
+        assert weights and min(weights) > wait
     gemm2 = _sass(ExpertsGemm2CombineMma(d.experts, d.latent, d.intermediate, d.top_k, d.eps, False,
                                          early_finalize=True), _gemm2_args(d), tmp_path / "gemm2")
     assert next(n for n, line in enumerate(gemm2) if "PREEXIT" in line) < next(
         n for n, line in enumerate(gemm2) if "LDG" in line)
+
+
+@pytest.mark.parametrize("kernel", ["router", "down_projection", "shared_gate_up"])
+def test_one_token_gemv_weight_loads_all_precede_the_first_fma(kernel, dims, tmp_path):
+    """gemv.dot_slice pins a lane's weight loads (LDG...NA) ahead of its first FMA (v14): before, ptxas issued 3 of the
+    shared gate_up's 8 ahead and sank the rest next to their uses, a DRAM round trip each. One token: the router's 4
+    steps of one row, the down-projection's 7, the shared experts' 4 of two rows."""
+    d = dims(8)
+    m = dyn()
+    h, lat, s, e = d.hidden, d.latent, d.shared_intermediate, d.experts
+    op, args, loads = {
+        "router": (RouterTopK(e, h, d.top_k, d.routed_scaling_factor, 1),
+                   (fake(BFloat16, (m, h)), fake(BFloat16, (e, h)), fake(Float32, (e,)), fake(Float32, (m, e)),
+                    fake(Int32, (router_sync_words(e),)), fake(Int32, (m, d.top_k)), fake(Float32, (m, d.top_k)),
+                    *_plan(e), fake_stream()), 4),
+        "down_projection": (SkinnyGemm(lat, h, 1),
+                            (fake(BFloat16, (m, h)), fake(BFloat16, (lat, h)), fake(BFloat16, (m, lat)), fake_stream()),
+                            7),
+        "shared_gate_up": (SharedGateUpSitu(s, h, 1),
+                           (fake(BFloat16, (m, h)), fake(BFloat16, (2 * s, h)), fake(BFloat16, (m, s)), fake_stream()),
+                           8),
+    }[kernel]
+    lines = _sass(op, args, tmp_path)
+    first_fma = next(n for n, line in enumerate(lines) if "FFMA" in line)
+    assert sum(1 for line in lines[:first_fma] if "LDG" in line and ".NA" in line) == loads
+
+
+@pytest.mark.parametrize("hold", [False, True])
+@pytest.mark.parametrize("tp", [8, 16])
+def test_cuda_core_finalize_fits_its_ctas_per_sm(tp, hold, dims, tmp_path):
+    """The one-token finalize is bounded to SIMT_MIN_CTAS_PER_SM CTAs of 256 threads per SM (nvvm.minctasm; v14):
+    its registers fit them, with at most a few words spilled (ptxas -maxrregcount is ignored next to the launch
+    bound .reqntid that the DSL emits, so the bound is the only cap)."""
+    d = dims(tp)
+    m = dyn()
+    h, lat, s = d.hidden, d.latent, d.shared_intermediate
+    op = Finalize(h, lat, s, 1, early=True, hold_weights=hold)
+    args = (fake(BFloat16, (m, lat)), fake(BFloat16, (h, lat)), fake(BFloat16, (m, s)), fake(BFloat16, (h, s)),
+            fake(BFloat16, (m, h)), fake_stream())
+    usage = _cubin_dump(op, args, tmp_path, "-res-usage")
+    registers, stack = (int(re.search(rf"{what}:(\d+)", usage).group(1)) for what in ("REG", "STACK"))
+    assert registers * 256 * SIMT_MIN_CTAS_PER_SM <= 65536, f"{registers} registers per thread"
+    assert stack <= 16, f"{stack} bytes of stack (spills)"
 
 
 @pytest.mark.parametrize("mt", [8, 64])

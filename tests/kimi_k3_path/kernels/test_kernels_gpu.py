@@ -274,6 +274,24 @@ def test_finalize_matches_reference(tp, m, gen, dims):
     assert rel_err(out, want) < TOL
 
 
+@pytest.mark.parametrize("hold", [False, True])
+@pytest.mark.parametrize("tp", [8, 16])
+@pytest.mark.parametrize("m", [1, 7])
+def test_finalize_on_cuda_cores_holding_weights_or_not_matches_reference(tp, m, hold, gen, dims):
+    """The CUDA-core finalize launched early, loading its weights before the wait for GEMM2 (v14) or after it; both
+    K segments end on a ragged step (lanes past the slice must add nothing), and 7 tokens reuse the held weights."""
+    from kimi_k3_path.kernels.finalize import finalize
+
+    d, ref, kw, ws = weights(dims, tp, gen)
+    normed = torch.randn(m, d.latent, generator=gen, device="cuda").to(torch.bfloat16)
+    a_sh = torch.randn(m, d.shared_intermediate, generator=gen, device="cuda").to(torch.bfloat16)
+    out = poisoned(m, d.hidden, dtype=torch.bfloat16)
+    finalize(normed, kw.up, a_sh, kw.shared2, out, stream(), tensor_cores=False, early=True, hold_weights=hold)
+    torch.cuda.synchronize()
+    want = normed.float() @ ref.up.float().T + a_sh.float() @ ref.shared2.float().T
+    assert rel_err(out, want) < TOL
+
+
 @pytest.mark.parametrize("same_experts", [False, True])
 @pytest.mark.parametrize("tp", [8, 16])
 @pytest.mark.parametrize("m", BATCHES)
