@@ -173,7 +173,7 @@ def run(args) -> tuple[dict, list[dict]]:
         for m in args.batch:
             xs = [torch.randn(m, d.hidden, generator=gen, device="cuda").to(torch.bfloat16) for _ in refs]
             outs = [torch.empty(m, d.hidden, device="cuda", dtype=torch.bfloat16) for _ in refs]
-            steps = [decode_steps(x, w, ws, o, args.max_regs) for x, w, ws, o in zip(xs, ours, spaces, outs)]
+            steps = [decode_steps(x, w, ws, o) for x, w, ws, o in zip(xs, ours, spaces, outs)]
 
             def candidate(st, steps=steps):
                 for block in steps:
@@ -217,7 +217,7 @@ def run(args) -> tuple[dict, list[dict]]:
                           flush=True)
             variants = [("", steps)]
             if on_tensor_cores(m, True) and args.compare_cuda_cores:
-                simt = [decode_steps(x, w, ws, o, args.max_regs, tensor_cores=False)
+                simt = [decode_steps(x, w, ws, o, tensor_cores=False)
                         for x, w, ws, o in zip(xs, ours, spaces, outs)]
                 variants.append((" [CUDA cores]", simt))
 
@@ -268,18 +268,6 @@ def run(args) -> tuple[dict, list[dict]]:
     return evidence, kernel_rows
 
 
-def parse_max_regs(text: str) -> dict[str, int]:
-    from kimi_k3_path.kernels.moe import MAX_REGS
-
-    caps = {}
-    for item in text.split(","):
-        name, _, value = item.partition("=")
-        if name not in MAX_REGS or not value.isdigit():
-            raise argparse.ArgumentTypeError(f"{item!r}: expected LAUNCH=N with LAUNCH one of {', '.join(MAX_REGS)}")
-        caps[name] = int(value)
-    return caps
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tp", type=lambda s: [int(v) for v in s.split(",")], default=[8, 16])
@@ -293,8 +281,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="batches at which each launch of the block is also timed alone (default: 1)")
     p.add_argument("--compare-cuda-cores", action="store_true",
                    help="also time the block with every kernel on the CUDA cores (same run)")
-    p.add_argument("--max-regs", type=parse_max_regs, default=None, metavar="LAUNCH=N,...",
-                   help="register caps per launch of the block (front, gemm1, gemm2, finalize)")
     p.add_argument("--profile-once", action="store_true", help="one eager pass for ncu, then exit")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():

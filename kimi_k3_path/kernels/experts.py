@@ -302,8 +302,7 @@ def stages_weights(m: int) -> bool:
 
 
 def experts_gemm1_situ(
-    x_lat, w13, s13, plan, top_k: int, a, y_lat, stream, max_regs: int | None = None, tensor_cores: bool = True,
-    early_gemm2: bool = True,
+    x_lat, w13, s13, plan, top_k: int, a, y_lat, stream, tensor_cores: bool = True, early_gemm2: bool = True,
 ) -> None:
     """a[M*k, I] = SiTU-GLU of each planned pair's GEMM1; zeroes y_lat [M, L] for GEMM2. Launched on `stream`.
     early_gemm2=False: GEMM2 does not start before this launch ends (as until v9; a comparison for the bench)."""
@@ -341,7 +340,7 @@ def experts_gemm1_situ(
     mma = on_tensor_cores(m, tensor_cores)
     staged = mma and stages_weights(m)
     key = ("experts_gemm1_situ", experts, latent, inter, top_k, mma, staged, early_gemm2)
-    fn = compile_cached(key, build, max_regs)
+    fn = compile_cached(key, build)
     fn(
         to_cute(x_lat, True), to_cute(w13), to_cute(s13), *(to_cute(t) for t in plan),
         to_cute(a, True), to_cute(y_lat, True), cu_stream(stream),
@@ -349,7 +348,7 @@ def experts_gemm1_situ(
 
 
 def experts_gemm2_combine(
-    a, w2, s2, plan, topk_w, y_lat, counter, gamma, normed, eps: float, stream, max_regs: int | None = None,
+    a, w2, s2, plan, topk_w, y_lat, counter, gamma, normed, eps: float, stream,
     tensor_cores: bool = True, tail_ctas: int = TAIL_CTAS, early: bool = True,
     hold_weights: bool | None = None, early_finalize: bool = True,
 ) -> None:  # tail_ctas: how many of the last CTAs share the norm (norm_tail; 1 = the single last CTA of v1-v9)
@@ -403,7 +402,7 @@ def experts_gemm2_combine(
     staged = mma and stages_weights(m)
     key = ("experts_gemm2_combine", experts, latent, inter, top_k, eps, mma, staged, tail_ctas, early, hold_weights,
            early_finalize)
-    fn = compile_cached(key, build, max_regs)
+    fn = compile_cached(key, build)
     fn(
         to_cute(a, True), to_cute(w2), to_cute(s2), *(to_cute(t) for t in plan),
         to_cute(topk_w, True), to_cute(y_lat, True), to_cute(counter), to_cute(gamma), to_cute(normed, True),

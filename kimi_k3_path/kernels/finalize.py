@@ -197,8 +197,8 @@ def holds_weights(early: bool, mt: int) -> bool:
     return early and not uses_tensor_cores(mt)
 
 
-def finalize(normed, w_up, a_sh, w_sh2, out, stream, max_regs: int | None = None, tensor_cores: bool = True,
-             early: bool = True, hold_weights: bool | None = None) -> None:
+def finalize(normed, w_up, a_sh, w_sh2, out, stream, tensor_cores: bool = True, early: bool = True,
+             hold_weights: bool | None = None) -> None:
     """out = normed @ w_up^T + a_sh @ w_sh2^T (normed: the bf16 latent RMSNorm output GEMM2's last CTAs write).
     early: launched with programmatic dependent launch (Finalize); correct after any launch, since it waits before
     reading activations. hold_weights (None: holds_weights's choice) loads the weights before that wait."""
@@ -223,5 +223,5 @@ def finalize(normed, w_up, a_sh, w_sh2, out, stream, max_regs: int | None = None
         )
         return Finalize(hidden, latent, inter, mt, early, hold), args
 
-    fn = compile_cached(("finalize", hidden, latent, inter, mt, early, hold), build, max_regs)
+    fn = compile_cached(("finalize", hidden, latent, inter, mt, early, hold), build)
     fn(to_cute(normed, True), to_cute(w_up), to_cute(a_sh, True), to_cute(w_sh2), to_cute(out, True), cu_stream(stream))

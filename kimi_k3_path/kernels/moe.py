@@ -118,8 +118,7 @@ class FrontKernel:
                             self.h, self.mt)
 
 
-def front(x, w, ws, m: int, stream, max_regs: int | None = None, tensor_cores: bool = True,
-          router_tail_ctas: int = TAIL_CTAS) -> None:
+def front(x, w, ws, m: int, stream, tensor_cores: bool = True, router_tail_ctas: int = TAIL_CTAS) -> None:
     """Launch 1 of the block (see FrontKernel) on `stream`."""
     from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
 
@@ -140,7 +139,7 @@ def front(x, w, ws, m: int, stream, max_regs: int | None = None, tensor_cores: b
         return FrontKernel(e, h, lat, s, k, w.routed_scaling_factor, mt, router_mt, router_tail_ctas), args
 
     key = ("moe_front", e, h, lat, s, k, w.routed_scaling_factor, mt, router_mt, router_tail_ctas)
-    fn = compile_cached(key, build, max_regs)
+    fn = compile_cached(key, build)
     fn(
         to_cute(x, True), to_cute(w.router), to_cute(w.router_bias), to_cute(ws.logits[:m], True),
         to_cute(ws.router_sync), to_cute(ws.ids[:m], True), to_cute(ws.weights[:m], True),
@@ -251,17 +250,11 @@ class Step:
     weight_bytes: Callable[[], int]  # evaluated after a run (the experts' bytes depend on the routing)
 
 
-# Register caps per launch (ptxas -maxrregcount), chosen by the bench's sweep on the H200; None: the compiler's choice.
-MAX_REGS: dict[str, int | None] = {"front": None, "gemm1": None, "gemm2": None, "finalize": None}
-
-
 def decode_steps(
-    x: torch.Tensor, w: MoeKernelWeights, ws: MoeWorkspace, out: torch.Tensor, max_regs: dict | None = None,
-    tensor_cores: bool = True,
+    x: torch.Tensor, w: MoeKernelWeights, ws: MoeWorkspace, out: torch.Tensor, tensor_cores: bool = True,
 ) -> list[Step]:
     """The launches of `latent_moe_decode`, in order (the bench times them one by one). tensor_cores=False keeps
     every launch on the CUDA cores (the bench's same-run comparison)."""
-    regs = {**MAX_REGS, **(max_regs or {})}
     m = x.shape[0]
     if not 1 <= m <= MAX_TOKENS:
         raise ValueError(f"latent_moe_decode: decode batch M={m} must be in 1..{MAX_TOKENS}")
@@ -272,20 +265,18 @@ def decode_steps(
 
     return [
         Step("front (router + down_proj + shared_gate_up)",
-             lambda st: front(x, w, ws, m, st, regs["front"], tensor_cores),
+             lambda st: front(x, w, ws, m, st, tensor_cores),
              lambda: e * h * 2 + e * 4 + lat * h * 2 + 2 * s * h * 2),
         Step("experts_gemm1_situ", lambda st: experts_gemm1_situ(ws.x_lat[:m], w.w13_packed, w.w13_scales, ws.plan, k,
-                                                                 ws.a[: m * k], ws.y_lat[:m], st, regs["gemm1"],
-                                                                 tensor_cores),
+                                                                 ws.a[: m * k], ws.y_lat[:m], st, tensor_cores),
              lambda: active() * (2 * i * lat // 2 + 2 * i * lat // 32)),
         Step("experts_gemm2_combine_norm",
              lambda st: experts_gemm2_combine(ws.a[: m * k], w.w2_packed, w.w2_scales, ws.plan, ws.weights[:m],
                                               ws.y_lat[:m], ws.gemm2_counter, w.latent_norm, ws.normed[:m], w.eps,
-                                              st, regs["gemm2"], tensor_cores),
+                                              st, tensor_cores),
              lambda: active() * (lat * i // 2 + lat * i // 32) + lat * 4),
         Step("finalize (up_proj + shared down)",
-             lambda st: finalize(ws.normed[:m], w.up, ws.a_sh[:m], w.shared2, out, st, regs["finalize"],
-                                tensor_cores),
+             lambda st: finalize(ws.normed[:m], w.up, ws.a_sh[:m], w.shared2, out, st, tensor_cores),
              lambda: h * lat * 2 + h * s * 2),
     ]
 

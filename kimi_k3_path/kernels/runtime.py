@@ -18,18 +18,15 @@ ALIGN = 16  # every kernel issues 16-byte vector loads
 _CACHE: dict[Hashable, Callable[..., Any]] = {}
 
 
-def compile_cached(
-    key: Hashable, build: Callable[[], tuple[Any, tuple[Any, ...]]], max_regs: int | None = None
-) -> Callable[..., Any]:
-    """The compiled kernel for (`key`, max_regs); `build()` returns (jit object, fake arguments) on the first request
-    only. max_regs caps registers per thread (ptxas -maxrregcount) to trade them for resident warps."""
-    full_key = (key, max_regs)
-    fn = _CACHE.get(full_key)
+def compile_cached(key: Hashable, build: Callable[[], tuple[Any, tuple[Any, ...]]]) -> Callable[..., Any]:
+    """The compiled kernel for `key`; `build()` returns (jit object, fake arguments) on the first request only.
+    (No register cap here: ptxas ignores -maxrregcount next to the .reqntid bound the DSL emits for a static block
+    size; a kernel that needs a cap bounds its CTAs per SM at launch, as the finalize does.)"""
+    fn = _CACHE.get(key)
     if fn is None:
         op, args = build()
-        options = f"--ptxas-options -maxrregcount={max_regs}" if max_regs else None
-        fn = cute.compile(op, *args, options=options) if options else cute.compile(op, *args)
-        _CACHE[full_key] = fn
+        fn = cute.compile(op, *args)
+        _CACHE[key] = fn
     return fn
 
 

@@ -3,7 +3,6 @@ measurements themselves run on the H200 (test_bench_moe_gpu.py)."""
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 
 import pytest
@@ -11,16 +10,6 @@ import pytest
 torch = pytest.importorskip("torch", reason="the bench needs the [kernels] extra")
 
 from kimi_k3_path.kernels import bench_moe  # noqa: E402
-
-
-def test_register_caps_parse_per_launch():
-    assert bench_moe.parse_max_regs("front=128,finalize=96") == {"front": 128, "finalize": 96}
-
-
-@pytest.mark.parametrize("text", ["router=64", "front=", "front=lots", "front"])
-def test_bad_register_caps_name_the_item_and_the_launches(text):
-    with pytest.raises(argparse.ArgumentTypeError, match="expected LAUNCH=N with LAUNCH one of front, gemm1"):
-        bench_moe.parse_max_regs(text)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer on a machine without a GPU")

@@ -32,7 +32,7 @@ def test_a_short_block_bench_writes_evidence_and_kernel_rows(tmp_path):
 def test_above_8_tokens_the_bench_compares_with_the_cuda_cores_and_times_each_launch(tmp_path):
     out, kernels_out = tmp_path / "moe.json", tmp_path / "kernels.json"
     rc = bench_moe.main(["--tp", "8", "--batch", "9", "--replays", "3", "--steps-at", "9", "--compare-cuda-cores",
-                         "--max-regs", "finalize=128", "--commit", "0123abc", "--out", str(out),
+                         "--commit", "0123abc", "--out", str(out),
                          "--kernels-out", str(kernels_out)])
     assert rc == 0
     names = [k["kernel"] for k in json.loads(kernels_out.read_text()) if k["batch"] == 9]
