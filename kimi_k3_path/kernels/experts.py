@@ -84,7 +84,7 @@ TAIL_SMEM_BYTES = 64
 # GEMM2's last CTAs share the latent norm, a token at a time each, up to one per token of the largest batch. Measured
 # on the H200 (NOTES.md, v10e; block medians, same run): TP8 M=64 1017 us with one CTA for all tokens, 841 with 16,
 # 834 with 64; TP16 M=64 751 / 575 / 566; M=8 205 -> 184 (TP8), 151 -> 131 (TP16); one token unchanged.
-TAIL_CTAS = 64
+NORM_TAIL_CTAS = 64
 
 
 @cute.jit
@@ -100,7 +100,7 @@ def norm_tail(
     ctas: Int32,
     latent: cutlass.Constexpr,
     eps: cutlass.Constexpr,
-    tail_ctas: cutlass.Constexpr = TAIL_CTAS,
+    tail_ctas: cutlass.Constexpr = NORM_TAIL_CTAS,
 ):
     """normed = rms_norm(y_lat) * gamma in bf16, by the last n = min(M, tail_ctas) of GEMM2's `ctas` CTAs (empty slots
     count too) to arrive on counter[0]: the one that arrived j-th among them takes tokens j, j + n, ... once all `ctas`
@@ -201,7 +201,7 @@ class ExpertsGemm2Combine:
     y_lat [M, L] fp32 (accumulated with fp32 reductions), counter [2] int32 (zero; left zero), gamma [L] fp32,
     normed [M, L] bf16."""
 
-    def __init__(self, experts: int, latent: int, inter: int, top_k: int, eps: float, tail_ctas: int = TAIL_CTAS):
+    def __init__(self, experts: int, latent: int, inter: int, top_k: int, eps: float, tail_ctas: int = NORM_TAIL_CTAS):
         if latent % (WARPS_PER_CTA * WARP):
             raise ValueError(
                 f"ExpertsGemm2Combine: latent={latent} is not a multiple of {WARPS_PER_CTA * WARP} (norm-tail threads)"
@@ -349,7 +349,7 @@ def experts_gemm1_situ(
 
 def experts_gemm2_combine(
     a, w2, s2, plan, topk_w, y_lat, counter, gamma, normed, eps: float, stream,
-    tensor_cores: bool = True, tail_ctas: int = TAIL_CTAS, early: bool = True,
+    tensor_cores: bool = True, tail_ctas: int = NORM_TAIL_CTAS, early: bool = True,
     hold_weights: bool | None = None, early_finalize: bool = True,
 ) -> None:  # tail_ctas: how many of the last CTAs share the norm (norm_tail; 1 = the single last CTA of v1-v9)
     """y_lat[t] += sum over t's pairs of weight * (a[pair] @ w2[e]^T) (y_lat must be zero: GEMM1 does it), then

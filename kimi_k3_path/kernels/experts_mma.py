@@ -57,7 +57,7 @@ from .common import (
     situ_glu,
     st_shared_v4,
 )
-from .experts import TAIL_CTAS, TAIL_SMEM_BYTES, alloc_tail_smem, norm_tail, zero_y_lat
+from .experts import NORM_TAIL_CTAS, TAIL_SMEM_BYTES, alloc_tail_smem, norm_tail, zero_y_lat
 from .mma import MMA_ROWS, TILE_TOKENS, alloc_tile_scratch, mma_16816, reduce_tiles, scratch_bytes, zero_tiles
 
 WARPS_PER_CTA = 8
@@ -361,7 +361,7 @@ class ExpertsGemm2CombineMma:
     memory by bulk copies (one round trip), as in ExpertsGemm1SituMma."""
 
     def __init__(self, experts: int, latent: int, inter: int, top_k: int, eps: float, staged: bool = True,
-                 in_flight: int = GEMM2_GROUPS_IN_FLIGHT, early: bool = True, tail_ctas: int = TAIL_CTAS,
+                 in_flight: int = GEMM2_GROUPS_IN_FLIGHT, early: bool = True, tail_ctas: int = NORM_TAIL_CTAS,
                  hold_weights: bool | None = None, early_finalize: bool = False):
         check_mma_experts(latent, inter)
         groups = inter // FP4_GROUP

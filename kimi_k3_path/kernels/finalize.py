@@ -172,7 +172,8 @@ class Finalize:
             # it while compiling, which fails on a machine without a GPU (CI).
             self.kernel(normed, w_up, a_sh, w_sh2, out, normed.shape[0]).launch(
                 grid=[self.ctas(), 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1], smem=SCRATCH_BYTES, stream=stream,
-                use_pdl=self.early, min_blocks_per_mp=SIMT_MIN_CTAS_PER_SM, preferred_smem_carveout=SMEM_CARVEOUT_DEFAULT,
+                use_pdl=self.early, min_blocks_per_mp=SIMT_MIN_CTAS_PER_SM,
+                preferred_smem_carveout=SMEM_CARVEOUT_DEFAULT,
             )
 
     @cute.kernel

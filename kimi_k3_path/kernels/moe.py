@@ -33,7 +33,7 @@ from .gemv import GEMV_SPLIT, WARPS_PER_CTA, alloc_scratch, check_k, gemv_part, 
 from .mma import MMA_ROWS, alloc_tile_scratch, check_mma, mma_rows_part, scratch_bytes, uses_tensor_cores
 from .router import (
     MAX_TOKENS,
-    TAIL_CTAS,
+    ROUTER_TAIL_CTAS,
     alloc_router_smem,
     check_router,
     router_part,
@@ -58,7 +58,7 @@ class FrontKernel:
     expert row)."""
 
     def __init__(self, experts: int, hidden: int, latent: int, shared_inter: int, top_k: int, scaling: float, mt: int,
-                 router_mt: int, router_tail_ctas: int = TAIL_CTAS):
+                 router_mt: int, router_tail_ctas: int = ROUTER_TAIL_CTAS):
         check_router(experts, hidden, top_k)
         check_shared(shared_inter, hidden, mt)
         check_k(hidden, GEMV_SPLIT, "FrontKernel (down-projection)")
@@ -118,7 +118,7 @@ class FrontKernel:
                             self.h, self.mt)
 
 
-def front(x, w, ws, m: int, stream, tensor_cores: bool = True, router_tail_ctas: int = TAIL_CTAS) -> None:
+def front(x, w, ws, m: int, stream, tensor_cores: bool = True, router_tail_ctas: int = ROUTER_TAIL_CTAS) -> None:
     """Launch 1 of the block (see FrontKernel) on `stream`."""
     from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
 

@@ -39,7 +39,7 @@ CANDIDATES = WARPS_PER_CTA * WARP  # each warp's k <= 32 winners of its current 
 # At most this many of the last router CTAs select, 8 tokens at a time each. Measured on the H200 (NOTES.md, v10f; same
 # run): with one CTA selecting for every token the front took 167 us at M=64 (TP8), with 4 or 8 CTAs 125 us; the block
 # 838 -> 795 us at TP8 M=64, 572 -> 530 at TP16, 506 -> 481 at TP8 M=32; M <= 8 needs one CTA anyway.
-TAIL_CTAS = 8
+ROUTER_TAIL_CTAS = 8
 MASKS = 4  # sync words: [0] arrivals, [1] waiters done, [2] selections done, [3] unused; then the masks
 
 
@@ -105,7 +105,7 @@ def router_part(
     top_k: cutlass.Constexpr,
     scaling: cutlass.Constexpr,
     mt: cutlass.Constexpr,
-    tail_ctas: cutlass.Constexpr = TAIL_CTAS,
+    tail_ctas: cutlass.Constexpr = ROUTER_TAIL_CTAS,
 ):
     """CTA `cta` (of `experts` router CTAs) of the router: the logits of expert `cta` for every token; the last
     router CTAs to finish then select (up to tail_ctas of them) and plan (the last of those) for all tokens."""
@@ -330,7 +330,8 @@ class RouterTopK:
     (zero before the first launch; left zero), ids [M, k] int32, weights [M, k] fp32, n_active [1] int32,
     slot_expert [S] int32, slot_count [S] int32, slot_pairs [S, MAX_TOKENS] int32."""
 
-    def __init__(self, experts: int, hidden: int, top_k: int, scaling: float, mt: int, tail_ctas: int = TAIL_CTAS):
+    def __init__(self, experts: int, hidden: int, top_k: int, scaling: float, mt: int,
+                 tail_ctas: int = ROUTER_TAIL_CTAS):
         check_router(experts, hidden, top_k)
         self.e, self.h, self.k, self.scaling, self.mt, self.tail_ctas = experts, hidden, top_k, scaling, mt, tail_ctas
 
