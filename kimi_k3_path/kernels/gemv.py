@@ -34,7 +34,11 @@ from .mma import MAX_MMA_TOKENS, MMA_ROWS, alloc_tile_scratch, check_mma, mma_ro
 
 WARPS_PER_CTA = 8
 MAX_TILE = 8  # largest token tile; shared-memory scratch holds WARPS_PER_CTA x 2 rows x MAX_TILE partials
-GEMV_SPLIT = 4
+# Warps of a CTA sharing one weight row in the standalone one-token GEMV (one row per CTA). Measured on the H200
+# (NOTES.md v14e; 7168 -> 3584, 51.4 MB, same run): 14.4 / 14.5 us with 8 against 15.0 / 15.4 with 4 and 15.0 / 15.3
+# with 1, level with the best plain Triton GEMV (14.2 / 14.4) and ahead of cuBLAS (17.4 / 17.6). The front keeps 4
+# (moe.FRONT_DOWN_SPLIT).
+GEMV_SPLIT = 8
 
 
 def token_tile(m: int, tensor_cores: bool = True) -> int:

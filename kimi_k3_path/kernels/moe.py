@@ -29,7 +29,7 @@ from cutlass import BFloat16, Float16, Float32, Int32
 from .common import DEFAULT_WEIGHT_LOAD, WARP
 from .experts import experts_gemm1_situ, experts_gemm2_combine
 from .finalize import finalize
-from .gemv import GEMV_SPLIT, WARPS_PER_CTA, alloc_scratch, check_k, gemv_part, token_tile
+from .gemv import WARPS_PER_CTA, alloc_scratch, check_k, gemv_part, token_tile
 from .mma import MMA_ROWS, alloc_tile_scratch, check_mma, mma_rows_part, scratch_bytes, uses_tensor_cores
 from .router import (
     MAX_TOKENS,
@@ -48,6 +48,10 @@ from .shared import check_shared, mma_shared_part, shared_ctas, shared_part
 # per SM (v10, after the router's smem shrank by 4 KB) L1 kept ~28 KB for 57 KB of x: the front took 58 us at M = 4
 # against 41 at M = 8 (TP8, NOTES.md v10g).
 FRONT_MIN_SMEM_BYTES = 57 * 1024
+# Warps sharing a down-projection row in the one-token front (4 rows per CTA). Measured on the H200 (NOTES.md v14e;
+# same run, TP8 / TP16): the front alone 27.1 / 27.2 and 24.9 / 24.9 us with 4 against 29.1 / 28.9 and 26.4 / 26.4
+# with 8, although 8 is faster in the standalone GEMV (gemv.GEMV_SPLIT).
+FRONT_DOWN_SPLIT = 4
 
 
 class FrontKernel:
@@ -61,12 +65,12 @@ class FrontKernel:
                  router_mt: int, router_tail_ctas: int = ROUTER_TAIL_CTAS):
         check_router(experts, hidden, top_k)
         check_shared(shared_inter, hidden, mt)
-        check_k(hidden, GEMV_SPLIT, "FrontKernel (down-projection)")
+        check_k(hidden, FRONT_DOWN_SPLIT, "FrontKernel (down-projection)")
         if uses_tensor_cores(mt):
             check_mma(latent, hidden, "FrontKernel (down-projection)")
             rows_per_cta = MMA_ROWS
         else:
-            rows_per_cta = WARPS_PER_CTA // GEMV_SPLIT
+            rows_per_cta = WARPS_PER_CTA // FRONT_DOWN_SPLIT
         if latent % rows_per_cta:
             raise ValueError(f"FrontKernel: latent={latent} is not a multiple of {rows_per_cta}")
         self.e, self.h, self.l, self.s, self.k, self.scaling, self.mt = (
@@ -107,7 +111,7 @@ class FrontKernel:
                 mma_rows_part(x, w_down, x_lat, tiles_scratch, bidx - self.e, tidx, m_count,
                               self.h, self.mt, DEFAULT_WEIGHT_LOAD)
             else:
-                gemv_part(x, w_down, x_lat, scratch, bidx - self.e, warp, lane, m_count, self.h, GEMV_SPLIT, self.mt,
+                gemv_part(x, w_down, x_lat, scratch, bidx - self.e, warp, lane, m_count, self.h, FRONT_DOWN_SPLIT, self.mt,
                           DEFAULT_WEIGHT_LOAD)
         else:
             if cutlass.const_expr(uses_tensor_cores(self.mt)):

@@ -32,7 +32,7 @@ from kimi_k3_path.kernels.experts_mma import (  # noqa: E402
 )
 from kimi_k3_path.kernels.finalize import SIMT_MIN_CTAS_PER_SM, Finalize  # noqa: E402
 from kimi_k3_path.kernels.gemv import SkinnyGemm, token_tile  # noqa: E402
-from kimi_k3_path.kernels.moe import FrontKernel  # noqa: E402
+from kimi_k3_path.kernels.moe import FRONT_DOWN_SPLIT, FrontKernel  # noqa: E402
 from kimi_k3_path.kernels.router import MAX_TOKENS, RouterTopK, router_sync_words  # noqa: E402
 from kimi_k3_path.kernels.runtime import dyn, fake, fake_stream  # noqa: E402
 from kimi_k3_path.kernels.shared import SharedGateUpSitu  # noqa: E402
@@ -273,7 +273,7 @@ def test_one_token_gemv_weight_loads_all_precede_the_first_fma(kernel, dims, tmp
                    (fake(BFloat16, (m, h)), fake(BFloat16, (e, h)), fake(Float32, (e,)), fake(Float32, (m, e)),
                     fake(Int32, (router_sync_words(e),)), fake(Int32, (m, d.top_k)), fake(Float32, (m, d.top_k)),
                     *_plan(e), fake_stream()), 4),
-        "down_projection": (SkinnyGemm(lat, h, 1),
+        "down_projection": (SkinnyGemm(lat, h, 1, split=FRONT_DOWN_SPLIT),
                             (fake(BFloat16, (m, h)), fake(BFloat16, (lat, h)), fake(BFloat16, (m, lat)), fake_stream()),
                             7),
         "shared_gate_up": (SharedGateUpSitu(s, h, 1),
@@ -332,8 +332,8 @@ def test_lanes_per_row_divides_the_groups():
 @pytest.mark.parametrize(
     "build, message",
     [
-        (lambda: SkinnyGemm(3584, 7176, 1), "not a multiple of 32 \\(16-byte loads, 4-way split"),
-        (lambda: SkinnyGemm(3583, 7168, 1), "N=3583 is not a multiple of 2"),
+        (lambda: SkinnyGemm(3584, 7176, 1), "not a multiple of 64 \\(16-byte loads, 8-way split"),
+        (lambda: SkinnyGemm(3583, 7168, 1, split=4), "N=3583 is not a multiple of 2"),
         (lambda: RouterTopK(896, 7168, 33, 1.0, 1), "top_k=33"),
         (lambda: RouterTopK(928, 7168, 16, 1.0, 1), "experts=928 is not a multiple of 64"),
         (lambda: ExpertsGemm1Situ(896, 3000, 384, 16), "latent=3000"),
