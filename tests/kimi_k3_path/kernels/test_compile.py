@@ -343,6 +343,8 @@ def test_lanes_per_row_divides_the_groups():
         (lambda: ExpertsGemm1SituMma(896, 3584, 80, 16), "intermediate=80 is not a multiple of 32"),
         (lambda: ExpertsGemm1SituMma(896, 3200, 384, 16), "latent=3200 is not a multiple of 256"),
         (lambda: Finalize(7168, 3584, 48, 64), "K=48 is not a multiple of 32"),
+        (lambda: Finalize(7168, 3584, 768, 1, hold_weights=True), "hold_weights needs early=True"),
+        (lambda: Finalize(7168, 3584, 768, 16, early=True, hold_weights=True), "the CUDA-core path"),
     ],
 )
 def test_unsupported_shapes_are_rejected_with_the_reason(build, message):
