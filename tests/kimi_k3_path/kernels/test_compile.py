@@ -75,6 +75,12 @@ def _gemm1_args(d):
             fake(Float16, (pairs, i)), fake(Float32, (m, lat)), fake_stream())
 
 
+def _finalize_args(d):
+    m, h, lat, s = dyn(), d.hidden, d.latent, d.shared_intermediate
+    return (fake(BFloat16, (m, lat)), fake(BFloat16, (h, lat)), fake(BFloat16, (m, s)), fake(BFloat16, (h, s)),
+            fake(BFloat16, (m, h)), fake_stream())
+
+
 def _gemm2_args(d):
     m, pairs = dyn(), dyn()
     e, lat, i = d.experts, d.latent, d.intermediate
@@ -222,11 +228,7 @@ def test_shared_and_finalize_compile(tp, mt, dims):
         SharedGateUpSitu(s, h, mt),
         fake(BFloat16, (m, h)), fake(BFloat16, (2 * s, h)), fake(BFloat16, (m, s)), fake_stream(),
     )
-    _compiles(
-        Finalize(h, lat, s, mt),
-        fake(BFloat16, (m, lat)), fake(BFloat16, (h, lat)), fake(BFloat16, (m, s)), fake(BFloat16, (h, s)),
-        fake(BFloat16, (m, h)), fake_stream(),
-    )
+    _compiles(Finalize(h, lat, s, mt), *_finalize_args(d))
 
 
 @pytest.mark.parametrize(("mt", "hold"), [(1, False), (1, True), (16, False)])
@@ -237,11 +239,8 @@ def test_early_finalize_reads_activations_only_after_it_waits(tp, mt, hold, dims
     path (.CONSTANT), undefined for data written while the launch runs. Holding its weights (v14), every weight load
     comes before the wait, all of a lane's at once (no activation load or math between them); otherwise none does."""
     d = dims(tp)
-    m = dyn()
     h, lat, s = d.hidden, d.latent, d.shared_intermediate
-    lines = _sass(Finalize(h, lat, s, mt, early=True, hold_weights=hold),
-                  (fake(BFloat16, (m, lat)), fake(BFloat16, (h, lat)), fake(BFloat16, (m, s)), fake(BFloat16, (h, s)),
-                   fake(BFloat16, (m, h)), fake_stream()), tmp_path / "finalize")
+    lines = _sass(Finalize(h, lat, s, mt, early=True, hold_weights=hold), _finalize_args(d), tmp_path / "finalize")
     wait = next(n for n, line in enumerate(lines) if "ACQBULK" in line)
     loads = [n for n, line in enumerate(lines) if "LDG" in line]
     weights = [n for n in loads if ".NA" in lines[n]]
@@ -292,12 +291,8 @@ def test_cuda_core_finalize_fits_its_ctas_per_sm(tp, hold, dims, tmp_path):
     its registers fit them, with at most a few words spilled (ptxas -maxrregcount is ignored next to the launch
     bound .reqntid that the DSL emits, so the bound is the only cap)."""
     d = dims(tp)
-    m = dyn()
-    h, lat, s = d.hidden, d.latent, d.shared_intermediate
-    op = Finalize(h, lat, s, 1, early=True, hold_weights=hold)
-    args = (fake(BFloat16, (m, lat)), fake(BFloat16, (h, lat)), fake(BFloat16, (m, s)), fake(BFloat16, (h, s)),
-            fake(BFloat16, (m, h)), fake_stream())
-    usage = _cubin_dump(op, args, tmp_path, "-res-usage")
+    op = Finalize(d.hidden, d.latent, d.shared_intermediate, 1, early=True, hold_weights=hold)
+    usage = _cubin_dump(op, _finalize_args(d), tmp_path, "-res-usage")
     registers, stack = (int(re.search(rf"{what}:(\d+)", usage).group(1)) for what in ("REG", "STACK"))
     assert registers * 256 * SIMT_MIN_CTAS_PER_SM <= 65536, f"{registers} registers per thread"
     assert stack <= 16, f"{stack} bytes of stack (spills)"
