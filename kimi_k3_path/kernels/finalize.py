@@ -16,7 +16,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Int32, Int64
 
-from .common import DEFAULT_WEIGHT_LOAD, WARP, after_all_loads
+from .common import DEFAULT_WEIGHT_LOAD, WARP, after_all_loads, batch_zero
 from .gemv import (
     BF16_PER_VEC,
     SCRATCH_BYTES,
@@ -88,7 +88,7 @@ def finalize_part(
                     DEFAULT_WEIGHT_LOAD)
     # Every FMA (and, holding, the wait) depends on every weight word: ptxas would otherwise sink each load next to
     # its first use, past the wait.
-    zero = after_all_loads(Int32(0), loaded_words(up) + loaded_words(sh), m_count >> 31)
+    zero = after_all_loads(Int32(0), loaded_words(up) + loaded_words(sh), batch_zero(m_count))
     if cutlass.const_expr(hold):
         if zero == 0:
             cute.arch.griddepcontrol_wait()

@@ -61,11 +61,16 @@ def check_k(k: int, split: int, what: str) -> None:
 WORDS_IN_FLIGHT = 32  # weight words (of one or two rows) a lane loads before the first FMA that uses one
 
 
+def ragged(n_vec: int, step: int) -> bool:
+    """Whether `step` of a K slice of n_vec vectors is its last, partial one (some lanes past the slice)."""
+    return n_vec % WARP != 0 and step == n_vec // WARP
+
+
 def slice_vec(first_vec: Int32, lane: Int32, n_vec: int, step: int) -> Int32:
     """The vector this lane reads at `step` of a K slice of n_vec vectors (first_vec + lane + 32 * step); on a ragged
     last step the lanes past the slice reread its last vector, which keeps the load in bounds (slice_dot drops it)."""
     vec = first_vec + lane + step * WARP
-    if n_vec % WARP and step == n_vec // WARP:
+    if ragged(n_vec, step):
         vec = cutlass.min(vec, first_vec + n_vec - 1)
     return vec
 
@@ -94,7 +99,7 @@ def slice_dot(acc, acc_row: int, held: list, steps: range, x_addr: Int64, first_
     token m_first + mi (rows of x_elems values; fresh: read as common.load_bf16_tokens says)."""
     for step, rows in zip(steps, held):
         vec = slice_vec(first_vec, lane, n_vec, step)
-        if n_vec % WARP and step == n_vec // WARP:
+        if ragged(n_vec, step):
             keep = (lane - n_vec % WARP) >> 31  # all ones for the lanes inside the slice, zero past it
             rows = [[w & keep for w in words] for words in rows]
         tokens = load_bf16_tokens(x_addr, x_elems * 2, m_first, m_count, vec, mt, fresh)
