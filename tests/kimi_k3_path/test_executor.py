@@ -325,8 +325,10 @@ errors["mla.pages"] = rel_err(slow[2].pages, fast[2].pages)
 assert executor.summary() == {f"{SPECIALIZED}: decode batch inside the support matrix": 3,
                               "stock-like: prefill batch": 3}, executor.summary()
 print(errors)
-# bf16 activations and weights on the stock-like side against the fp32 reference ops.
-bad = {k: v for k, v in errors.items() if not 0 < v < 3e-2}  # 0 would mean one path ran twice
+# bf16 activations and weights on the stock-like side against the fp32 reference ops. Over 25 seeds (2026-12-01) the
+# layer-4 KDA output had median 0.010 and a tail to 0.031 (seed 178457753; next 0.020), every other entry < 0.02; a
+# wrong op or layout gives O(1).
+bad = {k: v for k, v in errors.items() if not 0 < v < 5e-2}  # 0 would mean one path ran twice
 assert not bad, bad
 print("ok")
 """
