@@ -160,21 +160,23 @@ class Finalize:
     def ctas(self) -> int:
         return self.h // (MMA_ROWS if uses_tensor_cores(self.mt) else WARPS_PER_CTA // FINALIZE_SPLIT)
 
+    def smem_bytes(self) -> int:
+        return scratch_bytes(self.mt) if uses_tensor_cores(self.mt) else SCRATCH_BYTES
+
+    def occupancy_bound(self) -> dict:
+        """Launch options of the CUDA-core finalize: SIMT_MIN_CTAS_PER_SM, with an explicit (default) carveout, since
+        with a CTA-per-SM bound the DSL would otherwise query the device for it while compiling, which fails on a
+        machine without a GPU (CI)."""
+        if uses_tensor_cores(self.mt):
+            return {}
+        return {"min_blocks_per_mp": SIMT_MIN_CTAS_PER_SM, "preferred_smem_carveout": SMEM_CARVEOUT_DEFAULT}
+
     @cute.jit
     def __call__(self, normed, w_up, a_sh, w_sh2, out, stream: cuda.CUstream):
-        if cutlass.const_expr(uses_tensor_cores(self.mt)):
-            self.kernel(normed, w_up, a_sh, w_sh2, out, normed.shape[0]).launch(
-                grid=[self.ctas(), 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1], smem=scratch_bytes(self.mt),
-                stream=stream, use_pdl=self.early,
-            )
-        else:
-            # An explicit (default) carveout: with a CTA-per-SM bound the DSL would otherwise query the device for
-            # it while compiling, which fails on a machine without a GPU (CI).
-            self.kernel(normed, w_up, a_sh, w_sh2, out, normed.shape[0]).launch(
-                grid=[self.ctas(), 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1], smem=SCRATCH_BYTES, stream=stream,
-                use_pdl=self.early, min_blocks_per_mp=SIMT_MIN_CTAS_PER_SM,
-                preferred_smem_carveout=SMEM_CARVEOUT_DEFAULT,
-            )
+        self.kernel(normed, w_up, a_sh, w_sh2, out, normed.shape[0]).launch(
+            grid=[self.ctas(), 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1], smem=self.smem_bytes(), stream=stream,
+            use_pdl=self.early, **self.occupancy_bound(),
+        )
 
     @cute.kernel
     def kernel(self, normed, w_up, a_sh, w_sh2, out, m_count: Int32):
