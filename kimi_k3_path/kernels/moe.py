@@ -36,6 +36,7 @@ from .router import (
     ROUTER_TAIL_CTAS,
     alloc_router_smem,
     check_router,
+    router_ctas,
     router_part,
     router_smem_bytes,
     router_sync_words,
@@ -52,17 +53,24 @@ FRONT_MIN_SMEM_BYTES = 57 * 1024
 # same run, TP8 / TP16): the front alone 27.1 / 27.2 and 24.9 / 24.9 us with 4 against 29.1 / 28.9 and 26.4 / 26.4
 # with 8, although 8 is faster in the standalone GEMV (gemv.GEMV_SPLIT).
 FRONT_DOWN_SPLIT = 4
+# From this many tokens the front's router logits run on the tensor cores (FrontKernel, router_mma). Measured on the
+# H200 (NOTES.md v15c; same run, block medians TP8 / TP16, CUDA cores -> tensor cores): M=16 281.2 -> 279.2 and 189.4
+# -> 186.3 us, M=32 489.5 -> 459.1 and 316.9 -> 287.8, M=64 791.2 -> 770.6 and 525.1 -> 505.9; but M=8 182.1 -> 187.1,
+# M=2 96.2 -> 108.2: 56 CTAs of 16 experts each have 14 round trips per warp before the top-k can start, where 896
+# one-expert CTAs finish early and one 8-token pass reads x once.
+ROUTER_MMA_FROM_TOKENS = 16
 
 
 class FrontKernel:
-    """The three consumers of x in one launch: CTAs [0, E) route, the next ones project down, the last ones compute
+    """The three consumers of x in one launch: the first CTAs route, the next ones project down, the last ones compute
     the shared experts' activation. Router CTAs come first so the top-k tail overlaps the other streams. From 2
-    tokens (token tile mt >= 16) the down-projection and shared CTAs run on the tensor cores (16 rows each, mma.py);
-    the router stays on the CUDA cores in its own tile of router_mt <= 8 tokens (its logits are fp32 dots of one
-    expert row)."""
+    tokens (token tile mt >= 16) the down-projection and shared CTAs run on the tensor cores (16 rows each, mma.py).
+    The router's logits (fp32 sums of bf16 products) come from one CTA per expert on the CUDA cores in a tile of
+    router_mt <= 8 tokens, or with router_mma (from ROUTER_MMA_FROM_TOKENS) from one CTA per 16 experts on the tensor
+    cores in the front's tile, where every CTA then reads x once for all tokens instead of once per 8."""
 
     def __init__(self, experts: int, hidden: int, latent: int, shared_inter: int, top_k: int, scaling: float, mt: int,
-                 router_mt: int, router_tail_ctas: int = ROUTER_TAIL_CTAS):
+                 router_mt: int, router_tail_ctas: int = ROUTER_TAIL_CTAS, router_mma: bool = False):
         check_router(experts, hidden, top_k)
         check_shared(shared_inter, hidden, mt)
         check_k(hidden, FRONT_DOWN_SPLIT, "FrontKernel (down-projection)")
@@ -75,7 +83,11 @@ class FrontKernel:
             raise ValueError(f"FrontKernel: latent={latent} is not a multiple of {rows_per_cta}")
         self.e, self.h, self.l, self.s, self.k, self.scaling, self.mt = (
             experts, hidden, latent, shared_inter, top_k, scaling, mt)
+        if router_mma and not uses_tensor_cores(mt):
+            raise ValueError(f"FrontKernel: router_mma needs the tensor-core token tile (mt={mt})")
         self.router_mt, self.router_tail_ctas = router_mt, router_tail_ctas
+        self.router_mma_mt = mt if router_mma else 0
+        self.router_ctas = router_ctas(experts, self.router_mma_mt)
         self.down_ctas = latent // rows_per_cta
         self.shared_ctas = shared_ctas(shared_inter, mt)
 
@@ -88,7 +100,7 @@ class FrontKernel:
                  slot_pairs, w_down, x_lat, w_sh13, a_sh, stream: cuda.CUstream):
         self.kernel(x, w_router, bias, logits, sync, ids, weights, n_active, slot_expert, slot_count, slot_pairs,
                     w_down, x_lat, w_sh13, a_sh, x.shape[0]).launch(
-            grid=[self.e + self.down_ctas + self.shared_ctas, 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1],
+            grid=[self.router_ctas + self.down_ctas + self.shared_ctas, 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1],
             smem=self.smem_bytes(), stream=stream,
         )
 
@@ -102,34 +114,44 @@ class FrontKernel:
         scratch = alloc_scratch(smem)
         tiles_scratch = alloc_tile_scratch(smem, self.mt) if cutlass.const_expr(uses_tensor_cores(self.mt)) else None
         warp, lane = tidx // WARP, tidx % WARP
-        if bidx < self.e:
+        first_down = self.router_ctas
+        first_shared = self.router_ctas + self.down_ctas
+        if bidx < first_down:
             router_part(x, w_router, bias, logits, sync, ids, weights, n_active, slot_expert, slot_count,
                         slot_pairs, state, scratch, bidx, tidx, m_count, self.e, self.h, self.k, self.scaling,
-                        self.router_mt, self.router_tail_ctas)
-        elif bidx < self.e + self.down_ctas:
+                        self.router_mt, self.router_tail_ctas, self.router_mma_mt, tiles_scratch)
+        elif bidx < first_shared:
             if cutlass.const_expr(uses_tensor_cores(self.mt)):
-                mma_rows_part(x, w_down, x_lat, tiles_scratch, bidx - self.e, tidx, m_count,
+                mma_rows_part(x, w_down, x_lat, tiles_scratch, bidx - first_down, tidx, m_count,
                               self.h, self.mt, DEFAULT_WEIGHT_LOAD)
             else:
-                gemv_part(x, w_down, x_lat, scratch, bidx - self.e, warp, lane, m_count, self.h, FRONT_DOWN_SPLIT, self.mt,
-                          DEFAULT_WEIGHT_LOAD)
+                gemv_part(x, w_down, x_lat, scratch, bidx - first_down, warp, lane, m_count, self.h, FRONT_DOWN_SPLIT,
+                          self.mt, DEFAULT_WEIGHT_LOAD)
         else:
             if cutlass.const_expr(uses_tensor_cores(self.mt)):
-                mma_shared_part(x, w_sh13, a_sh, tiles_scratch, bidx - self.e - self.down_ctas,
+                mma_shared_part(x, w_sh13, a_sh, tiles_scratch, bidx - first_shared,
                                 tidx, m_count, self.s, self.h, self.mt)
             else:
-                shared_part(x, w_sh13, a_sh, scratch, bidx - self.e - self.down_ctas, warp, lane, m_count, self.s,
+                shared_part(x, w_sh13, a_sh, scratch, bidx - first_shared, warp, lane, m_count, self.s,
                             self.h, self.mt)
 
 
-def front(x, w, ws, m: int, stream, tensor_cores: bool = True, router_tail_ctas: int = ROUTER_TAIL_CTAS) -> None:
-    """Launch 1 of the block (see FrontKernel) on `stream`."""
+def router_on_tensor_cores(m: int, tensor_cores: bool = True) -> bool:
+    """Whether the front computes the router's logits on the tensor cores for a batch of m tokens."""
+    return tensor_cores and uses_tensor_cores(token_tile(m, True)) and m >= ROUTER_MMA_FROM_TOKENS
+
+
+def front(x, w, ws, m: int, stream, tensor_cores: bool = True, router_tail_ctas: int = ROUTER_TAIL_CTAS,
+          router_mma: bool | None = None) -> None:
+    """Launch 1 of the block (see FrontKernel) on `stream`; router_mma None: router_on_tensor_cores's choice."""
     from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
 
     e, h, lat, s, k = w.experts, w.hidden, w.latent, w.shared_intermediate, w.top_k
     expect("x", x, (m, h), "bfloat16")
     mt = token_tile(m, tensor_cores)
     router_mt = token_tile(m, tensor_cores=False)
+    if router_mma is None:
+        router_mma = router_on_tensor_cores(m, tensor_cores)
 
     def build():
         md = dyn()
@@ -140,9 +162,9 @@ def front(x, w, ws, m: int, stream, tensor_cores: bool = True, router_tail_ctas:
             fake(BFloat16, (lat, h)), fake(Float16, (md, lat)), fake(BFloat16, (2 * s, h)), fake(BFloat16, (md, s)),
             fake_stream(),
         )
-        return FrontKernel(e, h, lat, s, k, w.routed_scaling_factor, mt, router_mt, router_tail_ctas), args
+        return FrontKernel(e, h, lat, s, k, w.routed_scaling_factor, mt, router_mt, router_tail_ctas, router_mma), args
 
-    key = ("moe_front", e, h, lat, s, k, w.routed_scaling_factor, mt, router_mt, router_tail_ctas)
+    key = ("moe_front", e, h, lat, s, k, w.routed_scaling_factor, mt, router_mt, router_tail_ctas, router_mma)
     fn = compile_cached(key, build)
     fn(
         to_cute(x, True), to_cute(w.router), to_cute(w.router_bias), to_cute(ws.logits[:m], True),

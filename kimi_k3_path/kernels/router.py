@@ -1,7 +1,8 @@
 """Router in one launch: fp32 logits of x [M, H] against the router weight [E, H], sigmoid, + correction bias for
 selection only, top-k, renormalized weights; and the expert plan the grouped expert kernels read.
 
-Every CTA computes the logits of one expert for all tokens; the last n = min(ceil(M / 8), 8) CTAs to finish select the
+Every CTA computes the logits of one expert for all tokens (in the block's front from 16 tokens: of 16 experts, on the
+tensor cores; moe.FrontKernel); the last n = min(ceil(M / 8), 8) CTAs to finish select the
 top-k once all logits are in (8 tokens at a time each, one warp per token: radix select of the k-th key, then a rank
 sort of the k winners), marking each token in its chosen experts' masks; the last of them to finish groups the
 (token, slot) pairs by expert with all its warps. Device-scope counters and masks in `sync` are left zero for the
@@ -30,6 +31,7 @@ from .common import (
     wait_for_all,
 )
 from .gemv import BF16_PER_VEC, SCRATCH_BYTES, WARPS_PER_CTA, alloc_scratch, check_k, dot_slice, split_k_reduce, zero_acc
+from .mma import MMA_ROWS, mma_rows_part
 
 INT32_MIN = -(2**31)  # order key of a NaN router key; also the sign-bit flip between signed and unsigned order
 MAX_TOKENS = 64  # the plan stores token sets as 64-bit masks (two 32-bit words)
@@ -73,6 +75,11 @@ def alloc_router_smem(smem, experts: int, top_k: int):
     )
 
 
+def router_ctas(experts: int, mma_mt: int) -> int:
+    """CTAs that compute the logits: one per expert on the CUDA cores, one per 16 on the tensor cores."""
+    return experts // MMA_ROWS if mma_mt > 0 else experts
+
+
 def check_router(experts: int, hidden: int, top_k: int) -> None:
     if experts % (WARP * LOAD_BATCHES):
         raise ValueError(f"RouterTopK: experts={experts} is not a multiple of {WARP * LOAD_BATCHES} (experts per lane "
@@ -106,29 +113,37 @@ def router_part(
     scaling: cutlass.Constexpr,
     mt: cutlass.Constexpr,
     tail_ctas: cutlass.Constexpr = ROUTER_TAIL_CTAS,
+    mma_mt: cutlass.Constexpr = 0,
+    mma_scratch=None,
 ):
-    """CTA `cta` (of `experts` router CTAs) of the router: the logits of expert `cta` for every token; the last
-    router CTAs to finish then select (up to tail_ctas of them) and plan (the last of those) for all tokens."""
+    """CTA `cta` of the router CTAs: the logits of expert `cta` for every token on the CUDA cores (mt tokens at a
+    time), or with mma_mt > 0 those of experts 16*cta .. 16*cta + 15 on the tensor cores (mma.mma_rows_part, token
+    tile mma_mt, mma_scratch its shared memory); the last router CTAs to finish then select (up to tail_ctas of them)
+    and plan (the last of those) for all tokens."""
     mask_lo, mask_hi, slot_of, flag, cand_key, cand_id, score_rows, chunk_active, bias_s = state
     lane = tidx % WARP
     warp = tidx // WARP
-    n_vec: cutlass.Constexpr = hidden // BF16_PER_VEC // ROUTER_SPLIT
-    row_addr = w.iterator.toint() + Int64(cta) * (hidden * 2)
-    for m_first in cutlass.range(0, m_count, mt, unroll=1):
-        acc = zero_acc(1, mt)
-        dot_slice(acc, [row_addr], x.iterator.toint(), warp * n_vec, lane, m_first, m_count, 0, hidden, n_vec, mt,
-                  DEFAULT_WEIGHT_LOAD)
-        split_k_reduce(acc, scratch, warp, lane, ROUTER_SPLIT, 1, mt)
-        if tidx == 0:
-            for mi in cutlass.range_constexpr(mt):
-                if m_first + mi < m_count:
-                    logits[m_first + mi, cta] = acc[0, mi]
+    ctas: cutlass.Constexpr = router_ctas(experts, mma_mt)
+    if cutlass.const_expr(mma_mt > 0):
+        mma_rows_part(x, w, logits, mma_scratch, cta, tidx, m_count, hidden, mma_mt, DEFAULT_WEIGHT_LOAD)
+    else:
+        n_vec: cutlass.Constexpr = hidden // BF16_PER_VEC // ROUTER_SPLIT
+        row_addr = w.iterator.toint() + Int64(cta) * (hidden * 2)
+        for m_first in cutlass.range(0, m_count, mt, unroll=1):
+            acc = zero_acc(1, mt)
+            dot_slice(acc, [row_addr], x.iterator.toint(), warp * n_vec, lane, m_first, m_count, 0, hidden, n_vec, mt,
+                      DEFAULT_WEIGHT_LOAD)
+            split_k_reduce(acc, scratch, warp, lane, ROUTER_SPLIT, 1, mt)
+            if tidx == 0:
+                for mi in cutlass.range_constexpr(mt):
+                    if m_first + mi < m_count:
+                        logits[m_first + mi, cta] = acc[0, mi]
 
     # Publish the logits and count in; the last n to arrive select once every CTA has (common.wait_for_all).
     n = cutlass.min((m_count + WARPS_PER_CTA - 1) // WARPS_PER_CTA, tail_ctas)
-    place = arrival(sync.iterator, flag, tidx) - (experts - n)
+    place = arrival(sync.iterator, flag, tidx) - (ctas - n)
     if place >= 0:
-        wait_for_all(sync, tidx, experts, n)
+        wait_for_all(sync, tidx, ctas, n)
         # Unrolled, so that every thread's bias loads are in flight together (one round trip, not four).
         for i in cutlass.range_constexpr((experts + WARPS_PER_CTA * WARP - 1) // (WARPS_PER_CTA * WARP)):
             e = tidx + i * WARPS_PER_CTA * WARP

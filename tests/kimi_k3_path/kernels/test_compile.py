@@ -298,19 +298,45 @@ def test_cuda_core_finalize_fits_its_ctas_per_sm(tp, hold, dims, tmp_path):
     assert stack <= 16, f"{stack} bytes of stack (spills)"
 
 
-@pytest.mark.parametrize("mt", [8, 64])
-@pytest.mark.parametrize("tp", [8, 16])
-def test_front_kernel_compiles(tp, mt, dims):
-    d = dims(tp)
+def _front_args(d):
     m = dyn()
     e, h, lat, s, k = d.experts, d.hidden, d.latent, d.shared_intermediate, d.top_k
-    _compiles(
-        FrontKernel(e, h, lat, s, k, d.routed_scaling_factor, mt, token_tile(mt, tensor_cores=False)),
-        fake(BFloat16, (m, h)), fake(BFloat16, (e, h)), fake(Float32, (e,)), fake(Float32, (m, e)),
-        fake(Int32, (router_sync_words(e),)), fake(Int32, (m, k)), fake(Float32, (m, k)), *_plan(e),
-        fake(BFloat16, (lat, h)), fake(Float16, (m, lat)), fake(BFloat16, (2 * s, h)), fake(BFloat16, (m, s)),
-        fake_stream(),
-    )
+    return (fake(BFloat16, (m, h)), fake(BFloat16, (e, h)), fake(Float32, (e,)), fake(Float32, (m, e)),
+            fake(Int32, (router_sync_words(e),)), fake(Int32, (m, k)), fake(Float32, (m, k)), *_plan(e),
+            fake(BFloat16, (lat, h)), fake(Float16, (m, lat)), fake(BFloat16, (2 * s, h)), fake(BFloat16, (m, s)),
+            fake_stream())
+
+
+def _front(d, mt: int, router_mma: bool = False) -> FrontKernel:
+    return FrontKernel(d.experts, d.hidden, d.latent, d.shared_intermediate, d.top_k, d.routed_scaling_factor, mt,
+                       token_tile(mt, tensor_cores=False), router_mma=router_mma)
+
+
+@pytest.mark.parametrize(("mt", "router_mma"), [(8, False), (64, False), (16, True), (64, True)])
+@pytest.mark.parametrize("tp", [8, 16])
+def test_front_kernel_compiles(tp, mt, router_mma, dims):
+    _compiles(_front(dims(tp), mt, router_mma), *_front_args(dims(tp)))
+
+
+def test_front_router_on_tensor_cores_needs_their_token_tile(dims):
+    with pytest.raises(ValueError, match="router_mma needs the tensor-core token tile"):
+        _front(dims(8), 8, router_mma=True)
+
+
+def test_front_router_runs_on_tensor_cores_from_16_tokens():
+    from kimi_k3_path.kernels.moe import router_on_tensor_cores
+
+    assert [m for m in range(1, 65) if router_on_tensor_cores(m)] == list(range(16, 65))
+    assert not any(router_on_tensor_cores(m, tensor_cores=False) for m in range(1, 65))
+
+
+@pytest.mark.parametrize("mt", [16, 64])
+def test_front_router_on_tensor_cores_takes_one_cta_per_16_experts(mt, dims):
+    """The router's logits CTAs come first in the front's grid: one per expert on the CUDA cores, one per 16 on
+    the tensor cores (the selecting tail then waits for 56 CTAs at E = 896, not 896)."""
+    d = dims(8)
+    assert _front(d, mt).router_ctas == d.experts
+    assert _front(d, mt, router_mma=True).router_ctas == d.experts // 16
 
 
 def test_token_tile_covers_every_batch():

@@ -109,11 +109,40 @@ def test_skinny_gemm_and_sharded_down_projection(m, gen, dims):
     assert rel_err(shard, ref[:, rank * cols : (rank + 1) * cols]) < TOL
 
 
+def run_front_router(x, kw, ws):
+    """The front with its router logits on the tensor cores (from 2 tokens); its ids, weights and plan."""
+    from kimi_k3_path.kernels.moe import front
+
+    m = x.shape[0]
+    ws.ids.fill_(-1)
+    ws.weights.fill_(float("nan"))
+    ws.logits.fill_(float("nan"))
+    for t in ws.plan:
+        t.fill_(-1)
+    front(x, kw, ws, m, stream(), router_mma=True)
+    torch.cuda.synchronize()
+    return ws.ids[:m], ws.weights[:m]
+
+
 @pytest.mark.parametrize("m", BATCHES)
 def test_router_matches_reference(m, gen, dims):
-    d, ref, kw, ws = weights(dims, 8, gen)
+    check_router(m, gen, dims, run_router)
+
+
+@pytest.mark.parametrize("tp", [8, 16])
+@pytest.mark.parametrize("m", [2, *BATCHES[1:]])
+def test_front_router_on_tensor_cores_matches_reference(tp, m, gen, dims):
+    """The front's router with its logits on the tensor cores (one CTA per 16 experts, v15c): fp32 logits within
+    1e-5 of the fp32 reference, the same selection, weights and plan as the standalone router is held to."""
+    d, ref, kw, ws, x = check_router(m, gen, dims, run_front_router, tp)
+    want = x.float() @ ref.router.float().T
+    assert (ws.logits[:m] - want).abs().max().item() < 1e-5 * want.abs().max().item()
+
+
+def check_router(m, gen, dims, run, tp: int = 8):
+    d, ref, kw, ws = weights(dims, tp, gen)
     x = torch.randn(m, d.hidden, generator=gen, device="cuda").to(torch.bfloat16)
-    ids, wts = run_router(x, kw, ws)
+    ids, wts = run(x, kw, ws)
     ref_ids, ref_w = route(x, ref, d)
     keys = torch.sigmoid(x.float() @ ref.router.float().T) + ref.router_bias
     assert_same_selection(ids, ref_ids, keys)
@@ -128,6 +157,7 @@ def test_router_matches_reference(m, gen, dims):
         assert rel_err(wts.gather(1, by_id)[same], ref_w.gather(1, ref_by_id)[same]) < 1e-4
     assert_plan_matches(ids, ws, m)
     assert not ws.router_sync.any(), "the router must leave its counters and masks at zero for the next launch"
+    return d, ref, kw, ws, x
 
 
 def test_router_ties_go_to_the_lower_index_and_nan_is_never_preferred(gen, dims):
