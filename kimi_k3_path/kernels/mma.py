@@ -30,7 +30,17 @@ MMA_ROWS = 16  # weight rows per warp: the MMA's m
 TILE_TOKENS = 8  # tokens per MMA: its n
 K_CHUNK = 32  # k per 16-byte load of one lane (two k16 MMA steps)
 MAX_MMA_TOKENS = 64
-CHUNKS_IN_FLIGHT = 2  # chunks whose weight loads are issued before the first of their MMAs
+
+
+def chunks_in_flight(mt: int) -> int:
+    """K chunks whose weight loads a warp issues before the first of their MMAs, for token tile mt (the front may
+    choose otherwise: moe.front_chunks_in_flight). Measured on the H200 (NOTES.md v15d; same run, one process per
+    value, block medians TP8 / TP16 for 1, 2, 3): 32 tokens 460.4, 450.2, 437.7 / 299.2, 289.1, 278.6 us; 64 tokens
+    751.1, 763.4, 721.5 / 489.6, 505.4, 461.1; at 16 tokens the launches other than the front did not care (block
+    minus front alone within 1%), and 2 was the value before. Not monotonic in registers (64 tokens: the front has 80,
+    108 and 104, and takes 79.6, 108.7 and 60.8 us alone): the chunk order, and with it how the CTAs on an SM share x
+    in L1, changes too."""
+    return 2 if mt <= 16 else 3
 
 
 def uses_tensor_cores(mt: int) -> bool:
@@ -112,21 +122,24 @@ def mma_segment(
     tiles: cutlass.Constexpr,
     hint: cutlass.Constexpr,
     fresh: cutlass.Constexpr = False,
+    in_flight: cutlass.Constexpr = 0,
 ):
     """acc += this warp's share (chunks c = warp mod 8) of rows (g, g+8) at byte addresses row_addr / row8_addr (K
-    values each) times tokens 0 .. 8*tiles - 1 of x (rows of K bf16 at x_addr; fresh: as chunks_mma says)."""
+    values each) times tokens 0 .. 8*tiles - 1 of x (rows of K bf16 at x_addr; fresh: as chunks_mma says), in_flight
+    chunks at a time (0: chunks_in_flight's choice)."""
     g = lane // 4
     q = lane % 4
     chunks: cutlass.Constexpr = k // K_CHUNK
     per_warp: cutlass.Constexpr = chunks // WARPS_PER_CTA
-    groups: cutlass.Constexpr = per_warp // CHUNKS_IN_FLIGHT
-    step: cutlass.Constexpr = CHUNKS_IN_FLIGHT * WARPS_PER_CTA
+    batch: cutlass.Constexpr = in_flight if in_flight else chunks_in_flight(tiles * TILE_TOKENS)
+    groups: cutlass.Constexpr = per_warp // batch
+    step: cutlass.Constexpr = batch * WARPS_PER_CTA
     for i in cutlass.range(groups, unroll=1):
-        chunks_mma(acc, row_addr, row8_addr, x_addr, k * 2, warp + i * step, WARPS_PER_CTA, CHUNKS_IN_FLIGHT,
+        chunks_mma(acc, row_addr, row8_addr, x_addr, k * 2, warp + i * step, WARPS_PER_CTA, batch,
                    g, q, m_count, tiles, hint, fresh)
-    if cutlass.const_expr(per_warp % CHUNKS_IN_FLIGHT != 0):
+    if cutlass.const_expr(per_warp % batch != 0):
         chunks_mma(acc, row_addr, row8_addr, x_addr, k * 2, warp + groups * step, WARPS_PER_CTA,
-                   per_warp % CHUNKS_IN_FLIGHT, g, q, m_count, tiles, hint, fresh)
+                   per_warp % batch, g, q, m_count, tiles, hint, fresh)
     if cutlass.const_expr(chunks % WARPS_PER_CTA != 0):
         if warp < chunks % WARPS_PER_CTA:
             chunks_mma(acc, row_addr, row8_addr, x_addr, k * 2, warp + per_warp * WARPS_PER_CTA, WARPS_PER_CTA, 1,
@@ -173,15 +186,17 @@ def mma_rows_part(
     k: cutlass.Constexpr,
     mt: cutlass.Constexpr,
     hint: cutlass.Constexpr,
+    in_flight: cutlass.Constexpr = 0,
 ):
-    """CTA `cta` of y = x @ w^T on the tensor cores: rows 16*cta .. 16*cta + 15 for every token."""
+    """CTA `cta` of y = x @ w^T on the tensor cores: rows 16*cta .. 16*cta + 15 for every token (in_flight: as
+    mma_segment)."""
     tiles: cutlass.Constexpr = mt // TILE_TOKENS
     lane = tidx % WARP
     row0 = cta * MMA_ROWS
     row_addr = w.iterator.toint() + Int64(row0 + lane // 4) * (k * 2)
     acc = zero_tiles(tiles)
     mma_segment(acc, row_addr, row_addr + Int64(8 * k * 2), x.iterator.toint(), tidx // WARP, lane, m_count, k, tiles,
-                hint)
+                hint, False, in_flight)
     reduce_tiles(acc, scratch, tidx, tiles)
     store_rows(scratch, y, row0, tidx, m_count, mt)
 

@@ -30,7 +30,15 @@ from .common import DEFAULT_WEIGHT_LOAD, WARP
 from .experts import experts_gemm1_situ, experts_gemm2_combine
 from .finalize import finalize
 from .gemv import WARPS_PER_CTA, alloc_scratch, check_k, gemv_part, token_tile
-from .mma import MMA_ROWS, alloc_tile_scratch, check_mma, mma_rows_part, scratch_bytes, uses_tensor_cores
+from .mma import (
+    MMA_ROWS,
+    alloc_tile_scratch,
+    check_mma,
+    chunks_in_flight,
+    mma_rows_part,
+    scratch_bytes,
+    uses_tensor_cores,
+)
 from .router import (
     MAX_TOKENS,
     ROUTER_TAIL_CTAS,
@@ -61,6 +69,15 @@ FRONT_DOWN_SPLIT = 4
 ROUTER_MMA_FROM_TOKENS = 16
 
 
+def front_chunks_in_flight(mt: int, router_mma: bool) -> int:
+    """K chunks in flight per warp in the front's tensor-core parts (mma.mma_segment): as mma.chunks_in_flight, but
+    one with a 16-token tile when the router is on the tensor cores (16 tokens). Measured on the H200 (NOTES.md v15d;
+    same run, block medians TP8 / TP16, 1 vs 2): 16 tokens, router on the tensor cores, 276.4 vs 283.4 / 182.4 vs
+    189.1 us (front alone 41.8 vs 48.7); 8 tokens, router on the CUDA cores, 192.2 vs 180.7 / 142.2 vs 131.2; 2 and 4
+    tokens ~1% slower with 1."""
+    return 1 if router_mma and mt <= 16 else chunks_in_flight(mt)
+
+
 class FrontKernel:
     """The three consumers of x in one launch: the first CTAs route, the next ones project down, the last ones compute
     the shared experts' activation. Router CTAs come first so the top-k tail overlaps the other streams. From 2
@@ -88,6 +105,7 @@ class FrontKernel:
         self.router_mt, self.router_tail_ctas = router_mt, router_tail_ctas
         self.router_mma_mt = mt if router_mma else 0
         self.router_ctas = router_ctas(experts, self.router_mma_mt)
+        self.in_flight = front_chunks_in_flight(mt, router_mma) if uses_tensor_cores(mt) else 0
         self.down_ctas = latent // rows_per_cta
         self.shared_ctas = shared_ctas(shared_inter, mt)
 
@@ -119,18 +137,18 @@ class FrontKernel:
         if bidx < first_down:
             router_part(x, w_router, bias, logits, sync, ids, weights, n_active, slot_expert, slot_count,
                         slot_pairs, state, scratch, bidx, tidx, m_count, self.e, self.h, self.k, self.scaling,
-                        self.router_mt, self.router_tail_ctas, self.router_mma_mt, tiles_scratch)
+                        self.router_mt, self.router_tail_ctas, self.router_mma_mt, tiles_scratch, self.in_flight)
         elif bidx < first_shared:
             if cutlass.const_expr(uses_tensor_cores(self.mt)):
                 mma_rows_part(x, w_down, x_lat, tiles_scratch, bidx - first_down, tidx, m_count,
-                              self.h, self.mt, DEFAULT_WEIGHT_LOAD)
+                              self.h, self.mt, DEFAULT_WEIGHT_LOAD, self.in_flight)
             else:
                 gemv_part(x, w_down, x_lat, scratch, bidx - first_down, warp, lane, m_count, self.h, FRONT_DOWN_SPLIT,
                           self.mt, DEFAULT_WEIGHT_LOAD)
         else:
             if cutlass.const_expr(uses_tensor_cores(self.mt)):
                 mma_shared_part(x, w_sh13, a_sh, tiles_scratch, bidx - first_shared,
-                                tidx, m_count, self.s, self.h, self.mt)
+                                tidx, m_count, self.s, self.h, self.mt, self.in_flight)
             else:
                 shared_part(x, w_sh13, a_sh, scratch, bidx - first_shared, warp, lane, m_count, self.s,
                             self.h, self.mt)

@@ -115,6 +115,7 @@ def router_part(
     tail_ctas: cutlass.Constexpr = ROUTER_TAIL_CTAS,
     mma_mt: cutlass.Constexpr = 0,
     mma_scratch=None,
+    mma_in_flight: cutlass.Constexpr = 0,
 ):
     """CTA `cta` of the router CTAs: the logits of expert `cta` for every token on the CUDA cores (mt tokens at a
     time), or with mma_mt > 0 those of experts 16*cta .. 16*cta + 15 on the tensor cores (mma.mma_rows_part, token
@@ -125,7 +126,8 @@ def router_part(
     warp = tidx // WARP
     ctas: cutlass.Constexpr = router_ctas(experts, mma_mt)
     if cutlass.const_expr(mma_mt > 0):
-        mma_rows_part(x, w, logits, mma_scratch, cta, tidx, m_count, hidden, mma_mt, DEFAULT_WEIGHT_LOAD)
+        mma_rows_part(x, w, logits, mma_scratch, cta, tidx, m_count, hidden, mma_mt, DEFAULT_WEIGHT_LOAD,
+                      mma_in_flight)
     else:
         n_vec: cutlass.Constexpr = hidden // BF16_PER_VEC // ROUTER_SPLIT
         row_addr = w.iterator.toint() + Int64(cta) * (hidden * 2)

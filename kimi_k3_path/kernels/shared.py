@@ -85,8 +85,10 @@ def mma_shared_part(
     inter: cutlass.Constexpr,
     hidden: cutlass.Constexpr,
     mt: cutlass.Constexpr,
+    in_flight: cutlass.Constexpr = 0,
 ):
-    """CTA `cta` computes columns j0 = 8*cta .. j0 + 7 of a on the tensor cores (MMA rows g: gate j0 + g; g + 8: up)."""
+    """CTA `cta` computes columns j0 = 8*cta .. j0 + 7 of a on the tensor cores (MMA rows g: gate j0 + g; g + 8: up;
+    in_flight: as mma.mma_segment)."""
     tiles: cutlass.Constexpr = mt // TILE_TOKENS
     lane = tidx % WARP
     j0 = cta * MMA_COLUMNS
@@ -94,7 +96,7 @@ def mma_shared_part(
     up_addr = gate_addr + Int64(inter) * (hidden * 2)
     acc = zero_tiles(tiles)
     mma_segment(acc, gate_addr, up_addr, x.iterator.toint(), tidx // WARP, lane, m_count, hidden, tiles,
-                DEFAULT_WEIGHT_LOAD)
+                DEFAULT_WEIGHT_LOAD, False, in_flight)
     reduce_tiles(acc, scratch, tidx, tiles)
     outputs: cutlass.Constexpr = mt * MMA_COLUMNS
     for o in cutlass.range_constexpr((outputs + WARPS_PER_CTA * WARP - 1) // (WARPS_PER_CTA * WARP)):

@@ -387,3 +387,15 @@ def test_host_checks_name_the_bad_argument():
         skinny_gemm(x, w, out, stream=None)
     with pytest.raises(ValueError, match="split=3"):
         skinny_gemm(x, w, out, stream=None, split=3)
+
+
+def test_front_keeps_one_chunk_in_flight_only_with_its_router_on_the_tensor_cores_at_16_tokens(dims):
+    """v15d: chunks in flight per warp by token tile (mma.chunks_in_flight: 2 up to 16 tokens, 3 above), except the
+    front with its router on the tensor cores in a 16-token tile (1)."""
+    from kimi_k3_path.kernels.mma import chunks_in_flight
+
+    d = dims(8)
+    assert [chunks_in_flight(mt) for mt in (16, 32, 64)] == [2, 3, 3]
+    assert [_front(d, 16, False).in_flight, _front(d, 16, True).in_flight] == [2, 1]
+    assert [_front(d, 64, False).in_flight, _front(d, 64, True).in_flight] == [3, 3]
+    assert _front(d, 1).in_flight == 0  # the CUDA-core front has no MMA chunks
