@@ -31,11 +31,15 @@ from kimi_k3_path.kernels.experts_mma import (  # noqa: E402
     ExpertsGemm2CombineMma,
 )
 from kimi_k3_path.kernels.finalize import SIMT_MIN_CTAS_PER_SM, Finalize  # noqa: E402
-from kimi_k3_path.kernels.gemv import SkinnyGemm, token_tile  # noqa: E402
+from kimi_k3_path.kernels.gemv import WARPS_PER_CTA, SkinnyGemm, token_tile  # noqa: E402
 from kimi_k3_path.kernels.moe import FRONT_DOWN_SPLIT, FrontKernel  # noqa: E402
 from kimi_k3_path.kernels.router import MAX_TOKENS, RouterTopK, router_sync_words  # noqa: E402
 from kimi_k3_path.kernels.runtime import dyn, fake, fake_stream  # noqa: E402
 from kimi_k3_path.kernels.shared import SharedGateUpSitu  # noqa: E402
+
+
+SM_REGISTERS = 65536  # per SM on the H200 (sm_90)
+SM_SHARED_BYTES = 228 * 1024  # per SM, of which each resident CTA also takes 1 KB
 
 
 def _compiles(op, *args) -> None:
@@ -294,7 +298,7 @@ def test_cuda_core_finalize_fits_its_ctas_per_sm(tp, hold, dims, tmp_path):
     op = Finalize(d.hidden, d.latent, d.shared_intermediate, 1, early=True, hold_weights=hold)
     usage = _cubin_dump(op, _finalize_args(d), tmp_path, "-res-usage")
     registers, stack = (int(re.search(rf"{what}:(\d+)", usage).group(1)) for what in ("REG", "STACK"))
-    assert registers * 256 * SIMT_MIN_CTAS_PER_SM <= 65536, f"{registers} registers per thread"
+    assert registers * 256 * SIMT_MIN_CTAS_PER_SM <= SM_REGISTERS, f"{registers} registers per thread"
     assert stack <= 16, f"{stack} bytes of stack (spills)"
 
 
@@ -399,3 +403,21 @@ def test_front_keeps_one_chunk_in_flight_only_with_its_router_on_the_tensor_core
     assert [_front(d, 16, False).in_flight, _front(d, 16, True).in_flight] == [2, 1]
     assert [_front(d, 64, False).in_flight, _front(d, 64, True).in_flight] == [3, 3]
     assert _front(d, 1).in_flight == 0  # the CUDA-core front has no MMA chunks
+
+
+
+
+@pytest.mark.parametrize(("mt", "router_mma", "ctas_per_sm"),
+                         [(1, False, 2), (16, False, 2), (16, True, 3), (32, True, 2), (64, True, 2)])
+@pytest.mark.parametrize("tp", [8, 16])
+def test_front_fits_the_ctas_per_sm_it_was_measured_at(tp, mt, router_mma, ctas_per_sm, dims, tmp_path):
+    """CTAs per SM of the block's front at each token tile, from the cubin's registers (allocated in units of 8 per
+    thread) and the launch's shared memory. Its occupancy decides how much L1 is left for x, which every CTA rereads
+    (v10g: 4 CTAs per SM at 4 tokens took the front from 41 to 58 us), and v15d saw the front move by 2x with its
+    chunk order; a change that moves these numbers needs a new measurement on the H200 (NOTES.md) and this table."""
+    d = dims(tp)
+    op = _front(d, mt, router_mma)
+    registers = -(-_registers(op, _front_args(d), tmp_path) // 8) * 8
+    by_registers = SM_REGISTERS // (registers * WARPS_PER_CTA * 32)
+    by_shared = SM_SHARED_BYTES // (op.smem_bytes() + 1024)
+    assert min(by_registers, by_shared) == ctas_per_sm, f"{registers} registers, {op.smem_bytes()} bytes of smem"
