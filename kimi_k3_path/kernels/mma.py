@@ -38,8 +38,8 @@ def chunks_in_flight(mt: int) -> int:
     value, block medians TP8 / TP16 for 1, 2, 3): 32 tokens 460.4, 450.2, 437.7 / 299.2, 289.1, 278.6 us; 64 tokens
     751.1, 763.4, 721.5 / 489.6, 505.4, 461.1; at 16 tokens the launches other than the front did not care (block
     minus front alone within 1%), and 2 was the value before. Not monotonic in registers (64 tokens: the front has 80,
-    108 and 104, and takes 79.6, 108.7 and 60.8 us alone): the chunk order, and with it how the CTAs on an SM share x
-    in L1, changes too."""
+    108 and 104, and takes 79.6, 108.7 and 60.8 us alone); the chunk order changes too, and with it, presumably (not
+    measured), how the CTAs on an SM meet in L1 on x."""
     return 2 if mt <= 16 else 3
 
 

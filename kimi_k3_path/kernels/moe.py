@@ -64,8 +64,8 @@ FRONT_DOWN_SPLIT = 4
 # From this many tokens the front's router logits run on the tensor cores (FrontKernel, router_mma). Measured on the
 # H200 (NOTES.md v15c; same run, block medians TP8 / TP16, CUDA cores -> tensor cores): M=16 281.2 -> 279.2 and 189.4
 # -> 186.3 us, M=32 489.5 -> 459.1 and 316.9 -> 287.8, M=64 791.2 -> 770.6 and 525.1 -> 505.9; but M=8 182.1 -> 187.1,
-# M=2 96.2 -> 108.2: 56 CTAs of 16 experts each have 14 round trips per warp before the top-k can start, where 896
-# one-expert CTAs finish early and one 8-token pass reads x once.
+# M=2 96.2 -> 108.2 (read, not measured: 56 CTAs of 16 experts each have 14 load round trips per warp before the top-k
+# can start, where 896 one-expert CTAs finish early and one 8-token pass reads x once).
 ROUTER_MMA_FROM_TOKENS = 16
 
 
