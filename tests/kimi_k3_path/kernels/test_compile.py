@@ -37,6 +37,7 @@ from kimi_k3_path.kernels.shared import SharedGateUpSitu  # noqa: E402
 
 
 SM_REGISTERS = 65536  # per SM on the H200 (sm_90)
+CTA_THREADS = WARPS_PER_CTA * 32  # every latent-MoE kernel launches 8 warps per CTA
 SM_SHARED_BYTES = 228 * 1024  # per SM, of which each resident CTA also takes 1 KB
 
 
@@ -202,7 +203,7 @@ def test_gemm2_keeps_two_ctas_per_sm(tp, staged, dims, tmp_path):
     d = dims(tp)
     op = ExpertsGemm2CombineMma(d.experts, d.latent, d.intermediate, d.top_k, d.eps, staged)
     registers = _registers(op, _gemm2_args(d), tmp_path)
-    assert registers * 256 <= 65536 // 2, f"{registers} registers per thread"
+    assert registers * CTA_THREADS * 2 <= SM_REGISTERS, f"{registers} registers per thread"
 
 
 @pytest.mark.parametrize("tp", [8, 16])
@@ -216,7 +217,7 @@ def test_gemm2_holding_its_weights_keeps_four_ctas_per_sm(tp, dims, tmp_path):
     op = ExpertsGemm2CombineMma(d.experts, d.latent, d.intermediate, d.top_k, d.eps, staged=False, hold_weights=True)
     assert op.holds_weights
     registers = _registers(op, _gemm2_args(d), tmp_path)
-    assert registers * 256 * 4 <= 65536, f"{registers} registers per thread"
+    assert registers * CTA_THREADS * 4 <= SM_REGISTERS, f"{registers} registers per thread"
 
 
 def test_gemm2_batches_staged_equal_of_at_most_4_groups_direct_a_short_row_in_one():
@@ -306,7 +307,7 @@ def test_cuda_core_finalize_fits_its_ctas_per_sm(tp, hold, dims, tmp_path):
     op = Finalize(d.hidden, d.latent, d.shared_intermediate, 1, early=True, hold_weights=hold)
     usage = _cubin_dump(op, _finalize_args(d), tmp_path, "-res-usage")
     registers, stack = (int(re.search(rf"{what}:(\d+)", usage).group(1)) for what in ("REG", "STACK"))
-    assert registers * 256 * SIMT_MIN_CTAS_PER_SM <= SM_REGISTERS, f"{registers} registers per thread"
+    assert registers * CTA_THREADS * SIMT_MIN_CTAS_PER_SM <= SM_REGISTERS, f"{registers} registers per thread"
     assert stack <= 16, f"{stack} bytes of stack (spills)"
 
 
@@ -426,7 +427,7 @@ def test_front_fits_the_ctas_per_sm_it_was_measured_at(tp, mt, router_mma, ctas_
     d = dims(tp)
     op = _front(d, mt, router_mma)
     registers = -(-_registers(op, _front_args(d), tmp_path) // 8) * 8
-    by_registers = SM_REGISTERS // (registers * WARPS_PER_CTA * 32)
+    by_registers = SM_REGISTERS // (registers * CTA_THREADS)
     by_shared = SM_SHARED_BYTES // (op.smem_bytes() + 1024)
     assert min(by_registers, by_shared) == ctas_per_sm, (
         f"{registers} registers, {op.smem_bytes()} bytes of smem: the front's occupancy moved (a kernel change, or "
