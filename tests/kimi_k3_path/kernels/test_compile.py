@@ -432,3 +432,29 @@ def test_front_fits_the_ctas_per_sm_it_was_measured_at(tp, mt, router_mma, ctas_
     assert min(by_registers, by_shared) == ctas_per_sm, (
         f"{registers} registers, {op.smem_bytes()} bytes of smem: the front's occupancy moved (a kernel change, or "
         f"another CuTe DSL / ptxas version); time it on the H200 (NOTES.md v15d) before updating this table")
+
+
+@pytest.mark.parametrize("in_flight", [2, 4, 8])
+@pytest.mark.parametrize("wait", ["none", "start", "held"])
+def test_read_stream_keeps_each_batch_of_loads_in_flight_together(in_flight, wait, tmp_path):
+    """The read-only yardstick (stream.py) measures `in_flight` 16-byte loads per thread in flight: in its batch loop
+    every load precedes the first XOR (ptxas had interleaved them 4 by 4 at 8 in flight before after_all_loads, and at
+    16 it still issues the last one after folding the others, so the bench stops at 8), and
+    "start" waits for the predecessor before any load, "held" only after its first batch is issued."""
+    from kimi_k3_path.kernels.stream import ReadStream
+
+    op = ReadStream(in_flight, wait, trigger=True)
+    sass = _sass(op, (fake(Int32, (dyn(),)), fake(Int32, (dyn(),)), Int32(1), fake_stream()), tmp_path)
+    ops = [line.split(";")[0].split("*/")[-1].split() for line in sass if re.search(r"/\*[0-9a-f]{4}\*/", line)]
+    ops = [op[1] if op[0].startswith("@") else op[0] for op in ops if op]
+    ops = [op for op in ops if op.startswith(("LDG", "LOP3", "ACQBULK"))]
+    first_load = ops.index(next(op for op in ops if op.startswith("LDG")))
+    batch = ops[first_load:first_load + in_flight + 1]
+    assert all(op.startswith("LDG") for op in batch[:in_flight]) and batch[in_flight].startswith("LOP3"), batch
+    waits = [i for i, op in enumerate(ops) if op == "ACQBULK"]
+    if wait == "none":
+        assert not waits
+    elif wait == "start":
+        assert waits and waits[0] < first_load
+    else:
+        assert waits and waits[0] > first_load + in_flight

@@ -1,0 +1,74 @@
+"""The read-ceiling bench's host side on CPU: its segments file, the issue's criteria, the L2 rotation. The reads run
+on the H200 (test_bench_ceiling_gpu.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kimi_k3_path.kernels import bench_ceiling
+from kimi_k3_path.kernels.bench_ceiling import (
+    SEGMENTS,
+    SegmentsError,
+    block_chains,
+    criterion,
+    load_segments,
+    rotation,
+    words_of,
+)
+
+RECORD = Path(__file__).parents[3] / "kimi_k3_path" / "evidence" / "run-ee24be6" / "moe_kernels_m1.json"
+
+
+def test_the_block_chains_of_the_record_are_its_four_launches_in_order():
+    chains = block_chains(load_segments(RECORD))
+    assert set(chains) == {8, 16}
+    rows = {(r["tp"], r["kernel"]): r["weight_bytes"] for r in json.loads(RECORD.read_text())}
+    assert chains[8] == [rows[(8, name)] for name in SEGMENTS]
+    assert sum(chains[8]) == 183_748_096  # the TP8 block's 183.7 MB (NOTES.md)
+
+
+def test_a_tp_missing_a_segment_has_no_chain(tmp_path):
+    rows = [{"tp": 8, "batch": 1, "kernel": name, "weight_bytes": 1000} for name in SEGMENTS[:3]]
+    assert block_chains(rows) == {}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("not json", "cannot read kernel rows"),
+    ('{"kernel": "x"}', "expected a JSON list"),
+    ('[{"tp": 8}]', "row 0 is not a kernel row"),
+    ('[{"kernel": "front", "weight_bytes": -3}]', "row 0 (front): weight_bytes must be a positive integer"),
+    ('[{"kernel": "block [CUDA cores]", "median_us": 3.0}]', "no kernel rows with weight_bytes"),
+])
+def test_a_bad_segments_file_is_named_with_the_reason(tmp_path, text, message):
+    path = tmp_path / "kernels.json"
+    path.write_text(text)
+    with pytest.raises(SegmentsError, match=str(path)) as err:
+        load_segments(path)
+    assert message in str(err.value)
+
+
+def test_main_refuses_a_bad_segments_file_before_touching_the_gpu(tmp_path, capsys):
+    path = tmp_path / "kernels.json"
+    path.write_text("[]")
+    assert bench_ceiling.main(["--segments", str(path), "--out", str(tmp_path / "out.json")]) == 2
+    assert f"bench_ceiling: {path}: no kernel rows" in capsys.readouterr().err
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_from_50_mb_the_criterion_is_bandwidth_below_it_the_floor_ratio():
+    bw = 4.3e12
+    big = criterion(51_380_224, 13.0, bw)  # 3.95 TB/s
+    assert big["rule"] == ">= 3.9 TB/s" and big["met"] and big["tb_s"] == pytest.approx(3.952, abs=1e-3)
+    assert not criterion(51_380_224, 13.3, bw)["met"]  # 3.86 TB/s
+    small = criterion(11_712_512, 3.5, bw)  # floor 2.72 us
+    assert small["rule"] == "<= 1.3x floor" and small["met"] and small["floor_ratio"] == pytest.approx(1.285, abs=1e-3)
+    assert not criterion(11_712_512, 3.6, bw)["met"]
+
+
+def test_every_size_is_rotated_through_three_l2s_of_buffers():
+    assert rotation(200_000_000) == 3
+    assert rotation(5_863_424) * 5_863_424 >= 3 * 50 * 2**20
+    assert words_of(17) == 8 and words_of(16) == 4  # whole 16-byte vectors
