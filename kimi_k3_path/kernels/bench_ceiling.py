@@ -160,7 +160,7 @@ def single_launch_rows(nbytes: int, sms: int, bandwidth: float, replays: int, ge
 
     def torch_sum(st):
         for buf, s in zip(bufs, sums):
-            torch.sum(buf, dtype=torch.int64, out=s)
+            torch.sum(buf, dim=0, dtype=torch.int64, out=s)
 
     t = measurement_of(time_graph(torch_sum, replays, len(bufs)))
     rows.append({"bytes": nbytes, "kernel": "torch.sum(int32)", **t, **criterion(nbytes, t["median"], bandwidth)})
