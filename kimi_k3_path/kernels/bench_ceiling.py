@@ -25,7 +25,7 @@ from pathlib import Path
 
 L2_BYTES = 50 * 2**20
 ROTATED_BYTES = 3 * L2_BYTES  # each size is read from at least this many bytes of distinct buffers in turn
-CTAS_PER_SM = (1, 2, 3, 4)  # at 8 loads in flight (46 registers) 5 CTAs of 256 threads fit per SM
+CTAS_PER_SM = (1, 2, 3, 4, 6, 8)  # resident at once: 8 up to 4 loads in flight (<= 30 registers), 5 at 8 (46)
 IN_FLIGHT = (2, 4, 8)  # at 16, ptxas issues the last load only after folding the other 15
 GEMV_MIN_BYTES = 50_000_000  # issue 6: >= 3.9 TB/s from 50 MB, within 1.3x of the byte floor below
 GEMV_TB_S = 3.9
@@ -133,37 +133,47 @@ def random_words(n: int, count: int, gen) -> list:
             for _ in range(count)]
 
 
+def layouts(nbytes: int, sms: int, threads: int) -> list[tuple[str, int, int]]:
+    """(layout, CTAs, 16-byte loads in flight per thread) to sweep for nbytes with CTAs of `threads`: grid-stride
+    loops at CTAS_PER_SM CTAs per SM, and one batch per CTA (the expert launches' shape: many CTAs that each load
+    once)."""
+    configs = [("grid-stride", sms * per_sm, in_flight) for per_sm in CTAS_PER_SM for in_flight in IN_FLIGHT]
+    vectors = words_of(nbytes) // 4
+    configs += [("one batch per CTA", -(-vectors // (threads * in_flight)), in_flight) for in_flight in IN_FLIGHT]
+    return configs
+
+
 def single_launch_rows(nbytes: int, sms: int, bandwidth: float, replays: int, gen) -> list[dict]:
-    """Every configuration of the read-only stream, and torch's int32 sum, reading nbytes per launch."""
+    """Every layout of the read-only stream, and torch's fp32 sum, reading nbytes per launch."""
     import torch
 
     from kimi_k3_path.bench import measurement_of
     from kimi_k3_path.kernels.bench_moe import time_graph
-    from kimi_k3_path.kernels.stream import read_stream
+    from kimi_k3_path.kernels.stream import THREADS, read_stream
 
+    configs = layouts(nbytes, sms, THREADS)
     bufs = random_words(words_of(nbytes), rotation(nbytes), gen)
-    outs = [torch.empty(sms * max(CTAS_PER_SM), dtype=torch.int32, device="cuda") for _ in bufs]
+    outs = [torch.empty(max(ctas for _, ctas, _ in configs), dtype=torch.int32, device="cuda") for _ in bufs]
     rows = []
-    for per_sm in CTAS_PER_SM:
-        for in_flight in IN_FLIGHT:
-            ctas = sms * per_sm
-            checked(bufs, outs, ctas, in_flight, "none", False)
+    for layout, ctas, in_flight in configs:
+        checked(bufs, outs, ctas, in_flight, "none", False)
 
-            def launch(st, ctas=ctas, in_flight=in_flight):
-                for buf, out in zip(bufs, outs):
-                    read_stream(buf, out, ctas, in_flight, st)
+        def launch(st, ctas=ctas, in_flight=in_flight):
+            for buf, out in zip(bufs, outs):
+                read_stream(buf, out, ctas, in_flight, st)
 
-            t = measurement_of(time_graph(launch, replays, len(bufs)))
-            rows.append({"bytes": nbytes, "kernel": "read_stream", "ctas_per_sm": per_sm, "in_flight": in_flight,
-                         **t, **criterion(nbytes, t["median"], bandwidth)})
-    sums = [torch.empty((), dtype=torch.int64, device="cuda") for _ in bufs]
+        t = measurement_of(time_graph(launch, replays, len(bufs)))
+        rows.append({"bytes": nbytes, "kernel": "read_stream", "layout": layout, "ctas": ctas,
+                     "ctas_per_sm": round(ctas / sms, 2), "in_flight": in_flight, **t,
+                     **criterion(nbytes, t["median"], bandwidth)})
+    sums = [torch.empty((), dtype=torch.float32, device="cuda") for _ in bufs]
 
-    def torch_sum(st):
+    def torch_sum(st):  # torch's tuned reduction (the words' values as floats do not matter to its speed)
         for buf, s in zip(bufs, sums):
-            torch.sum(buf, dim=0, dtype=torch.int64, out=s)
+            torch.sum(buf.view(torch.float32), dim=0, out=s)
 
     t = measurement_of(time_graph(torch_sum, replays, len(bufs)))
-    rows.append({"bytes": nbytes, "kernel": "torch.sum(int32)", **t, **criterion(nbytes, t["median"], bandwidth)})
+    rows.append({"bytes": nbytes, "kernel": "torch.sum(fp32)", **t, **criterion(nbytes, t["median"], bandwidth)})
     del bufs, outs, sums
     torch.cuda.empty_cache()
     return rows
@@ -184,16 +194,14 @@ def chain_rows(tp: int, segments: list[int], configs: dict[int, dict], bandwidth
 
     sets = max(3, math.ceil(ROTATED_BYTES / sum(segments)))
     bufs = [random_words(words_of(n), sets, gen) for n in segments]  # bufs[segment][set]
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    outs = [[torch.empty(sms * max(CTAS_PER_SM), dtype=torch.int32, device="cuda") for _ in range(sets)]
-            for _ in segments]
+    outs = [[torch.empty(configs[n]["ctas"], dtype=torch.int32, device="cuda") for _ in range(sets)] for n in segments]
     floor_us = sum(segments) / bandwidth * 1e6
     rows = []
     for mode, (wait, trigger) in CHAIN_MODES.items():
         plan = []  # (segment, ctas, in_flight, wait, trigger) in launch order
         for i, n in enumerate(segments):
             c = configs[n]
-            plan.append((i, sms * c["ctas_per_sm"], c["in_flight"], "none" if i == 0 else wait,
+            plan.append((i, c["ctas"], c["in_flight"], "none" if i == 0 else wait,
                          trigger and i < len(segments) - 1))
         for i, ctas, in_flight, w, trig in plan:
             checked(bufs[i], outs[i], ctas, in_flight, w, trig)
@@ -228,10 +236,11 @@ def run(args) -> dict:
         single += rows
         top = configs[nbytes] = best(rows, nbytes)
         kernels = ", ".join(sorted({r["kernel"] for r in segment_rows if r["weight_bytes"] == nbytes}))
-        torch_row = next(r for r in rows if r["kernel"] == "torch.sum(int32)")
+        torch_row = next(r for r in rows if r["kernel"] != "read_stream")
+        one = min((r for r in rows if r.get("layout") == "one batch per CTA"), key=lambda r: r["median"])
         print(f"{nbytes / 1e6:8.1f} MB  best read {top['median']:7.2f} us ({top['spread_pct']:.1f}%) "
-              f"{top['tb_s']:5.2f} TB/s at {top['ctas_per_sm']} CTAs/SM x {top['in_flight']}; "
-              f"torch.sum {torch_row['median']:7.2f} us; floor {top['floor_us']:6.2f} us; "
+              f"{top['tb_s']:5.2f} TB/s ({top['layout']}, {top['ctas']} CTAs x {top['in_flight']} loads); "
+              f"one batch per CTA {one['median']:6.2f} us; torch.sum {torch_row['median']:7.2f} us; floor {top['floor_us']:6.2f} us; "
               f"{top['rule']}: {'met' if top['met'] else 'NOT met'}  [{kernels}]", flush=True)
     chains = []
     for tp, segments in block_chains(segment_rows).items():

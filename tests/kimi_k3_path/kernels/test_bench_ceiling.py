@@ -14,6 +14,7 @@ from kimi_k3_path.kernels.bench_ceiling import (
     SegmentsError,
     block_chains,
     criterion,
+    layouts,
     load_segments,
     rotation,
     words_of,
@@ -72,3 +73,13 @@ def test_every_size_is_rotated_through_three_l2s_of_buffers():
     assert rotation(200_000_000) == 3
     assert rotation(5_863_424) * 5_863_424 >= 3 * 50 * 2**20
     assert words_of(17) == 8 and words_of(16) == 4  # whole 16-byte vectors
+
+
+def test_the_sweep_has_grid_stride_layouts_and_one_batch_per_cta_reading_every_vector():
+    configs = layouts(23_396_352, 132, 256)
+    grid = [c for c in configs if c[0] == "grid-stride"]
+    assert len(grid) == len(bench_ceiling.CTAS_PER_SM) * len(bench_ceiling.IN_FLIGHT)
+    assert {ctas for _, ctas, _ in grid} == {132 * n for n in bench_ceiling.CTAS_PER_SM}
+    for _, ctas, in_flight in (c for c in configs if c[0] == "one batch per CTA"):
+        vectors = 23_396_352 // 16
+        assert (ctas - 1) * 256 * in_flight < vectors <= ctas * 256 * in_flight

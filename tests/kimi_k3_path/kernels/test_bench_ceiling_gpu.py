@@ -63,7 +63,7 @@ def test_a_short_bench_run_writes_single_and_chained_rows(tmp_path):
     out = tmp_path / "ceiling.json"
     assert bench_ceiling.main(["--segments", str(segments), "--out", str(out), "--replays", "3"]) == 0
     result = json.loads(out.read_text())
-    configs = len(bench_ceiling.CTAS_PER_SM) * len(bench_ceiling.IN_FLIGHT)
+    configs = (len(bench_ceiling.CTAS_PER_SM) + 1) * len(bench_ceiling.IN_FLIGHT)  # + one batch per CTA
     assert len(result["single"]) == len(sizes) * (configs + 1)  # + torch.sum per size
     assert {r["mode"] for r in result["chains"]} == set(bench_ceiling.CHAIN_MODES)
     # No read of a size beats the copy floor by much, and no chain its summed floor.
