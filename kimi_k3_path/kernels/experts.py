@@ -21,12 +21,13 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import BFloat16, Float16, Float32, Int32, Int64
+from cutlass import BFloat16, Float16, Float32, Int32, Int64, Uint8
 
 from .common import (
     FP4_GROUP,
     VEC_BYTES,
     WARP,
+    after_all_loads,
     arrival,
     e8m0_scale_times_64,
     f16x2_pair_sum_f32,
@@ -34,10 +35,13 @@ from .common import (
     lane_group_sum,
     ld_act_v4,
     ld_coherent_f32,
+    ld_fresh_v4,
+    ld_shared_v4,
     ld_u8,
     ld_weight_v4,
     red_add_f32,
     situ_glu,
+    st_shared_v4,
     wait_for_all,
 )
 
@@ -45,13 +49,14 @@ WARPS_PER_CTA = 8
 GEMM1_LANES_PER_ROW = 16
 
 
-def group_dot(packed, x_addr: Int64) -> Float32:
-    """Unscaled dot (times 2^-6) of one MXFP4 group (4 words of packed nibbles) with 32 fp16 activations: packed
-    f16x2 products within the group (two accumulators of 8 terms each), fp32 from the group sum on."""
+def group_dot(packed, x_addr, load_act=ld_act_v4) -> Float32:
+    """Unscaled dot (times 2^-6) of one MXFP4 group (4 words of packed nibbles) with 32 fp16 activations at x_addr
+    (a global address for ld_act_v4, a shared one for ld_shared_v4): packed f16x2 products within the group (two
+    accumulators of 8 terms each), fp32 from the group sum on."""
     acc0 = Int32(0)
     acc1 = Int32(0)
     for q in range(4):
-        xw = ld_act_v4(x_addr + Int64(q * VEC_BYTES))
+        xw = load_act(x_addr + q * VEC_BYTES)
         acc0, acc1 = fp4x8_fma_f16x2(packed[q], xw[0], xw[1], xw[2], xw[3], acc0, acc1)
     return f16x2_pair_sum_f32(acc0, acc1)
 
@@ -263,6 +268,151 @@ class ExpertsGemm2Combine:
 
         norm_tail(y_lat, gamma, normed, counter, flag, partial, tidx, m_count, grid_x * grid_y, self.l, self.eps,
                   self.tail_ctas)
+
+
+# The one-token GEMM2: a warp per latent row, lane (half, slot) with half of the row's MXFP4 groups of one slot; 8 rows
+# per CTA (256 threads).
+ONE_TOKEN_ROWS = WARPS_PER_CTA
+ONE_TOKEN_SPLIT = WARP // 16  # lanes per (row, slot), each with 1/2 of the groups
+
+
+class ExpertsGemm2OneToken:
+    """GEMM2 + combine for one token without reductions across CTAs: CTA `tile` owns latent rows 8*tile .. +7 for
+    every slot, a warp one row: lane (half, slot) the dot of half of the slot's w2 row with a[pair] (all of its
+    MXFP4 groups loaded at once), and the row's 32 lanes meet in a warp sum. So y[row] is final inside the CTA, and
+    instead of the norm tail (every CTA counting in, the last ones waiting for all and normalizing: 4.4 us of the
+    one-token block, NOTES.md v16) the CTA writes
+        y_lat[0, row] (fp32), normed[0, row] = y[row] * gamma[row] (bf16, not yet divided by the RMS),
+        sq_parts[tile] = sum of y[row]^2 over its rows,
+    and the finalize (finalize_part with rms_parts) applies rsqrt(sum(sq_parts) / L + eps) to its W_up dot.
+    Launched early (programmatic dependent launch) while GEMM1 drains: each thread loads its weights, then waits
+    for GEMM1, then the CTA copies all k rows of a into shared memory in one round trip; it lets the finalize start
+    at once.
+    Tensors: a [k, I] fp16, w2 [E, L, I/2] uint8, s2 [E, L, I/32] uint8, plan, topk_w [1, k] fp32, gamma [L] fp32,
+    y_lat [1, L] fp32, normed [1, L] bf16, sq_parts [L/8] fp32."""
+
+    def __init__(self, experts: int, latent: int, inter: int, top_k: int):
+        if top_k != WARP // ONE_TOKEN_SPLIT:
+            raise ValueError(f"ExpertsGemm2OneToken: top_k={top_k} must be {WARP // ONE_TOKEN_SPLIT} (a row's slots "
+                             f"in a warp, {ONE_TOKEN_SPLIT} lanes each)")
+        if inter % (FP4_GROUP * ONE_TOKEN_SPLIT) or latent % ONE_TOKEN_ROWS:
+            raise ValueError(f"ExpertsGemm2OneToken: intermediate={inter} must be a multiple of "
+                             f"{FP4_GROUP * ONE_TOKEN_SPLIT} and latent={latent} of {ONE_TOKEN_ROWS}")
+        self.e, self.l, self.i, self.k = experts, latent, inter, top_k
+        self.groups = inter // FP4_GROUP // ONE_TOKEN_SPLIT  # per lane
+
+    def ctas(self) -> int:
+        return self.l // ONE_TOKEN_ROWS
+
+    def smem_bytes(self) -> int:
+        return self.k * (self.i * 2 + VEC_BYTES) + WARPS_PER_CTA * 4 + 16
+
+    @cute.jit
+    def __call__(self, a, w2, s2, n_active, slot_expert, slot_count, slot_pairs, topk_w, gamma, y_lat, normed,
+                 sq_parts, stream: cuda.CUstream):
+        self.kernel(a, w2, s2, n_active, slot_expert, slot_pairs, topk_w, gamma, y_lat, normed, sq_parts).launch(
+            grid=[self.ctas(), 1, 1], block=[ONE_TOKEN_ROWS * WARP, 1, 1], smem=self.smem_bytes(), stream=stream,
+            use_pdl=True,
+        )
+
+    @cute.kernel
+    def kernel(self, a, w2, s2, n_active, slot_expert, slot_pairs, topk_w, gamma, y_lat, normed, sq_parts):
+        tidx, _, _ = cute.arch.thread_idx()
+        tile, _, _ = cute.arch.block_idx()
+        cute.arch.griddepcontrol_launch_dependents()  # the finalize (launched early) waits for us before its reads
+        lane = tidx % WARP
+        slot = lane % self.k
+        first_group = (lane // self.k) * self.groups
+        row = tile * ONE_TOKEN_ROWS + tidx // WARP
+        active = n_active[0]
+        expert = slot_expert[cutlass.min(slot, active - 1)]  # the plan is the front's: complete before GEMM1 ran
+        row_bytes: cutlass.Constexpr = self.i // 2
+        row_addr = w2.iterator.toint() + (Int64(expert) * self.l + Int64(row)) * row_bytes + Int64(
+            first_group * VEC_BYTES)
+        scale_addr = s2.iterator.toint() + (Int64(expert) * self.l + Int64(row)) * (self.i // FP4_GROUP) + Int64(
+            first_group)
+        packed = []
+        scale_bytes = []
+        words = []
+        for g in cutlass.range_constexpr(self.groups):
+            packed.append(list(ld_weight_v4(row_addr + Int64(g * VEC_BYTES))))
+            scale_bytes.append(ld_u8(scale_addr + Int64(g)))
+            words.extend(packed[g])
+        # Every weight load in flight before the wait (ptxas would sink them past it, next to their uses).
+        zero = after_all_loads(Int32(0), words + scale_bytes, active >> 7)
+        if zero == 0:
+            cute.arch.griddepcontrol_wait()  # a is GEMM1's
+        packed[0][0] = packed[0][0] | zero
+        pair = slot_pairs[slot, 0]
+        weight = topk_w[0, pair % self.k]
+        # All k rows of a into shared memory (written by GEMM1: plain loads after the wait), one round trip; rows
+        # padded by 16 bytes so that the 16 slots of a row, reading the same offset of 16 rows, spread over the banks.
+        smem = cutlass.memory.SmemAllocator()
+        stride: cutlass.Constexpr = self.i * 2 + VEC_BYTES
+        a_rows = smem.allocate_tensor(Uint8, cute.make_layout(self.k * stride), byte_alignment=16)
+        vecs: cutlass.Constexpr = self.i * 2 // VEC_BYTES
+        rounds: cutlass.Constexpr = -(-(self.k * vecs) // (ONE_TOKEN_ROWS * WARP))
+        pieces = []
+        for r in cutlass.range_constexpr(rounds):
+            idx = cutlass.min(tidx + r * ONE_TOKEN_ROWS * WARP, self.k * vecs - 1)
+            pieces.append(ld_fresh_v4(a.iterator.toint() + Int64(idx) * VEC_BYTES))
+        base = a_rows.iterator.toint()
+        for r in cutlass.range_constexpr(rounds):
+            idx = tidx + r * ONE_TOKEN_ROWS * WARP
+            if idx < self.k * vecs:
+                st_shared_v4(base + (idx // vecs) * stride + (idx % vecs) * VEC_BYTES, pieces[r])
+        cute.arch.sync_threads()
+        acc = Float32(0.0)
+        for g in cutlass.range_constexpr(self.groups):
+            acc = acc + group_dot(packed[g], base + pair * stride + (first_group + g) * (FP4_GROUP * 2),
+                                  ld_shared_v4) * e8m0_scale_times_64(scale_bytes[g])
+        if slot >= active:
+            weight = Float32(0.0)
+        y = lane_group_sum(acc * weight, WARP)  # the row's slots and halves
+        partial = smem.allocate_tensor(Float32, cute.make_layout(WARPS_PER_CTA), byte_alignment=16)
+        if lane == 0:
+            y_lat[0, row] = y
+            normed[0, row] = (y * gamma[row]).to(BFloat16)
+            partial[tidx // WARP] = y * y
+        cute.arch.sync_threads()
+        if tidx == 0:
+            total = Float32(0.0)
+            for w in cutlass.range_constexpr(WARPS_PER_CTA):
+                total = total + partial[w]
+            sq_parts[tile] = total
+
+
+def experts_gemm2_one_token(a, w2, s2, plan, topk_w, gamma, y_lat, normed, sq_parts, stream) -> None:
+    """ExpertsGemm2OneToken on `stream`: for one token, y_lat = the weighted combine of its k experts' GEMM2, normed =
+    y_lat * gamma in bf16 (the RMS is applied by the finalize), sq_parts [L/8] the partial sums of y_lat^2."""
+    from cutlass import Uint8
+
+    from .runtime import compile_cached, cu_stream, expect, fake, fake_stream, to_cute
+
+    experts, latent, half_i = w2.shape
+    inter, top_k = half_i * 2, topk_w.shape[1]
+    expect("a", a, (top_k, inter), "float16")
+    expect("w2", w2, (experts, latent, inter // 2), "uint8")
+    expect("s2", s2, (experts, latent, inter // FP4_GROUP), "uint8")
+    _plan_shapes(plan, experts)
+    expect("topk_w", topk_w, (1, top_k), "float32")
+    expect("gamma", gamma, (latent,), "float32")
+    expect("y_lat", y_lat, (1, latent), "float32")
+    expect("normed", normed, (1, latent), "bfloat16")
+    expect("sq_parts", sq_parts, (latent // ONE_TOKEN_ROWS,), "float32")
+
+    def build():
+        args = (
+            fake(Float16, (top_k, inter)), fake(Uint8, (experts, latent, inter // 2)),
+            fake(Uint8, (experts, latent, inter // FP4_GROUP)), *_fake_plan(experts), fake(Float32, (1, top_k)),
+            fake(Float32, (latent,)), fake(Float32, (1, latent)), fake(BFloat16, (1, latent)),
+            fake(Float32, (latent // ONE_TOKEN_ROWS,)), fake_stream(),
+        )
+        return ExpertsGemm2OneToken(experts, latent, inter, top_k), args
+
+    fn = compile_cached(("experts_gemm2_one_token", experts, latent, inter, top_k), build)
+    fn(to_cute(a), to_cute(w2), to_cute(s2), *(to_cute(t) for t in plan), to_cute(topk_w), to_cute(gamma),
+       to_cute(y_lat), to_cute(normed), to_cute(sq_parts), cu_stream(stream))
 
 
 def _plan_shapes(plan, experts: int) -> None:

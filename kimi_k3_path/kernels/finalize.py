@@ -5,7 +5,9 @@ down-projection, summed into the block output:
 
 The weighted top-k combine already happened in the GEMM2 epilogue (fp32 reductions into y_lat), and GEMM2's last
 CTAs wrote normed = rms_norm(y_lat) in bf16, so this is one skinny GEMM over two K segments with one accumulator per
-segment. Split-K over the CTA's warps as in gemv.py; from 2 tokens on the tensor cores (mma.py), where both segments
+segment. At one token GEMM2 (experts.ExpertsGemm2OneToken) writes normed = y * gamma without the RMS, and partial
+sums of y^2 per CTA (`sq_parts`): the finalize sums those and scales its W_up dot by rsqrt(sum / L + eps), a scalar
+per token, so no CTA of GEMM2 has to wait for all the others (NOTES.md v16). Split-K over the CTA's warps as in gemv.py; from 2 tokens on the tensor cores (mma.py), where both segments
 accumulate into the same C fragments.
 """
 
@@ -14,9 +16,9 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import BFloat16, Int32, Int64
+from cutlass import BFloat16, Float32, Int32, Int64
 
-from .common import DEFAULT_WEIGHT_LOAD, WARP, after_all_loads, batch_zero
+from .common import DEFAULT_WEIGHT_LOAD, WARP, after_all_loads, batch_zero, lane_group_sum
 from .gemv import (
     BF16_PER_VEC,
     SCRATCH_BYTES,
@@ -58,6 +60,7 @@ def finalize_part(
     w_up: cute.Tensor,
     a_sh: cute.Tensor,
     w_sh2: cute.Tensor,
+    sq_parts: cute.Tensor,
     out: cute.Tensor,
     scratch: cute.Tensor,
     cta: Int32,
@@ -69,11 +72,14 @@ def finalize_part(
     mt: cutlass.Constexpr,
     early: cutlass.Constexpr,
     hold: cutlass.Constexpr,
+    rms_parts: cutlass.Constexpr,
+    eps: cutlass.Constexpr,
 ):
     """CTA `cta`: output rows 2*cta, 2*cta + 1 for every token (4 warps per row split K). Each lane loads its
     weight vectors of both segments once, for all token tiles. Launched early, the CTA waits for GEMM2 before its
     first load, or, holding its weights, after them: then the CTAs resident while GEMM2 runs have their weights in
-    flight by the time normed is ready."""
+    flight by the time normed is ready. rms_parts > 0 (one token): normed is y * gamma and the W_up dot is scaled by
+    rsqrt(sum(sq_parts[:rms_parts]) / latent + eps)."""
     part = warp % FINALIZE_SPLIT
     row = cta * (WARPS_PER_CTA // FINALIZE_SPLIT) + warp // FINALIZE_SPLIT
     up_vec: cutlass.Constexpr = latent // BF16_PER_VEC // FINALIZE_SPLIT
@@ -94,17 +100,28 @@ def finalize_part(
             cute.arch.griddepcontrol_wait()
     pin_first_words(up, zero)
     pin_first_words(sh, zero)
+    rstd = Float32(1.0)
+    if cutlass.const_expr(rms_parts > 0):
+        squares = Float32(0.0)
+        for i in cutlass.range_constexpr(-(-rms_parts // WARP)):
+            if lane + i * WARP < rms_parts:
+                squares = squares + sq_parts[lane + i * WARP]
+        rstd = cute.math.rsqrt(lane_group_sum(squares, WARP) / Float32(latent) + Float32(eps))
+    segments: cutlass.Constexpr = 2 if rms_parts > 0 else 1  # the W_up dot apart, to be scaled
     for m_first in cutlass.range(0, m_count, mt, unroll=1):
-        acc = zero_acc(1, mt)
+        acc = zero_acc(segments, mt)
         slice_dot(acc, 0, up, up_steps, normed.iterator.toint(), part * up_vec, lane, m_first, m_count, latent,
                   up_vec, mt, early)
-        slice_dot(acc, 0, sh, sh_steps, a_sh.iterator.toint(), part * sh_vec, lane, m_first, m_count, inter,
-                  sh_vec, mt, early)
-        split_k_reduce(acc, scratch, warp, lane, FINALIZE_SPLIT, 1, mt)
+        slice_dot(acc, segments - 1, sh, sh_steps, a_sh.iterator.toint(), part * sh_vec, lane, m_first, m_count,
+                  inter, sh_vec, mt, early)
+        split_k_reduce(acc, scratch, warp, lane, FINALIZE_SPLIT, segments, mt)
         if lane == 0 and part == 0:
             for mi in cutlass.range_constexpr(mt):
                 if m_first + mi < m_count:
-                    out[m_first + mi, row] = acc[0, mi].to(BFloat16)
+                    if cutlass.const_expr(rms_parts > 0):
+                        out[m_first + mi, row] = (acc[0, mi] * rstd + acc[1, mi]).to(BFloat16)
+                    else:
+                        out[m_first + mi, row] = acc[0, mi].to(BFloat16)
 
 
 @cute.jit
@@ -145,7 +162,7 @@ class Finalize:
     hold_weights (CUDA cores only) it loads its weights before the wait, otherwise nothing."""
 
     def __init__(self, hidden: int, latent: int, shared_inter: int, mt: int, early: bool = False,
-                 hold_weights: bool = False):
+                 hold_weights: bool = False, rms_parts: int = 0, eps: float = 0.0):
         if hidden % (WARPS_PER_CTA // FINALIZE_SPLIT):
             raise ValueError(f"Finalize: hidden={hidden} is not a multiple of {WARPS_PER_CTA // FINALIZE_SPLIT}")
         check_k(latent, FINALIZE_SPLIT, "Finalize (latent)")
@@ -155,7 +172,10 @@ class Finalize:
             check_mma(hidden, shared_inter, "Finalize (shared intermediate)")
         if hold_weights and (not early or uses_tensor_cores(mt)):
             raise ValueError("Finalize: hold_weights needs early=True and the CUDA-core path (token tile 1..8)")
+        if rms_parts and mt != 1:
+            raise ValueError(f"Finalize: rms_parts (one token's partial sums of squares) needs token tile 1, not {mt}")
         self.h, self.l, self.s, self.mt, self.early, self.hold = hidden, latent, shared_inter, mt, early, hold_weights
+        self.rms_parts, self.eps = rms_parts, eps
 
     def ctas(self) -> int:
         return self.h // (MMA_ROWS if uses_tensor_cores(self.mt) else WARPS_PER_CTA // FINALIZE_SPLIT)
@@ -172,14 +192,14 @@ class Finalize:
         return {"min_blocks_per_mp": SIMT_MIN_CTAS_PER_SM, "preferred_smem_carveout": SMEM_CARVEOUT_DEFAULT}
 
     @cute.jit
-    def __call__(self, normed, w_up, a_sh, w_sh2, out, stream: cuda.CUstream):
-        self.kernel(normed, w_up, a_sh, w_sh2, out, normed.shape[0]).launch(
+    def __call__(self, normed, w_up, a_sh, w_sh2, sq_parts, out, stream: cuda.CUstream):
+        self.kernel(normed, w_up, a_sh, w_sh2, sq_parts, out, normed.shape[0]).launch(
             grid=[self.ctas(), 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1], smem=self.smem_bytes(), stream=stream,
             use_pdl=self.early, **self.occupancy_bound(),
         )
 
     @cute.kernel
-    def kernel(self, normed, w_up, a_sh, w_sh2, out, m_count: Int32):
+    def kernel(self, normed, w_up, a_sh, w_sh2, sq_parts, out, m_count: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         smem = cutlass.memory.SmemAllocator()
@@ -189,8 +209,9 @@ class Finalize:
             mma_finalize_part(normed, w_up, a_sh, w_sh2, out, alloc_tile_scratch(smem, self.mt), bidx, tidx, m_count,
                               self.l, self.s, self.mt, self.early)
         else:
-            finalize_part(normed, w_up, a_sh, w_sh2, out, alloc_scratch(smem), bidx, tidx // WARP, tidx % WARP,
-                          m_count, self.l, self.s, self.mt, self.early, self.hold)
+            finalize_part(normed, w_up, a_sh, w_sh2, sq_parts, out, alloc_scratch(smem), bidx, tidx // WARP,
+                          tidx % WARP, m_count, self.l, self.s, self.mt, self.early, self.hold, self.rms_parts,
+                          self.eps)
 
 
 def holds_weights(early: bool, mt: int) -> bool:
@@ -201,10 +222,14 @@ def holds_weights(early: bool, mt: int) -> bool:
 
 
 def finalize(normed, w_up, a_sh, w_sh2, out, stream, tensor_cores: bool = True, early: bool = True,
-             hold_weights: bool | None = None) -> None:
+             hold_weights: bool | None = None, sq_parts=None, eps: float = 0.0) -> None:
     """out = normed @ w_up^T + a_sh @ w_sh2^T (normed: the bf16 latent RMSNorm output GEMM2's last CTAs write).
     early: launched with programmatic dependent launch (Finalize); correct after any launch, since it waits before
-    reading activations. hold_weights (None: holds_weights's choice) loads the weights before that wait."""
+    reading activations. hold_weights (None: holds_weights's choice) loads the weights before that wait.
+    sq_parts (one token; fp32 [P], ExpertsGemm2OneToken's partial sums of y^2): normed is y * gamma, and the W_up
+    term is scaled by rsqrt(sum(sq_parts) / L + eps)."""
+    import torch
+
     from .gemv import token_tile
     from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
 
@@ -217,14 +242,21 @@ def finalize(normed, w_up, a_sh, w_sh2, out, stream, tensor_cores: bool = True, 
     expect("out", out, (m, hidden), "bfloat16")
     mt = token_tile(m, tensor_cores)
     hold = holds_weights(early, mt) if hold_weights is None else hold_weights
+    rms_parts = 0
+    if sq_parts is not None:
+        rms_parts = sq_parts.shape[0]
+        expect("sq_parts", sq_parts, (rms_parts,), "float32")
+    else:
+        sq_parts = out.new_zeros(4, dtype=torch.float32)  # not read
 
     def build():
         md = dyn()
         args = (
             fake(BFloat16, (md, latent)), fake(BFloat16, (hidden, latent)), fake(BFloat16, (md, inter)),
-            fake(BFloat16, (hidden, inter)), fake(BFloat16, (md, hidden)), fake_stream(),
+            fake(BFloat16, (hidden, inter)), fake(Float32, (dyn(),)), fake(BFloat16, (md, hidden)), fake_stream(),
         )
-        return Finalize(hidden, latent, inter, mt, early, hold), args
+        return Finalize(hidden, latent, inter, mt, early, hold, rms_parts, eps), args
 
-    fn = compile_cached(("finalize", hidden, latent, inter, mt, early, hold), build)
-    fn(to_cute(normed, True), to_cute(w_up), to_cute(a_sh, True), to_cute(w_sh2), to_cute(out, True), cu_stream(stream))
+    fn = compile_cached(("finalize", hidden, latent, inter, mt, early, hold, rms_parts, eps), build)
+    fn(to_cute(normed, True), to_cute(w_up), to_cute(a_sh, True), to_cute(w_sh2), to_cute(sq_parts, True),
+       to_cute(out, True), cu_stream(stream))

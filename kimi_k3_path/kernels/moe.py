@@ -7,8 +7,11 @@ the caller's stream, with no host synchronization and no allocation, so it can b
                       shared experts' a_sh = situ_glu(x @ W_sh13^T)
   2 experts GEMM1   a[pair] = situ_glu(x_lat[t] @ w13[e]^T); y_lat = 0                    (active experts' w13)
   3 experts GEMM2   y_lat[t] += w * a[pair] @ w2[e]^T; last CTAs: normed = rms_norm(y_lat) (active experts' w2)
+                      (one token: each CTA owns its rows for all slots, writes y * gamma and partial sums
+                      of y^2, no last CTAs; experts.ExpertsGemm2OneToken)
                       launched while GEMM1 drains (programmatic dependent launch)
   4 finalize        out = normed @ W_up^T + a_sh @ W_sh2^T                                 (W_up, W_sh2)
+                      (one token: the W_up term times rsqrt(sum of the partial sums / L + eps))
                       launched while GEMM2 runs; waits for it before its first load
 
 Weights are prepared once (`prepare_weights`); the workspace is allocated once per device (`MoeWorkspace`) for the
@@ -27,7 +30,7 @@ import torch
 from cutlass import BFloat16, Float16, Float32, Int32
 
 from .common import DEFAULT_WEIGHT_LOAD, WARP
-from .experts import experts_gemm1_situ, experts_gemm2_combine
+from .experts import ONE_TOKEN_ROWS, experts_gemm1_situ, experts_gemm2_combine, experts_gemm2_one_token
 from .finalize import finalize
 from .gemv import WARPS_PER_CTA, alloc_scratch, check_k, gemv_part, token_tile
 from .mma import (
@@ -283,6 +286,7 @@ class MoeWorkspace:
         self.a = torch.empty(m * k, w.intermediate, **f16)
         self.y_lat = torch.empty(m, w.latent, **f32)
         self.normed = torch.empty(m, w.latent, **bf16)
+        self.sq_parts = torch.empty(w.latent // ONE_TOKEN_ROWS, **f32)  # one token: GEMM2's partial sums of y^2
 
 
 @dataclass(frozen=True)
@@ -294,18 +298,40 @@ class Step:
     weight_bytes: Callable[[], int]  # evaluated after a run (the experts' bytes depend on the routing)
 
 
+def one_token_gemm2(m: int) -> bool:
+    """Whether GEMM2 runs as experts.ExpertsGemm2OneToken (no cross-CTA norm tail; the finalize applies the RMS):
+    for one token. Measured on the H200 (NOTES.md v16): the norm tail cost the one-token block 4.4 us (TP8 and
+    TP16); moving the whole norm into the finalize instead (fp32 y_lat and gamma read by every finalize CTA) cost it
+    7 us more than it saved."""
+    return m == 1
+
+
 def decode_steps(
     x: torch.Tensor, w: MoeKernelWeights, ws: MoeWorkspace, out: torch.Tensor, tensor_cores: bool = True,
+    one_token: bool | None = None,
 ) -> list[Step]:
     """The launches of `latent_moe_decode`, in order (the bench times them one by one). tensor_cores=False keeps
-    every launch on the CUDA cores (the bench's same-run comparison)."""
+    every launch on the CUDA cores (the bench's same-run comparison); one_token (None: one_token_gemm2's choice)
+    forces GEMM2's one-token form on or off (comparisons)."""
     m = x.shape[0]
     if not 1 <= m <= MAX_TOKENS:
         raise ValueError(f"latent_moe_decode: decode batch M={m} must be in 1..{MAX_TOKENS}")
+    if one_token is None:
+        one_token = one_token_gemm2(m)
+    elif one_token and m != 1:
+        raise ValueError(f"decode_steps: GEMM2's one-token form serves M=1, not M={m}")
     k, e, h, lat, i, s = w.top_k, w.experts, w.hidden, w.latent, w.intermediate, w.shared_intermediate
 
     def active() -> int:
         return int(ws.plan[0][0])
+
+    def gemm2(st) -> None:
+        if one_token:
+            experts_gemm2_one_token(ws.a[:k], w.w2_packed, w.w2_scales, ws.plan, ws.weights[:1], w.latent_norm,
+                                    ws.y_lat[:1], ws.normed[:1], ws.sq_parts, st)
+        else:
+            experts_gemm2_combine(ws.a[: m * k], w.w2_packed, w.w2_scales, ws.plan, ws.weights[:m], ws.y_lat[:m],
+                                  ws.gemm2_counter, w.latent_norm, ws.normed[:m], w.eps, st, tensor_cores)
 
     return [
         Step("front (router + down_proj + shared_gate_up)",
@@ -314,13 +340,10 @@ def decode_steps(
         Step("experts_gemm1_situ", lambda st: experts_gemm1_situ(ws.x_lat[:m], w.w13_packed, w.w13_scales, ws.plan, k,
                                                                  ws.a[: m * k], ws.y_lat[:m], st, tensor_cores),
              lambda: active() * (2 * i * lat // 2 + 2 * i * lat // 32)),
-        Step("experts_gemm2_combine_norm",
-             lambda st: experts_gemm2_combine(ws.a[: m * k], w.w2_packed, w.w2_scales, ws.plan, ws.weights[:m],
-                                              ws.y_lat[:m], ws.gemm2_counter, w.latent_norm, ws.normed[:m], w.eps,
-                                              st, tensor_cores),
-             lambda: active() * (lat * i // 2 + lat * i // 32) + lat * 4),
+        Step("experts_gemm2_combine_norm", gemm2, lambda: active() * (lat * i // 2 + lat * i // 32) + lat * 4),
         Step("finalize (up_proj + shared down)",
-             lambda st: finalize(ws.normed[:m], w.up, ws.a_sh[:m], w.shared2, out, st, tensor_cores),
+             lambda st: finalize(ws.normed[:m], w.up, ws.a_sh[:m], w.shared2, out, st, tensor_cores,
+                                 sq_parts=ws.sq_parts if one_token else None, eps=w.eps),
              lambda: h * lat * 2 + h * s * 2),
     ]
 

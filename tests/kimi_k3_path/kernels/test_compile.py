@@ -18,8 +18,10 @@ import cutlass.cute as cute  # noqa: E402
 from cutlass import BFloat16, Float16, Float32, Int32, Uint8  # noqa: E402
 
 from kimi_k3_path.kernels.experts import (  # noqa: E402
+    ONE_TOKEN_ROWS,
     ExpertsGemm1Situ,
     ExpertsGemm2Combine,
+    ExpertsGemm2OneToken,
     lanes_per_row,
     stages_weights,
 )
@@ -81,7 +83,7 @@ def _gemm1_args(d):
 def _finalize_args(d):
     m, h, lat, s = dyn(), d.hidden, d.latent, d.shared_intermediate
     return (fake(BFloat16, (m, lat)), fake(BFloat16, (h, lat)), fake(BFloat16, (m, s)), fake(BFloat16, (h, s)),
-            fake(BFloat16, (m, h)), fake_stream())
+            fake(Float32, (dyn(),)), fake(BFloat16, (m, h)), fake_stream())
 
 
 def _gemm2_args(d):
@@ -244,16 +246,17 @@ def test_shared_and_finalize_compile(tp, mt, dims):
     _compiles(Finalize(h, lat, s, mt), *_finalize_args(d))
 
 
-@pytest.mark.parametrize(("mt", "hold"), [(1, False), (1, True), (16, False)])
+@pytest.mark.parametrize(("mt", "hold", "rms_parts"), [(1, False, 0), (1, True, 0), (1, True, 448), (16, False, 0)])
 @pytest.mark.parametrize("tp", [8, 16])
-def test_early_finalize_reads_activations_only_after_it_waits(tp, mt, hold, dims, tmp_path):
+def test_early_finalize_reads_activations_only_after_it_waits(tp, mt, hold, rms_parts, dims, tmp_path):
     """The finalize launched early (v11; GEMM2 lets it start, PREEXIT): every activation load (normed, a_sh: no
     L1::no_allocate hint, unlike the weights) comes after griddepcontrol.wait (ACQBULK) and none takes the read-only
     path (.CONSTANT), undefined for data written while the launch runs. Holding its weights (v14), every weight load
     comes before the wait, all of a lane's at once (no activation load or math between them); otherwise none does."""
     d = dims(tp)
     h, lat, s = d.hidden, d.latent, d.shared_intermediate
-    lines = _sass(Finalize(h, lat, s, mt, early=True, hold_weights=hold), _finalize_args(d), tmp_path / "finalize")
+    op = Finalize(h, lat, s, mt, early=True, hold_weights=hold, rms_parts=rms_parts, eps=d.eps)
+    lines = _sass(op, _finalize_args(d), tmp_path / "finalize")
     wait = next(n for n, line in enumerate(lines) if "ACQBULK" in line)
     loads = [n for n, line in enumerate(lines) if "LDG" in line]
     weights = [n for n in loads if ".NA" in lines[n]]
@@ -297,14 +300,17 @@ def test_one_token_gemv_weight_loads_all_precede_the_first_fma(kernel, dims, tmp
     assert sum(1 for line in lines[:first_fma] if "LDG" in line and ".NA" in line) == loads
 
 
+@pytest.mark.parametrize("rms_parts", [0, 448])
 @pytest.mark.parametrize("hold", [False, True])
 @pytest.mark.parametrize("tp", [8, 16])
-def test_cuda_core_finalize_fits_its_ctas_per_sm(tp, hold, dims, tmp_path):
+def test_cuda_core_finalize_fits_its_ctas_per_sm(tp, hold, rms_parts, dims, tmp_path):
     """The one-token finalize is bounded to SIMT_MIN_CTAS_PER_SM CTAs of 256 threads per SM (nvvm.minctasm; v14):
     its registers fit them, with at most a few words spilled (ptxas -maxrregcount is ignored next to the launch
-    bound .reqntid that the DSL emits, so the bound is the only cap)."""
+    bound .reqntid that the DSL emits, so the bound is the only cap); also in the block's one-token form, which
+    scales the W_up term by the RMS from GEMM2's partial sums (v16)."""
     d = dims(tp)
-    op = Finalize(d.hidden, d.latent, d.shared_intermediate, 1, early=True, hold_weights=hold)
+    op = Finalize(d.hidden, d.latent, d.shared_intermediate, 1, early=True, hold_weights=hold, rms_parts=rms_parts,
+                  eps=d.eps)
     usage = _cubin_dump(op, _finalize_args(d), tmp_path, "-res-usage")
     registers, stack = (int(re.search(rf"{what}:(\d+)", usage).group(1)) for what in ("REG", "STACK"))
     assert registers * CTA_THREADS * SIMT_MIN_CTAS_PER_SM <= SM_REGISTERS, f"{registers} registers per thread"
@@ -379,6 +385,9 @@ def test_lanes_per_row_divides_the_groups():
         (lambda: Finalize(7168, 3584, 48, 64), "K=48 is not a multiple of 32"),
         (lambda: Finalize(7168, 3584, 768, 1, hold_weights=True), "hold_weights needs early=True"),
         (lambda: Finalize(7168, 3584, 768, 16, early=True, hold_weights=True), "the CUDA-core path"),
+        (lambda: Finalize(7168, 3584, 768, 2, rms_parts=448), "needs token tile 1"),
+        (lambda: ExpertsGemm2OneToken(896, 3584, 384, 8), "top_k=8 must be 16"),
+        (lambda: ExpertsGemm2OneToken(896, 3584, 100, 16), "intermediate=100"),
     ],
 )
 def test_unsupported_shapes_are_rejected_with_the_reason(build, message):
@@ -458,3 +467,26 @@ def test_read_stream_keeps_each_batch_of_loads_in_flight_together(in_flight, wai
         assert waits and waits[0] < first_load
     else:
         assert waits and waits[0] > first_load + in_flight
+
+
+def _one_token_gemm2_args(d):
+    e, lat, i, k = d.experts, d.latent, d.intermediate, d.top_k
+    return (fake(Float16, (k, i)), fake(Uint8, (e, lat, i // 2)), fake(Uint8, (e, lat, i // 32)), *_plan(e),
+            fake(Float32, (1, k)), fake(Float32, (lat,)), fake(Float32, (1, lat)), fake(BFloat16, (1, lat)),
+            fake(Float32, (lat // ONE_TOKEN_ROWS,)), fake_stream())
+
+
+@pytest.mark.parametrize("tp", [8, 16])
+def test_one_token_gemm2_holds_its_weights_across_the_wait_in_one_wave(tp, dims, tmp_path):
+    """GEMM2's one-token form (v16): every weight load (and scale byte) of a thread before griddepcontrol.wait, the
+    activations (written by GEMM1 while it runs) after it with plain loads, and its L/16 CTAs resident at once."""
+    d = dims(tp)
+    op = ExpertsGemm2OneToken(d.experts, d.latent, d.intermediate, d.top_k)
+    lines = _sass(op, _one_token_gemm2_args(d), tmp_path / "sass")
+    wait = next(n for n, line in enumerate(lines) if "ACQBULK" in line)
+    weights = [n for n, line in enumerate(lines) if "LDG" in line and ".NA" in line]
+    assert len(weights) == d.intermediate // 32 // 2 and max(weights) < wait  # half a row per lane
+    after = [n for n, line in enumerate(lines) if "LDG.E.128" in line and n > wait]
+    assert after and not any("CONSTANT" in lines[n] for n in after)
+    registers = _registers(op, _one_token_gemm2_args(d), tmp_path / "res")
+    assert op.ctas() <= 132 * (SM_REGISTERS // (registers * CTA_THREADS)), f"{registers} registers"

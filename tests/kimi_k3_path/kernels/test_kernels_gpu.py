@@ -275,6 +275,65 @@ def check_experts(dims, tp: int, m: int, tensor_cores: bool, gen, hold_weights: 
 
 
 @pytest.mark.parametrize("tp", [8, 16])
+def test_one_token_gemm2_writes_the_combine_its_gamma_product_and_the_sums_of_squares(tp, gen, dims):
+    """GEMM2's one-token form (v16): y_lat = the weighted combine, normed = y_lat * gamma (not yet divided by the
+    RMS), and sq_parts adds up to sum(y_lat^2); all three poisoned before the launch."""
+    from kimi_k3_path.kernels.experts import experts_gemm1_situ, experts_gemm2_one_token
+
+    d, ref, kw, ws = weights(dims, tp, gen)
+    x = torch.randn(1, d.hidden, generator=gen, device="cuda").to(torch.bfloat16)
+    ids, wts = run_router(x, kw, ws)
+    x_lat = torch.randn(1, d.latent, generator=gen, device="cuda").to(torch.float16)
+    a = poisoned(d.top_k, d.intermediate, dtype=torch.float16)
+    y_lat = poisoned(1, d.latent, dtype=torch.float32)
+    normed = poisoned(1, d.latent, dtype=torch.bfloat16)
+    sq_parts = poisoned(*ws.sq_parts.shape, dtype=torch.float32)
+    experts_gemm1_situ(x_lat, kw.w13_packed, kw.w13_scales, ws.plan, d.top_k, a, ws.y_lat[:1], stream())
+    experts_gemm2_one_token(a, kw.w2_packed, kw.w2_scales, ws.plan, wts, kw.latent_norm, y_lat, normed, sq_parts,
+                            stream())
+    torch.cuda.synchronize()
+    want = routed_experts(x_lat, ids.long(), wts, ref)
+    assert rel_err(y_lat, want) < TOL
+    assert rel_err(normed, want * ref.latent_norm) < TOL
+    assert sq_parts.sum().item() == pytest.approx(want.square().sum().item(), rel=TOL)
+
+
+def test_one_token_finalize_applies_the_rms_from_partial_sums(gen, dims):
+    """The finalize's one-token form: normed holds y * gamma, sq_parts partial sums of y^2 (split unevenly here)."""
+    from kimi_k3_path.kernels.finalize import finalize
+
+    d, ref, kw, ws = weights(dims, 8, gen)
+    y = torch.randn(1, d.latent, generator=gen, device="cuda") * 3.0
+    squares = y.square().reshape(-1)
+    cuts = torch.sort(torch.randint(0, d.latent, (ws.sq_parts.shape[0] - 1,), generator=gen, device="cuda")).values
+    sq_parts = torch.stack([part.sum() for part in torch.tensor_split(squares, cuts.cpu())])
+    a_sh = torch.randn(1, d.shared_intermediate, generator=gen, device="cuda").to(torch.bfloat16)
+    out = poisoned(1, d.hidden, dtype=torch.bfloat16)
+    finalize((y * ref.latent_norm).to(torch.bfloat16), kw.up, a_sh, kw.shared2, out, stream(), sq_parts=sq_parts,
+             eps=d.eps)
+    torch.cuda.synchronize()
+    want = rms_norm(y, ref.latent_norm, d.eps).to(torch.bfloat16).float() @ ref.up.float().T + (
+        a_sh.float() @ ref.shared2.float().T)
+    assert rel_err(out, want) < TOL
+
+
+@pytest.mark.parametrize("tp", [8, 16])
+def test_latent_moe_decode_at_one_token_with_the_norm_tail_matches_reference(tp, gen, dims):
+    """The one-token block with GEMM2's general form (norm tail, bf16 normed) instead of its one-token form: kept
+    as the bench's comparison (decode_steps(one_token=False))."""
+    from kimi_k3_path.kernels.moe import decode_steps
+
+    d, ref, kw, ws = weights(dims, tp, gen)
+    x = torch.randn(1, d.hidden, generator=gen, device="cuda").to(torch.bfloat16)
+    out = poisoned(1, d.hidden, dtype=torch.bfloat16)
+    for step in decode_steps(x, kw, ws, out, one_token=False):
+        step.launch(stream())
+    torch.cuda.synchronize()
+    assert rel_err(out, latent_moe(x, ref, d)) < TOL
+    assert ws.gemm2_counter.tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("tp", [8, 16])
 @pytest.mark.parametrize("m", BATCHES)
 def test_shared_experts_match_reference(tp, m, gen, dims):
     from kimi_k3_path.kernels.shared import shared_experts as shared_kernel
@@ -333,7 +392,7 @@ def test_latent_moe_decode_matches_reference(tp, m, same_experts, gen, dims):
         kw.router_bias[torch.randperm(d.experts, generator=gen, device="cuda")[: d.top_k]] += 10.0
         ref = dataclasses.replace(ref, router_bias=kw.router_bias.clone())
     x = torch.randn(m, d.hidden, generator=gen, device="cuda").to(torch.bfloat16)
-    for t in (ws.x_lat, ws.a_sh, ws.a, ws.y_lat, ws.normed, ws.logits):
+    for t in (ws.x_lat, ws.a_sh, ws.a, ws.y_lat, ws.normed, ws.logits, ws.sq_parts):
         t.fill_(float("nan"))
     out = poisoned(m, d.hidden, dtype=torch.bfloat16)
     latent_moe_decode(x, kw, ws, out, stream())
