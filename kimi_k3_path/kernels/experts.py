@@ -309,7 +309,7 @@ class ExpertsGemm2OneToken:
 
     @cute.jit
     def __call__(self, a, w2, s2, n_active, slot_expert, slot_count, slot_pairs, topk_w, gamma, y_lat, normed,
-                 sq_parts, stream: cuda.CUstream):
+                 sq_parts, stream: cuda.CUstream):  # slot_count: 1 in every slot at one token, not read
         self.kernel(a, w2, s2, n_active, slot_expert, slot_pairs, topk_w, gamma, y_lat, normed, sq_parts).launch(
             grid=[self.ctas(), 1, 1], block=[ONE_TOKEN_ROWS * WARP, 1, 1], smem=self.smem_bytes(), stream=stream,
             use_pdl=True,
@@ -385,8 +385,6 @@ class ExpertsGemm2OneToken:
 def experts_gemm2_one_token(a, w2, s2, plan, topk_w, gamma, y_lat, normed, sq_parts, stream) -> None:
     """ExpertsGemm2OneToken on `stream`: for one token, y_lat = the weighted combine of its k experts' GEMM2, normed =
     y_lat * gamma in bf16 (the RMS is applied by the finalize), sq_parts [L/8] the partial sums of y_lat^2."""
-    from cutlass import Uint8
-
     from .runtime import compile_cached, cu_stream, expect, fake, fake_stream, to_cute
 
     experts, latent, half_i = w2.shape
@@ -456,8 +454,6 @@ def experts_gemm1_situ(
 ) -> None:
     """a[M*k, I] = SiTU-GLU of each planned pair's GEMM1; zeroes y_lat [M, L] for GEMM2. Launched on `stream`.
     early_gemm2=False: GEMM2 does not start before this launch ends (as until v9; a comparison for the bench)."""
-    from cutlass import Uint8
-
     from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
 
     m, latent = x_lat.shape
@@ -508,8 +504,6 @@ def experts_gemm2_combine(
     launch, since it waits for its predecessor before reading a or y_lat. hold_weights (one token): None holds the
     weights across the wait for short rows only (experts_mma.HOLD_MAX_GROUPS); True / False force it (comparisons).
     early_finalize (tensor cores): lets the next launch (the finalize, launched early) start at once."""
-    from cutlass import Uint8
-
     from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
 
     m, latent = y_lat.shape

@@ -7,8 +7,8 @@ The weighted top-k combine already happened in the GEMM2 epilogue (fp32 reductio
 CTAs wrote normed = rms_norm(y_lat) in bf16, so this is one skinny GEMM over two K segments with one accumulator per
 segment. At one token GEMM2 (experts.ExpertsGemm2OneToken) writes normed = y * gamma without the RMS, and partial
 sums of y^2 per CTA (`sq_parts`): the finalize sums those and scales its W_up dot by rsqrt(sum / L + eps), a scalar
-per token, so no CTA of GEMM2 has to wait for all the others (NOTES.md v16). Split-K over the CTA's warps as in gemv.py; from 2 tokens on the tensor cores (mma.py), where both segments
-accumulate into the same C fragments.
+per token, so no CTA of GEMM2 has to wait for all the others (NOTES.md v16). Split-K over the CTA's warps as in
+gemv.py; from 2 tokens on the tensor cores (mma.py), where both segments accumulate into the same C fragments.
 """
 
 from __future__ import annotations
@@ -221,6 +221,19 @@ def holds_weights(early: bool, mt: int) -> bool:
     return early and not uses_tensor_cores(mt)
 
 
+_UNREAD: dict = {}
+
+
+def _unread_f32(device):
+    """A placeholder for the kernel's sq_parts argument when the RMS is already applied (never read): one per device,
+    so that launches do not allocate."""
+    if device not in _UNREAD:
+        import torch
+
+        _UNREAD[device] = torch.zeros(4, dtype=torch.float32, device=device)
+    return _UNREAD[device]
+
+
 def finalize(normed, w_up, a_sh, w_sh2, out, stream, tensor_cores: bool = True, early: bool = True,
              hold_weights: bool | None = None, sq_parts=None, eps: float = 0.0) -> None:
     """out = normed @ w_up^T + a_sh @ w_sh2^T (normed: the bf16 latent RMSNorm output GEMM2's last CTAs write).
@@ -228,8 +241,6 @@ def finalize(normed, w_up, a_sh, w_sh2, out, stream, tensor_cores: bool = True, 
     reading activations. hold_weights (None: holds_weights's choice) loads the weights before that wait.
     sq_parts (one token; fp32 [P], ExpertsGemm2OneToken's partial sums of y^2): normed is y * gamma, and the W_up
     term is scaled by rsqrt(sum(sq_parts) / L + eps)."""
-    import torch
-
     from .gemv import token_tile
     from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
 
@@ -247,7 +258,7 @@ def finalize(normed, w_up, a_sh, w_sh2, out, stream, tensor_cores: bool = True, 
         rms_parts = sq_parts.shape[0]
         expect("sq_parts", sq_parts, (rms_parts,), "float32")
     else:
-        sq_parts = out.new_zeros(4, dtype=torch.float32)  # not read
+        sq_parts = _unread_f32(out.device)
 
     def build():
         md = dyn()
