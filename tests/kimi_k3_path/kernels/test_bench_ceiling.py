@@ -31,7 +31,7 @@ def test_the_block_chains_of_the_record_are_its_four_launches_in_order():
     assert sum(chains[8]) == 183_748_096  # the TP8 block's 183.7 MB (NOTES.md)
 
 
-def test_a_tp_missing_a_segment_has_no_chain(tmp_path):
+def test_a_tp_missing_a_segment_has_no_chain():
     rows = [{"tp": 8, "batch": 1, "kernel": name, "weight_bytes": 1000} for name in SEGMENTS[:3]]
     assert block_chains(rows) == {}
 
