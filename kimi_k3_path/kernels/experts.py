@@ -10,6 +10,7 @@ instruction, and the products run as packed f16x2 FMAs within each 32-value grou
 
 GEMM1 + SiTU: a half-warp per weight row, the two half-warps of a warp on gate row j and up row I+j, so the
 activation a[pair, j] = situ_glu(gate, up) is formed in registers. a is stored fp16 per (token, slot) pair.
+At one token both GEMMs have their own forms (ExpertsGemm1OneToken, ExpertsGemm2OneToken; moe.one_token_experts).
 GEMM2 + combine: `lanes` lanes per row of w2; each row's result times the pair's routing weight is added with one
 fp32 reduction into y_lat[token] (zeroed by GEMM1 of the same step). The last CTAs to finish (one per token;
 self-resetting device counters) apply the latent RMSNorm, normed[t] = y_lat[t] * rsqrt(mean(y_lat[t]^2)
@@ -49,14 +50,15 @@ WARPS_PER_CTA = 8
 GEMM1_LANES_PER_ROW = 16
 
 
-def group_dot(packed, x_addr, load_act=ld_act_v4) -> Float32:
+def group_dot(packed, x_addr, load_act=ld_act_v4, quarter_stride: int = VEC_BYTES) -> Float32:
     """Unscaled dot (times 2^-6) of one MXFP4 group (4 words of packed nibbles) with 32 fp16 activations at x_addr
-    (a global address for ld_act_v4, a shared one for ld_shared_v4): packed f16x2 products within the group (two
-    accumulators of 8 terms each), fp32 from the group sum on."""
+    (a global address for ld_act_v4, a shared one for ld_shared_v4; the group's four 16-byte quarters
+    `quarter_stride` bytes apart): packed f16x2 products within the group (two accumulators of 8 terms each), fp32
+    from the group sum on."""
     acc0 = Int32(0)
     acc1 = Int32(0)
     for q in range(4):
-        xw = load_act(x_addr + q * VEC_BYTES)
+        xw = load_act(x_addr + q * quarter_stride)
         acc0, acc1 = fp4x8_fma_f16x2(packed[q], xw[0], xw[1], xw[2], xw[3], acc0, acc1)
     return f16x2_pair_sum_f32(acc0, acc1)
 
@@ -198,6 +200,91 @@ class ExpertsGemm1Situ:
                 up = cute.arch.shuffle_sync_bfly(acc, GEMM1_LANES_PER_ROW)
                 if lane == 0:
                     a[pair, j] = situ_glu(acc, up).to(Float16)
+
+
+class ExpertsGemm1OneToken:
+    """GEMM1 + SiTU-GLU for one token on the CUDA cores, every weight byte of a lane in flight at once and the token's
+    activations from shared memory. CTA (slot, tile) computes a[pair, 8*tile + w] with warp w: half-warp h on gate
+    row j (h = 0) or up row I + j (h = 1), lane s of the half on MXFP4 groups s, s + 16, ... (all 7 at L = 3584: 16-byte
+    loads, a half-warp reading 256 contiguous bytes each). While they fly, the CTA copies x_lat[token] (7 KB) into
+    shared memory, each group's four 16-byte quarters `groups` vectors apart so that the lanes of a half-warp, on
+    consecutive groups, read consecutive vectors (no bank conflicts); then each lane's dot, a half-warp sum, one
+    shuffle to meet gate and up. Lets GEMM2 (launched early) start at once.
+    Tensors: x_lat [1, L] fp16, w13 [E, 2I, L/2] uint8, s13 [E, 2I, L/32] uint8, plan, a [k, I] fp16. y_lat is not
+    touched: GEMM2's one-token form writes it whole."""
+
+    def __init__(self, experts: int, latent: int, inter: int, top_k: int):
+        groups = latent // FP4_GROUP
+        if latent % FP4_GROUP or groups % GEMM1_LANES_PER_ROW:
+            raise ValueError(f"ExpertsGemm1OneToken: latent={latent} must be a multiple of "
+                             f"{FP4_GROUP * GEMM1_LANES_PER_ROW}")
+        if inter % WARPS_PER_CTA:
+            raise ValueError(f"ExpertsGemm1OneToken: intermediate={inter} is not a multiple of {WARPS_PER_CTA}")
+        self.e, self.l, self.i, self.k = experts, latent, inter, top_k
+        self.groups = groups
+        self.groups_per_lane = groups // GEMM1_LANES_PER_ROW
+
+    def smem_bytes(self) -> int:
+        return self.l * 2
+
+    @cute.jit
+    def __call__(self, x_lat, w13, s13, n_active, slot_expert, slot_count, slot_pairs, a, stream: cuda.CUstream):
+        # slot_count: 1 in every active slot at one token, not read
+        self.kernel(x_lat, w13, s13, n_active, slot_expert, slot_pairs, a).launch(
+            grid=[self.k, self.i // WARPS_PER_CTA, 1], block=[WARPS_PER_CTA * WARP, 1, 1], smem=self.smem_bytes(),
+            stream=stream,
+        )
+
+    @cute.kernel
+    def kernel(self, x_lat, w13, s13, n_active, slot_expert, slot_pairs, a):
+        tidx, _, _ = cute.arch.thread_idx()
+        slot, tile, _ = cute.arch.block_idx()
+        cute.arch.griddepcontrol_launch_dependents()  # GEMM2 (launched early) loads its weights, then waits for us
+        # The plan's three words in one round trip (an inactive slot's entries are stale, and unused): the branch
+        # depends on all three, or ptxas loads the expert and the pair only after it.
+        expert = slot_expert[slot]
+        pair = slot_pairs[slot, 0]
+        active = after_all_loads(n_active[0], [expert, pair], slot >> 10)
+        if slot < active:
+            lane = tidx % WARP
+            sub = lane % GEMM1_LANES_PER_ROW
+            j = tile * WARPS_PER_CTA + tidx // WARP
+            row = Int64(expert) * (2 * self.i) + Int64((lane // GEMM1_LANES_PER_ROW) * self.i + j)
+            row_bytes: cutlass.Constexpr = self.l // 2
+            row_addr = w13.iterator.toint() + row * row_bytes + Int64(sub * VEC_BYTES)
+            scale_addr = s13.iterator.toint() + row * self.groups + Int64(sub)
+            packed = []
+            scale_bytes = []
+            for gi in cutlass.range_constexpr(self.groups_per_lane):
+                packed.append(list(ld_weight_v4(row_addr + Int64(gi * GEMM1_LANES_PER_ROW * VEC_BYTES))))
+                scale_bytes.append(ld_u8(scale_addr + Int64(gi * GEMM1_LANES_PER_ROW)))
+            loaded = [w for words in packed for w in words] + scale_bytes
+            x_addr = x_lat.iterator.toint() + Int64(pair // self.k) * (self.l * 2)
+            vecs: cutlass.Constexpr = self.groups * 4
+            rounds: cutlass.Constexpr = -(-vecs // (WARPS_PER_CTA * WARP))
+            pieces = []
+            for r in cutlass.range_constexpr(rounds):
+                pieces.append(ld_act_v4(x_addr + Int64(cutlass.min(tidx + r * WARPS_PER_CTA * WARP, vecs - 1))
+                                        * VEC_BYTES))
+                loaded.extend(pieces[r])
+            # Every load above in flight before the first store (ptxas would sink the weights next to their uses).
+            zero = after_all_loads(Int32(0), loaded, slot >> 10)
+            base = cutlass.memory.SmemAllocator().allocate_tensor(
+                Uint8, cute.make_layout(self.l * 2), byte_alignment=16).iterator.toint()
+            for r in cutlass.range_constexpr(rounds):
+                v = tidx + r * WARPS_PER_CTA * WARP
+                if v < vecs:
+                    st_shared_v4(base + zero + ((v % 4) * self.groups + v // 4) * VEC_BYTES, pieces[r])
+            cute.arch.sync_threads()
+            acc = Float32(0.0)
+            for gi in cutlass.range_constexpr(self.groups_per_lane):
+                g = sub + gi * GEMM1_LANES_PER_ROW
+                acc = acc + group_dot(packed[gi], base + g * VEC_BYTES, ld_shared_v4, self.groups * VEC_BYTES) * \
+                    e8m0_scale_times_64(scale_bytes[gi])
+            gate = lane_group_sum(acc, GEMM1_LANES_PER_ROW)
+            up = cute.arch.shuffle_sync_bfly(gate, GEMM1_LANES_PER_ROW)
+            if lane == 0:
+                a[pair, j] = situ_glu(gate, up).to(Float16)
 
 
 class ExpertsGemm2Combine:
@@ -380,6 +467,30 @@ class ExpertsGemm2OneToken:
             for w in cutlass.range_constexpr(WARPS_PER_CTA):
                 total = total + partial[w]
             sq_parts[tile] = total
+
+
+def experts_gemm1_one_token(x_lat, w13, s13, plan, top_k: int, a, stream) -> None:
+    """ExpertsGemm1OneToken on `stream`: a[k, I] = SiTU-GLU of the one token's GEMM1 with each of its k experts."""
+    from .runtime import compile_cached, cu_stream, expect, fake, fake_stream, to_cute
+
+    experts, two_i, _ = w13.shape
+    latent, inter = x_lat.shape[1], two_i // 2
+    expect("x_lat", x_lat, (1, latent), "float16")
+    expect("w13", w13, (experts, 2 * inter, latent // 2), "uint8")
+    expect("s13", s13, (experts, 2 * inter, latent // FP4_GROUP), "uint8")
+    _plan_shapes(plan, experts)
+    expect("a", a, (top_k, inter), "float16")
+
+    def build():
+        args = (
+            fake(Float16, (1, latent)), fake(Uint8, (experts, 2 * inter, latent // 2)),
+            fake(Uint8, (experts, 2 * inter, latent // FP4_GROUP)), *_fake_plan(experts), fake(Float16, (top_k, inter)),
+            fake_stream(),
+        )
+        return ExpertsGemm1OneToken(experts, latent, inter, top_k), args
+
+    fn = compile_cached(("experts_gemm1_one_token", experts, latent, inter, top_k), build)
+    fn(to_cute(x_lat), to_cute(w13), to_cute(s13), *(to_cute(t) for t in plan), to_cute(a), cu_stream(stream))
 
 
 def experts_gemm2_one_token(a, w2, s2, plan, topk_w, gamma, y_lat, normed, sq_parts, stream) -> None:

@@ -59,9 +59,9 @@ def test_compiled_kernels_are_cached_per_key():
     assert other is not first and len(builds) == 2
 
 
-def test_gemm2_one_token_form_serves_one_token_and_is_refused_for_a_batch():
-    from kimi_k3_path.kernels.moe import decode_steps, one_token_gemm2
+def test_experts_one_token_forms_serve_one_token_and_are_refused_for_a_batch():
+    from kimi_k3_path.kernels.moe import decode_steps, one_token_experts
 
-    assert one_token_gemm2(1) and not one_token_gemm2(2)
-    with pytest.raises(ValueError, match="one-token form serves M=1, not M=2"):
+    assert one_token_experts(1) and not one_token_experts(2)
+    with pytest.raises(ValueError, match="one-token forms serve M=1, not M=2"):
         decode_steps(torch.empty(2, 8), None, None, None, one_token=True)
