@@ -10,7 +10,8 @@ instruction, and the products run as packed f16x2 FMAs within each 32-value grou
 
 GEMM1 + SiTU: a half-warp per weight row, the two half-warps of a warp on gate row j and up row I+j, so the
 activation a[pair, j] = situ_glu(gate, up) is formed in registers. a is stored fp16 per (token, slot) pair.
-At one token both GEMMs have their own forms (ExpertsGemm1OneToken, ExpertsGemm2OneToken; moe.one_token_experts).
+Up to 16 tokens GEMM1 holds each CTA's weights in registers (ExpertsGemm1Held); at one token GEMM2 has its own form
+(ExpertsGemm2OneToken; moe.one_token_experts).
 GEMM2 + combine: `lanes` lanes per row of w2; each row's result times the pair's routing weight is added with one
 fp32 reduction into y_lat[token] (zeroed by GEMM1 of the same step). The last CTAs to finish (one per token;
 self-resetting device counters) apply the latent RMSNorm, normed[t] = y_lat[t] * rsqrt(mean(y_lat[t]^2)
@@ -202,49 +203,95 @@ class ExpertsGemm1Situ:
                     a[pair, j] = situ_glu(acc, up).to(Float16)
 
 
-class ExpertsGemm1OneToken:
-    """GEMM1 + SiTU-GLU for one token on the CUDA cores, every weight byte of a lane in flight at once and the token's
-    activations from shared memory. CTA (slot, tile) computes a[pair, 8*tile + w] with warp w: half-warp h on gate
-    row j (h = 0) or up row I + j (h = 1), lane s of the half on MXFP4 groups s, s + 16, ... (all 7 at L = 3584: 16-byte
-    loads, a half-warp reading 256 contiguous bytes each). While they fly, the CTA copies x_lat[token] (7 KB) into
-    shared memory, each group's four 16-byte quarters `groups` vectors apart so that the lanes of a half-warp, on
-    consecutive groups, read consecutive vectors (no bank conflicts); then each lane's dot, a half-warp sum, one
-    shuffle to meet gate and up. Lets GEMM2 (launched early) start at once.
-    Tensors: x_lat [1, L] fp16, w13 [E, 2I, L/2] uint8, s13 [E, 2I, L/32] uint8, plan, a [k, I] fp16. y_lat is not
-    touched: GEMM2's one-token form writes it whole."""
+# GEMM1 holds each CTA's weights in registers (ExpertsGemm1Held) for batches of at most this many tokens; the
+# tensor-core kernel (experts_mma.py) above. Measured on the H200 (NOTES.md v17e; same process, block medians, TP8 /
+# TP16, tensor cores -> held): M=2 96.1 -> 91.2 and 78.2 -> 70.9 us, M=4 126.3 -> 119.2 and 96.4 -> 90.6, M=8 183.4
+# -> 173.8 and 131.7 -> 125.4, M=16 274.0 -> 267.9 and 180.0 -> 177.2; but M=32 443.0 -> 463.5 and 277.3 -> 286.9.
+GEMM1_HELD_MAX_TOKENS = 16
 
-    def __init__(self, experts: int, latent: int, inter: int, top_k: int):
+
+class ExpertsGemm1Held:
+    """GEMM1 + SiTU-GLU on the CUDA cores for a few tokens, every weight byte of a lane in flight at once and held
+    in registers while the CTA takes its slot's tokens, their activations from shared memory. CTA (slot, tile)
+    computes a[pair, 8*tile + w] with warp w: half-warp h on gate row j (h = 0) or up row I + j (h = 1), lane s of the
+    half on MXFP4 groups s, s + 16, ... (all 7 at L = 3584: 16-byte loads, a half-warp reading 256 contiguous bytes
+    each). While they fly, the CTA copies x_lat of the slot's first token (7 KB) into shared memory, each group's four
+    16-byte quarters `groups` vectors apart so that the lanes of a half-warp, on consecutive groups, read consecutive
+    vectors (no bank conflicts); then each lane's dot, a half-warp sum, one shuffle to meet gate and up. Each further
+    token of the slot: a barrier, its row copied in (one round trip), a barrier, the same math. Lets GEMM2 (launched
+    early) start at once.
+    one_token: the batch is one token, so each slot has one pair; y_lat is left alone (GEMM2's one-token form writes
+    it whole), and without the loop over further tokens the kernel needs 61 registers instead of 80 (4 CTAs per SM
+    instead of 3; at one token the loop's form took 0.3-0.7 us more, NOTES.md v17e). Otherwise the CTAs zero y_lat for
+    GEMM2's general form.
+    Tensors as ExpertsGemm1Situ: x_lat [M, L] fp16, w13 [E, 2I, L/2] uint8, s13 [E, 2I, L/32] uint8, plan, a [M*k, I]
+    fp16, y_lat [M, L] fp32."""
+
+    def __init__(self, experts: int, latent: int, inter: int, top_k: int, one_token: bool):
         groups = latent // FP4_GROUP
         if latent % FP4_GROUP or groups % GEMM1_LANES_PER_ROW:
-            raise ValueError(f"ExpertsGemm1OneToken: latent={latent} must be a multiple of "
+            raise ValueError(f"ExpertsGemm1Held: latent={latent} must be a multiple of "
                              f"{FP4_GROUP * GEMM1_LANES_PER_ROW}")
         if inter % WARPS_PER_CTA:
-            raise ValueError(f"ExpertsGemm1OneToken: intermediate={inter} is not a multiple of {WARPS_PER_CTA}")
-        self.e, self.l, self.i, self.k = experts, latent, inter, top_k
+            raise ValueError(f"ExpertsGemm1Held: intermediate={inter} is not a multiple of {WARPS_PER_CTA}")
+        self.e, self.l, self.i, self.k, self.one_token = experts, latent, inter, top_k, one_token
         self.groups = groups
         self.groups_per_lane = groups // GEMM1_LANES_PER_ROW
+        self.vecs = groups * 4  # 16-byte vectors of an x_lat row
+        self.rounds = -(-self.vecs // (WARPS_PER_CTA * WARP))  # of them per thread
 
     def smem_bytes(self) -> int:
         return self.l * 2
 
     @cute.jit
-    def __call__(self, x_lat, w13, s13, n_active, slot_expert, slot_count, slot_pairs, a, stream: cuda.CUstream):
-        # slot_count: 1 in every active slot at one token, not read
-        self.kernel(x_lat, w13, s13, n_active, slot_expert, slot_pairs, a).launch(
-            grid=[self.k, self.i // WARPS_PER_CTA, 1], block=[WARPS_PER_CTA * WARP, 1, 1], smem=self.smem_bytes(),
+    def __call__(self, x_lat, w13, s13, n_active, slot_expert, slot_count, slot_pairs, a, y_lat, stream: cuda.CUstream):
+        m = x_lat.shape[0]
+        slots = cutlass.min(m * self.k, self.e)
+        self.kernel(x_lat, w13, s13, n_active, slot_expert, slot_count, slot_pairs, a, y_lat, m).launch(
+            grid=[slots, self.i // WARPS_PER_CTA, 1], block=[WARPS_PER_CTA * WARP, 1, 1], smem=self.smem_bytes(),
             stream=stream,
         )
 
+    def load_row(self, x_lat, pair, tidx):
+        """This thread's vectors of x_lat[pair // k] (past the row's end: its last vector again)."""
+        x_addr = x_lat.iterator.toint() + Int64(pair // self.k) * (self.l * 2)
+        return [ld_act_v4(x_addr + Int64(cutlass.min(tidx + r * WARPS_PER_CTA * WARP, self.vecs - 1)) * VEC_BYTES)
+                for r in range(self.rounds)]
+
+    def store_row(self, base, pieces, tidx, zero):
+        """load_row's vectors into the shared-memory layout (a vector past the end lands on the last one again)."""
+        for r in range(self.rounds):
+            v = cutlass.min(tidx + r * WARPS_PER_CTA * WARP, self.vecs - 1)
+            st_shared_v4(base + zero + ((v % 4) * self.groups + v // 4) * VEC_BYTES, pieces[r])
+
+    def write_pair(self, base, packed, scale_bytes, sub, a, pair, j):
+        """a[pair, j] from the row in shared memory and this lane's weights (every lane stores lane 0's value)."""
+        acc = Float32(0.0)
+        for gi in range(self.groups_per_lane):
+            g = sub + gi * GEMM1_LANES_PER_ROW
+            acc = acc + group_dot(packed[gi], base + g * VEC_BYTES, ld_shared_v4, self.groups * VEC_BYTES) * \
+                e8m0_scale_times_64(scale_bytes[gi])
+        gate = lane_group_sum(acc, GEMM1_LANES_PER_ROW)
+        up = cute.arch.shuffle_sync_bfly(gate, GEMM1_LANES_PER_ROW)
+        a[pair, j] = cute.arch.shuffle_sync(situ_glu(gate, up), 0).to(Float16)  # lane 0: gate from half 0
+
     @cute.kernel
-    def kernel(self, x_lat, w13, s13, n_active, slot_expert, slot_pairs, a):
+    def kernel(self, x_lat, w13, s13, n_active, slot_expert, slot_count, slot_pairs, a, y_lat, m_count: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         slot, tile, _ = cute.arch.block_idx()
+        grid_x, grid_y, _ = cute.arch.grid_dim()
         cute.arch.griddepcontrol_launch_dependents()  # GEMM2 (launched early) loads its weights, then waits for us
-        # The plan's three words in one round trip (an inactive slot's entries are stale, and unused): the branch
-        # depends on all three, or ptxas loads the expert and the pair only after it.
+        if cutlass.const_expr(not self.one_token):
+            zero_y_lat(y_lat, (tile * grid_x + slot) * WARPS_PER_CTA * WARP + tidx,
+                       grid_x * grid_y * WARPS_PER_CTA * WARP, m_count, self.l)
+        # The plan's words in one round trip (an inactive slot's entries are stale, and unused): the branch depends
+        # on all of them, or ptxas loads the expert and the pair only after it.
         expert = slot_expert[slot]
         pair = slot_pairs[slot, 0]
-        active = after_all_loads(n_active[0], [expert, pair], slot >> 10)
+        count = Int32(1)
+        if cutlass.const_expr(not self.one_token):
+            count = slot_count[slot]
+        active = after_all_loads(n_active[0], [expert, pair, count], slot >> 10)
         if slot < active:
             lane = tidx % WARP
             sub = lane % GEMM1_LANES_PER_ROW
@@ -258,33 +305,22 @@ class ExpertsGemm1OneToken:
             for gi in cutlass.range_constexpr(self.groups_per_lane):
                 packed.append(list(ld_weight_v4(row_addr + Int64(gi * GEMM1_LANES_PER_ROW * VEC_BYTES))))
                 scale_bytes.append(ld_u8(scale_addr + Int64(gi * GEMM1_LANES_PER_ROW)))
-            loaded = [w for words in packed for w in words] + scale_bytes
-            x_addr = x_lat.iterator.toint() + Int64(pair // self.k) * (self.l * 2)
-            vecs: cutlass.Constexpr = self.groups * 4
-            rounds: cutlass.Constexpr = -(-vecs // (WARPS_PER_CTA * WARP))
-            pieces = []
-            for r in cutlass.range_constexpr(rounds):
-                pieces.append(ld_act_v4(x_addr + Int64(cutlass.min(tidx + r * WARPS_PER_CTA * WARP, vecs - 1))
-                                        * VEC_BYTES))
-                loaded.extend(pieces[r])
+            pieces = self.load_row(x_lat, pair, tidx)
             # Every load above in flight before the first store (ptxas would sink the weights next to their uses).
+            loaded = [w for words in packed for w in words] + scale_bytes + [w for piece in pieces for w in piece]
             zero = after_all_loads(Int32(0), loaded, slot >> 10)
             base = cutlass.memory.SmemAllocator().allocate_tensor(
                 Uint8, cute.make_layout(self.l * 2), byte_alignment=16).iterator.toint()
-            for r in cutlass.range_constexpr(rounds):
-                v = tidx + r * WARPS_PER_CTA * WARP
-                if v < vecs:
-                    st_shared_v4(base + zero + ((v % 4) * self.groups + v // 4) * VEC_BYTES, pieces[r])
+            self.store_row(base, pieces, tidx, zero)
             cute.arch.sync_threads()
-            acc = Float32(0.0)
-            for gi in cutlass.range_constexpr(self.groups_per_lane):
-                g = sub + gi * GEMM1_LANES_PER_ROW
-                acc = acc + group_dot(packed[gi], base + g * VEC_BYTES, ld_shared_v4, self.groups * VEC_BYTES) * \
-                    e8m0_scale_times_64(scale_bytes[gi])
-            gate = lane_group_sum(acc, GEMM1_LANES_PER_ROW)
-            up = cute.arch.shuffle_sync_bfly(gate, GEMM1_LANES_PER_ROW)
-            if lane == 0:
-                a[pair, j] = situ_glu(gate, up).to(Float16)
+            self.write_pair(base, packed, scale_bytes, sub, a, pair, j)
+            if cutlass.const_expr(not self.one_token):
+                for t in cutlass.range(1, count, unroll=1):
+                    cute.arch.sync_threads()  # every warp is done with the previous token's row
+                    later = slot_pairs[slot, t]
+                    self.store_row(base, self.load_row(x_lat, later, tidx), tidx, 0)
+                    cute.arch.sync_threads()
+                    self.write_pair(base, packed, scale_bytes, sub, a, later, j)
 
 
 class ExpertsGemm2Combine:
@@ -469,30 +505,6 @@ class ExpertsGemm2OneToken:
             sq_parts[tile] = total
 
 
-def experts_gemm1_one_token(x_lat, w13, s13, plan, top_k: int, a, stream) -> None:
-    """ExpertsGemm1OneToken on `stream`: a[k, I] = SiTU-GLU of the one token's GEMM1 with each of its k experts."""
-    from .runtime import compile_cached, cu_stream, expect, fake, fake_stream, to_cute
-
-    experts, two_i, _ = w13.shape
-    latent, inter = x_lat.shape[1], two_i // 2
-    expect("x_lat", x_lat, (1, latent), "float16")
-    expect("w13", w13, (experts, 2 * inter, latent // 2), "uint8")
-    expect("s13", s13, (experts, 2 * inter, latent // FP4_GROUP), "uint8")
-    _plan_shapes(plan, experts)
-    expect("a", a, (top_k, inter), "float16")
-
-    def build():
-        args = (
-            fake(Float16, (1, latent)), fake(Uint8, (experts, 2 * inter, latent // 2)),
-            fake(Uint8, (experts, 2 * inter, latent // FP4_GROUP)), *_fake_plan(experts), fake(Float16, (top_k, inter)),
-            fake_stream(),
-        )
-        return ExpertsGemm1OneToken(experts, latent, inter, top_k), args
-
-    fn = compile_cached(("experts_gemm1_one_token", experts, latent, inter, top_k), build)
-    fn(to_cute(x_lat), to_cute(w13), to_cute(s13), *(to_cute(t) for t in plan), to_cute(a), cu_stream(stream))
-
-
 def experts_gemm2_one_token(a, w2, s2, plan, topk_w, gamma, y_lat, normed, sq_parts, stream) -> None:
     """ExpertsGemm2OneToken on `stream`: for one token, y_lat = the weighted combine of its k experts' GEMM2, normed =
     y_lat * gamma in bf16 (the RMS is applied by the finalize), sq_parts [L/8] the partial sums of y_lat^2."""
@@ -543,8 +555,10 @@ def _fake_plan(experts: int):
 
 
 def on_tensor_cores(m: int, tensor_cores: bool) -> bool:
-    """Whether a batch of m tokens runs the experts on the tensor cores (experts_mma.py): always, if allowed. Measured
-    on the H200 (NOTES.md, v7 and v8): both GEMMs are faster there from one token on (TP8 M=1: GEMM2 13.1 vs 17.9 us,
+    """Whether a batch of m tokens runs the experts on the tensor cores (experts_mma.py) rather than the older
+    CUDA-core kernels of this module: always, if allowed (GEMM1 up to GEMM1_HELD_MAX_TOKENS runs ExpertsGemm1Held
+    instead, and GEMM2 at one token ExpertsGemm2OneToken). Measured on the H200 (NOTES.md, v7 and v8): both GEMMs are
+    faster there than on ExpertsGemm1Situ / ExpertsGemm2Combine from one token on (TP8 M=1: GEMM2 13.1 vs 17.9 us,
     GEMM1 17.4 vs 20.3 us once its weight loads were pinned in v8), and GEMM1 1.4x faster above 4 tokens."""
     return tensor_cores
 
@@ -560,16 +574,25 @@ def stages_weights(m: int) -> bool:
     return m >= STAGED_FROM_TOKENS
 
 
+def holds_gemm1_weights(m: int, tensor_cores: bool) -> bool:
+    """Whether GEMM1 runs as ExpertsGemm1Held for a batch of m tokens: up to GEMM1_HELD_MAX_TOKENS (measured, see
+    there), unless tensor_cores=False asks for the bench's comparison with every launch on the older CUDA-core
+    kernels."""
+    return tensor_cores and m <= GEMM1_HELD_MAX_TOKENS
+
+
 def experts_gemm1_situ(
-    x_lat, w13, s13, plan, top_k: int, a, y_lat, stream, tensor_cores: bool = True, early_gemm2: bool = True,
+    x_lat, w13, s13, plan, top_k: int, a, y_lat, stream, tensor_cores: bool = True, one_token: bool = False,
 ) -> None:
-    """a[M*k, I] = SiTU-GLU of each planned pair's GEMM1; zeroes y_lat [M, L] for GEMM2. Launched on `stream`.
-    early_gemm2=False: GEMM2 does not start before this launch ends (as until v9; a comparison for the bench)."""
+    """a[M*k, I] = SiTU-GLU of each planned pair's GEMM1; zeroes y_lat [M, L] for GEMM2 unless one_token (M = 1,
+    GEMM2's one-token form follows and writes y_lat whole). Launched on `stream`."""
     from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
 
     m, latent = x_lat.shape
     experts, two_i, _ = w13.shape
     inter = two_i // 2
+    if one_token and m != 1:
+        raise ValueError(f"experts_gemm1_situ: one_token serves M=1, not M={m}")
     expect("x_lat", x_lat, (m, latent), "float16")
     expect("w13", w13, (experts, 2 * inter, latent // 2), "uint8")
     expect("s13", s13, (experts, 2 * inter, latent // FP4_GROUP), "uint8")
@@ -588,15 +611,18 @@ def experts_gemm1_situ(
             fake(Float32, (md, latent)),
             fake_stream(),
         )
+        if held:
+            return ExpertsGemm1Held(experts, latent, inter, top_k, one_token), args
         if mma:
             from .experts_mma import ExpertsGemm1SituMma
 
-            return ExpertsGemm1SituMma(experts, latent, inter, top_k, staged, early_gemm2=early_gemm2), args
+            return ExpertsGemm1SituMma(experts, latent, inter, top_k, staged), args
         return ExpertsGemm1Situ(experts, latent, inter, top_k), args
 
-    mma = on_tensor_cores(m, tensor_cores)
+    held = one_token or holds_gemm1_weights(m, tensor_cores)
+    mma = not held and on_tensor_cores(m, tensor_cores)
     staged = mma and stages_weights(m)
-    key = ("experts_gemm1_situ", experts, latent, inter, top_k, mma, staged, early_gemm2)
+    key = ("experts_gemm1_situ", experts, latent, inter, top_k, held, one_token, mma, staged)
     fn = compile_cached(key, build)
     fn(
         to_cute(x_lat, True), to_cute(w13), to_cute(s13), *(to_cute(t) for t in plan),

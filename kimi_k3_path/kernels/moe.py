@@ -6,8 +6,9 @@ the caller's stream, with no host synchronization and no allocation, so it can b
                       down-projection x_lat = x @ W_down^T (stored fp16 for the experts)
                       shared experts' a_sh = situ_glu(x @ W_sh13^T)
   2 experts GEMM1   a[pair] = situ_glu(x_lat[t] @ w13[e]^T); y_lat = 0                    (active experts' w13)
-                      (one token: on the CUDA cores, every weight load of a lane in flight at once, x_lat
-                      from shared memory, y_lat left alone; experts.ExpertsGemm1OneToken)
+                      (up to 16 tokens: on the CUDA cores, every weight load of a lane in flight at once and
+                      held across the slot's tokens, x_lat from shared memory; experts.ExpertsGemm1Held;
+                      one token: y_lat left alone)
   3 experts GEMM2   y_lat[t] += w * a[pair] @ w2[e]^T; last CTAs: normed = rms_norm(y_lat) (active experts' w2)
                       (one token: each CTA owns its rows for all slots, writes y * gamma and partial sums
                       of y^2, no last CTAs; experts.ExpertsGemm2OneToken)
@@ -32,13 +33,7 @@ import torch
 from cutlass import BFloat16, Float16, Float32, Int32
 
 from .common import DEFAULT_WEIGHT_LOAD, WARP
-from .experts import (
-    ONE_TOKEN_ROWS,
-    experts_gemm1_one_token,
-    experts_gemm1_situ,
-    experts_gemm2_combine,
-    experts_gemm2_one_token,
-)
+from .experts import ONE_TOKEN_ROWS, experts_gemm1_situ, experts_gemm2_combine, experts_gemm2_one_token
 from .finalize import finalize
 from .gemv import WARPS_PER_CTA, alloc_scratch, check_k, gemv_part, token_tile
 from .mma import (
@@ -307,11 +302,12 @@ class Step:
 
 
 def one_token_experts(m: int) -> bool:
-    """Whether the experts run in their one-token forms: GEMM1 as experts.ExpertsGemm1OneToken (every weight byte of
-    a lane in flight at once, x_lat in shared memory) and GEMM2 as experts.ExpertsGemm2OneToken (no cross-CTA norm
-    tail; the finalize applies the RMS). Measured on the H200 (NOTES.md v16, v17; same-run block medians): the norm
-    tail cost the one-token block 4.4 us (TP8 and TP16), moving the whole norm into the finalize instead 7 us more
-    than it saved; GEMM1's one-token form took the block from 68.2 to 62.8 us at TP8 and 57.4 to 53.3 at TP16."""
+    """Whether the experts run in their one-token forms: GEMM1 as experts.ExpertsGemm1Held(one_token=True) (no loop
+    over a slot's further tokens: 61 registers instead of 80; y_lat left alone) and GEMM2 as
+    experts.ExpertsGemm2OneToken (no cross-CTA norm tail; the finalize applies the RMS). Measured on the H200
+    (NOTES.md v16, v17; same-run block medians): the norm tail cost the one-token block 4.4 us (TP8 and TP16), moving
+    the whole norm into the finalize instead 7 us more than it saved; GEMM1 holding its weights took the block from
+    68.2 to 62.8 us at TP8 and 57.4 to 53.3 at TP16 (against the tensor cores)."""
     return m == 1
 
 
@@ -334,13 +330,6 @@ def decode_steps(
     def active() -> int:
         return int(ws.plan[0][0])
 
-    def gemm1(st) -> None:
-        if one_token:
-            experts_gemm1_one_token(ws.x_lat[:1], w.w13_packed, w.w13_scales, ws.plan, k, ws.a[:k], st)
-        else:
-            experts_gemm1_situ(ws.x_lat[:m], w.w13_packed, w.w13_scales, ws.plan, k, ws.a[: m * k], ws.y_lat[:m], st,
-                               tensor_cores)
-
     def gemm2(st) -> None:
         if one_token:
             experts_gemm2_one_token(ws.a[:k], w.w2_packed, w.w2_scales, ws.plan, ws.weights[:1], w.latent_norm,
@@ -353,7 +342,10 @@ def decode_steps(
         Step("front (router + down_proj + shared_gate_up)",
              lambda st: front(x, w, ws, m, st, tensor_cores),
              lambda: e * h * 2 + e * 4 + lat * h * 2 + 2 * s * h * 2),
-        Step("experts_gemm1_situ", gemm1, lambda: active() * (2 * i * lat // 2 + 2 * i * lat // 32)),
+        Step("experts_gemm1_situ", lambda st: experts_gemm1_situ(ws.x_lat[:m], w.w13_packed, w.w13_scales, ws.plan, k,
+                                                                 ws.a[: m * k], ws.y_lat[:m], st, tensor_cores,
+                                                                 one_token=one_token),
+             lambda: active() * (2 * i * lat // 2 + 2 * i * lat // 32)),
         Step("experts_gemm2_combine_norm", gemm2, lambda: active() * (lat * i // 2 + lat * i // 32) + lat * 4),
         Step("finalize (up_proj + shared down)",
              lambda st: finalize(ws.normed[:m], w.up, ws.a_sh[:m], w.shared2, out, st, tensor_cores,

@@ -19,7 +19,7 @@ from cutlass import BFloat16, Float16, Float32, Int32, Uint8  # noqa: E402
 
 from kimi_k3_path.kernels.experts import (  # noqa: E402
     ONE_TOKEN_ROWS,
-    ExpertsGemm1OneToken,
+    ExpertsGemm1Held,
     ExpertsGemm1Situ,
     ExpertsGemm2Combine,
     ExpertsGemm2OneToken,
@@ -389,8 +389,8 @@ def test_lanes_per_row_divides_the_groups():
         (lambda: Finalize(7168, 3584, 768, 2, rms_parts=448), "needs token tile 1"),
         (lambda: ExpertsGemm2OneToken(896, 3584, 384, 8), "top_k=8 must be 16"),
         (lambda: ExpertsGemm2OneToken(896, 3584, 100, 16), "intermediate=100"),
-        (lambda: ExpertsGemm1OneToken(896, 3000, 384, 16), "latent=3000 must be a multiple of 512"),
-        (lambda: ExpertsGemm1OneToken(896, 3584, 100, 16), "intermediate=100 is not a multiple of 8"),
+        (lambda: ExpertsGemm1Held(896, 3000, 384, 16, True), "latent=3000 must be a multiple of 512"),
+        (lambda: ExpertsGemm1Held(896, 3584, 100, 16, False), "intermediate=100 is not a multiple of 8"),
     ],
 )
 def test_unsupported_shapes_are_rejected_with_the_reason(build, message):
@@ -495,28 +495,31 @@ def test_one_token_gemm2_holds_its_weights_across_the_wait_in_one_wave(tp, dims,
     assert op.ctas() <= 132 * (SM_REGISTERS // (registers * CTA_THREADS)), f"{registers} registers"
 
 
-def _one_token_gemm1_args(d):
-    e, lat, i, k = d.experts, d.latent, d.intermediate, d.top_k
-    return (fake(Float16, (1, lat)), fake(Uint8, (e, 2 * i, lat // 2)), fake(Uint8, (e, 2 * i, lat // 32)), *_plan(e),
-            fake(Float16, (k, i)), fake_stream())
+def _held_gemm1_args(d):
+    e, lat, i = d.experts, d.latent, d.intermediate
+    return (fake(Float16, (dyn(), lat)), fake(Uint8, (e, 2 * i, lat // 2)), fake(Uint8, (e, 2 * i, lat // 32)),
+            *_plan(e), fake(Float16, (dyn(), i)), fake(Float32, (dyn(), lat)), fake_stream())
 
 
+@pytest.mark.parametrize("one_token", [True, False])
 @pytest.mark.parametrize("tp", [8, 16])
-def test_one_token_gemm1_has_every_load_in_flight_before_its_first_store_at_four_ctas_per_sm(tp, dims, tmp_path):
-    """GEMM1's one-token form (v17): the plan's three words in one round trip before the inactive slots exit, then
+def test_held_gemm1_has_every_load_in_flight_before_its_first_store(tp, one_token, dims, tmp_path):
+    """GEMM1 holding its weights (v17): the plan's words in one round trip before the inactive slots exit, then
     each lane's weight vectors (L/512 of them) and scale bytes and the CTA's copy of x_lat all issued before the
-    first shared-memory store; at most 64 registers (4 CTAs per SM: measured 10.6 us alone at TP8, against 11.4 at
-    5 per SM with 48 registers and a 16-byte stack and 18.6 at 6)."""
+    first shared-memory store. One token: at most 64 registers (4 CTAs per SM: measured 10.6 us alone at TP8,
+    against 11.4 at 5 per SM with 48 registers and a 16-byte stack and 18.6 at 6); a batch's form, with its loop over
+    a slot's further tokens: at most 80 (3 per SM, as measured in v17e)."""
     d = dims(tp)
-    op = ExpertsGemm1OneToken(d.experts, d.latent, d.intermediate, d.top_k)
-    lines = _sass(op, _one_token_gemm1_args(d), tmp_path / "sass")
+    op = ExpertsGemm1Held(d.experts, d.latent, d.intermediate, d.top_k, one_token)
+    lines = _sass(op, _held_gemm1_args(d), tmp_path / "sass")
     first_exit = next(n for n, line in enumerate(lines) if "EXIT" in line and "PREEXIT" not in line)
-    plan = [n for n, line in enumerate(lines) if re.search(r"LDG\.E R", line)]
-    assert len(plan) == 3 and max(plan) < first_exit, plan
+    plan = [n for n, line in enumerate(lines) if re.search(r"LDG\.E R", line) and n < first_exit]
+    assert len(plan) == (3 if one_token else 4), plan  # n_active, expert, pair (and the slot's count)
     first_store = next(n for n, line in enumerate(lines) if "STS" in line)
     weights = [n for n, line in enumerate(lines) if "LDG.E.NA.128" in line]
     scales = [n for n, line in enumerate(lines) if "LDG.E.U8" in line]
-    x_copy = [n for n, line in enumerate(lines) if "LDG.E.128.CONSTANT" in line]
+    x_copy = [n for n, line in enumerate(lines) if "LDG.E.128.CONSTANT" in line and n < first_store]
     assert len(weights) == len(scales) == d.latent // 512 and len(x_copy) == 2
     assert max(weights + scales + x_copy) < first_store
-    assert _registers(op, _one_token_gemm1_args(d), tmp_path / "res") <= SM_REGISTERS // (4 * CTA_THREADS)
+    ctas_per_sm = 4 if one_token else 3
+    assert _registers(op, _held_gemm1_args(d), tmp_path / "res") <= SM_REGISTERS // (ctas_per_sm * CTA_THREADS)

@@ -240,8 +240,8 @@ def test_router_nan_keys_rank_below_every_number_including_minus_infinity(gen, d
 @pytest.mark.parametrize("tp", [8, 16])
 @pytest.mark.parametrize("m", BATCHES)
 def test_experts_match_reference(tp, m, tensor_cores, gen, dims):
-    """Both expert kernels, on the tensor cores (the block's choice at every batch) and on the CUDA cores (the
-    bench's comparison)."""
+    """Both expert launches as the block chooses them (GEMM1 holding its weights up to 16 tokens, on the tensor cores
+    above; GEMM2 on the tensor cores) and on the older CUDA-core kernels (the bench's comparison)."""
     check_experts(dims, tp, m, tensor_cores, gen)
 
 
@@ -277,8 +277,9 @@ def check_experts(dims, tp: int, m: int, tensor_cores: bool, gen, hold_weights: 
 @pytest.mark.parametrize("tp", [8, 16])
 def test_one_token_gemm1_writes_situ_glu_of_each_slots_expert(tp, gen, dims):
     """GEMM1's one-token form (v17): a[p] = situ_glu(x_lat . w13[e_p]) for each of the token's k pairs, a poisoned
-    before the launch; x_lat with a wide range (fp16 activations, |x| up to ~100)."""
-    from kimi_k3_path.kernels.experts import experts_gemm1_one_token
+    before the launch, y_lat left as it was (GEMM2's one-token form writes it); x_lat with a wide range (fp16
+    activations, |x| up to ~100)."""
+    from kimi_k3_path.kernels.experts import experts_gemm1_situ
     from kimi_k3_path.reference import mxfp4_unpack, situ_glu_packed
 
     d, ref, kw, ws = weights(dims, tp, gen)
@@ -287,8 +288,10 @@ def test_one_token_gemm1_writes_situ_glu_of_each_slots_expert(tp, gen, dims):
     x_lat = (torch.randn(1, d.latent, generator=gen, device="cuda") * torch.rand(1, d.latent, generator=gen,
                                                                                  device="cuda") * 30).to(torch.float16)
     a = poisoned(d.top_k, d.intermediate, dtype=torch.float16)
-    experts_gemm1_one_token(x_lat, kw.w13_packed, kw.w13_scales, ws.plan, d.top_k, a, stream())
+    y_lat = torch.full((1, d.latent), 7.0, device="cuda")
+    experts_gemm1_situ(x_lat, kw.w13_packed, kw.w13_scales, ws.plan, d.top_k, a, y_lat, stream(), one_token=True)
     torch.cuda.synchronize()
+    assert y_lat.eq(7.0).all()
     for p, e in enumerate(ids[0].tolist()):
         want = situ_glu_packed(x_lat.float() @ mxfp4_unpack(ref.w13_packed[e], ref.w13_scales[e]).T)
         assert rel_err(a[p:p + 1], want) < TOL, f"pair {p} (expert {e})"
@@ -298,7 +301,7 @@ def test_one_token_gemm1_writes_situ_glu_of_each_slots_expert(tp, gen, dims):
 def test_one_token_gemm2_writes_the_combine_its_gamma_product_and_the_sums_of_squares(tp, gen, dims):
     """GEMM2's one-token form (v16): y_lat = the weighted combine, normed = y_lat * gamma (not yet divided by the
     RMS), and sq_parts adds up to sum(y_lat^2); all three poisoned before the launch."""
-    from kimi_k3_path.kernels.experts import experts_gemm1_one_token, experts_gemm2_one_token
+    from kimi_k3_path.kernels.experts import experts_gemm1_situ, experts_gemm2_one_token
 
     d, ref, kw, ws = weights(dims, tp, gen)
     x = torch.randn(1, d.hidden, generator=gen, device="cuda").to(torch.bfloat16)
@@ -308,7 +311,7 @@ def test_one_token_gemm2_writes_the_combine_its_gamma_product_and_the_sums_of_sq
     y_lat = poisoned(1, d.latent, dtype=torch.float32)
     normed = poisoned(1, d.latent, dtype=torch.bfloat16)
     sq_parts = poisoned(*ws.sq_parts.shape, dtype=torch.float32)
-    experts_gemm1_one_token(x_lat, kw.w13_packed, kw.w13_scales, ws.plan, d.top_k, a, stream())
+    experts_gemm1_situ(x_lat, kw.w13_packed, kw.w13_scales, ws.plan, d.top_k, a, ws.y_lat[:1], stream(), one_token=True)
     experts_gemm2_one_token(a, kw.w2_packed, kw.w2_scales, ws.plan, wts, kw.latent_norm, y_lat, normed, sq_parts,
                             stream())
     torch.cuda.synchronize()
@@ -339,8 +342,8 @@ def test_one_token_finalize_applies_the_rms_from_partial_sums(gen, dims):
 
 @pytest.mark.parametrize("tp", [8, 16])
 def test_latent_moe_decode_at_one_token_with_the_norm_tail_matches_reference(tp, gen, dims):
-    """The one-token block with the experts' general forms (GEMM1 on the tensor cores, GEMM2 with its norm tail and
-    bf16 normed) instead of their one-token forms: kept as the bench's comparison (decode_steps(one_token=False))."""
+    """The one-token block with the experts' general forms (GEMM1 zeroing y_lat, GEMM2 with its norm tail and bf16
+    normed) instead of their one-token forms: kept as the bench's comparison (decode_steps(one_token=False))."""
     from kimi_k3_path.kernels.moe import decode_steps
 
     d, ref, kw, ws = weights(dims, tp, gen)
