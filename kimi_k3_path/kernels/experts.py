@@ -10,7 +10,7 @@ instruction, and the products run as packed f16x2 FMAs within each 32-value grou
 
 GEMM1 + SiTU: a half-warp per weight row, the two half-warps of a warp on gate row j and up row I+j, so the
 activation a[pair, j] = situ_glu(gate, up) is formed in registers. a is stored fp16 per (token, slot) pair.
-Up to 16 tokens GEMM1 holds each CTA's weights in registers (ExpertsGemm1Held); at one token GEMM2 has its own form
+Up to 4 tokens GEMM1 holds each CTA's weights in registers (ExpertsGemm1Held); at one token GEMM2 has its own form
 (ExpertsGemm2OneToken; moe.one_token_experts).
 GEMM2 + combine: `lanes` lanes per row of w2; each row's result times the pair's routing weight is added with one
 fp32 reduction into y_lat[token] (zeroed by GEMM1 of the same step). The last CTAs to finish (one per token;
@@ -204,10 +204,12 @@ class ExpertsGemm1Situ:
 
 
 # GEMM1 holds each CTA's weights in registers (ExpertsGemm1Held) for batches of at most this many tokens; the
-# tensor-core kernel (experts_mma.py) above. Measured on the H200 (NOTES.md v17e; same process, block medians, TP8 /
-# TP16, tensor cores -> held): M=2 96.1 -> 91.2 and 78.2 -> 70.9 us, M=4 126.3 -> 119.2 and 96.4 -> 90.6, M=8 183.4
-# -> 173.8 and 131.7 -> 125.4, M=16 274.0 -> 267.9 and 180.0 -> 177.2; but M=32 443.0 -> 463.5 and 277.3 -> 286.9.
-GEMM1_HELD_MAX_TOKENS = 16
+# tensor-core kernel (experts_mma.py) above. Measured on the H200 (NOTES.md v17e, block medians, TP8 / TP16, tensor
+# cores -> held): in one process, M=2 96.1 -> 91.2 and 78.2 -> 70.9 us, M=4 126.3 -> 119.2 and 96.4 -> 90.6, M=8
+# 183.4 -> 173.8 and 131.7 -> 125.4, M=16 274.0 -> 267.9 and 180.0 -> 177.2, M=32 443.0 -> 463.5 and 277.3 -> 286.9;
+# but bench.py's matrix at 16 tokens (1da21a0 against 4acff13) had M=2 -5.0 / -7.0%, M=4 -2.9 / -3.6%, M=8 +3.2 /
+# -0.6%, M=16 +11.1 / +6.8%: only up to 4 tokens do both agree.
+GEMM1_HELD_MAX_TOKENS = 4
 
 
 class ExpertsGemm1Held:

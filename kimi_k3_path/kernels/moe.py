@@ -6,7 +6,7 @@ the caller's stream, with no host synchronization and no allocation, so it can b
                       down-projection x_lat = x @ W_down^T (stored fp16 for the experts)
                       shared experts' a_sh = situ_glu(x @ W_sh13^T)
   2 experts GEMM1   a[pair] = situ_glu(x_lat[t] @ w13[e]^T); y_lat = 0                    (active experts' w13)
-                      (up to 16 tokens: on the CUDA cores, every weight load of a lane in flight at once and
+                      (up to 4 tokens: on the CUDA cores, every weight load of a lane in flight at once and
                       held across the slot's tokens, x_lat from shared memory; experts.ExpertsGemm1Held;
                       one token: y_lat left alone)
   3 experts GEMM2   y_lat[t] += w * a[pair] @ w2[e]^T; last CTAs: normed = rms_norm(y_lat) (active experts' w2)

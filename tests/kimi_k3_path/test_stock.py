@@ -95,7 +95,9 @@ def test_tp16_zero_padding_leaves_the_output_unchanged(stock, gen):
     plain = stock.latent_moe(x, stock.GpuMoe.from_reference(w, d, "cuda"), d)
     padded = stock.GpuMoe.from_reference(w, d, "cuda", pad_intermediate=256)
     assert padded.intermediate == 256
-    assert rel_err(stock.latent_moe(x, padded, d), plain) < 1e-3
+    # Zeros add nothing, but the padded GEMMs sum in another order, so some bf16 outputs round to the neighbouring
+    # value: within one bf16 ulp (2^-8) overall (1e-3 failed once, at 1.02e-3, seed 1362354360).
+    assert rel_err(stock.latent_moe(x, padded, d), plain) < 2**-8
 
 
 @pytest.mark.parametrize("batch", [1, 33])

@@ -240,7 +240,7 @@ def test_router_nan_keys_rank_below_every_number_including_minus_infinity(gen, d
 @pytest.mark.parametrize("tp", [8, 16])
 @pytest.mark.parametrize("m", BATCHES)
 def test_experts_match_reference(tp, m, tensor_cores, gen, dims):
-    """Both expert launches as the block chooses them (GEMM1 holding its weights up to 16 tokens, on the tensor cores
+    """Both expert launches as the block chooses them (GEMM1 holding its weights up to 4 tokens, on the tensor cores
     above; GEMM2 on the tensor cores) and on the older CUDA-core kernels (the bench's comparison)."""
     check_experts(dims, tp, m, tensor_cores, gen)
 
@@ -295,6 +295,33 @@ def test_one_token_gemm1_writes_situ_glu_of_each_slots_expert(tp, gen, dims):
     for p, e in enumerate(ids[0].tolist()):
         want = situ_glu_packed(x_lat.float() @ mxfp4_unpack(ref.w13_packed[e], ref.w13_scales[e]).T)
         assert rel_err(a[p:p + 1], want) < TOL, f"pair {p} (expert {e})"
+
+
+@pytest.mark.parametrize("same_experts", [False, True])
+def test_held_gemm1_takes_every_token_of_a_slot(same_experts, gen, dims):
+    """GEMM1 holding its weights for a batch (v17e, up to GEMM1_HELD_MAX_TOKENS): with every token on the same 16
+    experts each slot holds them all, so the loop over a slot's further tokens runs; a poisoned, y_lat zeroed."""
+    from kimi_k3_path.kernels.experts import GEMM1_HELD_MAX_TOKENS, experts_gemm1_situ
+    from kimi_k3_path.reference import mxfp4_unpack, situ_glu_packed
+
+    d, ref, kw, ws = weights(dims, 8, gen)
+    m = GEMM1_HELD_MAX_TOKENS
+    if same_experts:
+        kw.router_bias[torch.randperm(d.experts, generator=gen, device="cuda")[: d.top_k]] += 10.0
+    x = torch.randn(m, d.hidden, generator=gen, device="cuda").to(torch.bfloat16)
+    ids, _ = run_router(x, kw, ws)
+    if same_experts:
+        assert int(ws.plan[0][0]) == d.top_k and ws.plan[2][: d.top_k].eq(m).all()
+    x_lat = torch.randn(m, d.latent, generator=gen, device="cuda").to(torch.float16)
+    a = poisoned(m * d.top_k, d.intermediate, dtype=torch.float16)
+    y_lat = poisoned(m, d.latent, dtype=torch.float32)
+    experts_gemm1_situ(x_lat, kw.w13_packed, kw.w13_scales, ws.plan, d.top_k, a, y_lat, stream())
+    torch.cuda.synchronize()
+    assert y_lat.eq(0).all()
+    for e in ids.unique().tolist():
+        tokens, slots = (ids == e).nonzero(as_tuple=True)
+        want = situ_glu_packed(x_lat[tokens].float() @ mxfp4_unpack(ref.w13_packed[e], ref.w13_scales[e]).T)
+        assert rel_err(a[tokens * d.top_k + slots], want) < TOL, f"expert {e}"
 
 
 @pytest.mark.parametrize("tp", [8, 16])
