@@ -65,3 +65,13 @@ def test_experts_one_token_forms_serve_one_token_and_are_refused_for_a_batch():
     assert one_token_experts(1) and not one_token_experts(2)
     with pytest.raises(ValueError, match="one-token forms serve M=1, not M=2"):
         decode_steps(torch.empty(2, 8), None, None, None, one_token=True)
+
+
+def test_gemm1_one_token_form_is_refused_for_a_batch_and_held_weights_stop_at_their_measured_bound():
+    from kimi_k3_path.kernels.experts import GEMM1_HELD_MAX_TOKENS, experts_gemm1_situ, holds_gemm1_weights
+
+    with pytest.raises(ValueError, match="one_token serves M=1, not M=3"):
+        experts_gemm1_situ(torch.empty(3, 512), torch.empty(4, 16, 256), None, None, 16, None, None, None,
+                           one_token=True)
+    assert holds_gemm1_weights(GEMM1_HELD_MAX_TOKENS, True) and not holds_gemm1_weights(GEMM1_HELD_MAX_TOKENS + 1, True)
+    assert not holds_gemm1_weights(1, tensor_cores=False)  # the bench's all-CUDA-core comparison keeps its kernels
