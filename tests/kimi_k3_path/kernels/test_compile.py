@@ -491,6 +491,10 @@ def test_one_token_gemm2_holds_its_weights_across_the_wait_in_one_wave(tp, dims,
     assert len(weights) == d.intermediate // 32 // 2 and max(weights) < wait  # half a row per lane
     after = [n for n, line in enumerate(lines) if "LDG.E.128" in line and n > wait]
     assert after and not any("CONSTANT" in lines[n] for n in after)
+    # a in one L2 round trip: every 16-byte load of it before its first shared store. v18b's rewrite of this kernel
+    # let ptxas interleave them (load, store, load, store) and the TP8 block took 3.6 us longer (NOTES.md v18b).
+    stores = [n for n, line in enumerate(lines) if "STS.128" in line and n > wait]
+    assert stores and max(after) < min(stores)
     registers = _registers(op, _one_token_gemm2_args(d), tmp_path / "res")
     assert op.ctas() <= 132 * (SM_REGISTERS // (registers * CTA_THREADS)), f"{registers} registers"
 
