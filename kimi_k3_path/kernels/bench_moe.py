@@ -84,11 +84,12 @@ def moe_dims(tp: int):
 
 def profile_once() -> None:
     """One eager pass of the TP8 M=1 block and the standalone kernels, for `ncu` (registers, occupancy, DRAM)."""
-    from kimi_k3_path.kernels.moe import MoeWorkspace, decode_steps, prepare_weights, random_weights
+    from kimi_k3_path.kernels.moe import MoeWorkspace, decode_steps, prepare_weights
+    from kimi_k3_path.reference import random_moe_weights
 
     d, _ = moe_dims(8)
     gen = torch.Generator(device="cuda").manual_seed(0)
-    ref = random_weights(d, "cuda", gen)
+    ref = random_moe_weights(d, gen)
     w = prepare_weights(ref, d.top_k, d.routed_scaling_factor, d.eps, "cuda")
     ws = MoeWorkspace(w, "cuda")
     x = torch.randn(1, d.hidden, generator=gen, device="cuda").to(torch.bfloat16)
@@ -153,9 +154,8 @@ def git_commit() -> str:
 
 def run(args) -> tuple[dict, list[dict]]:
     from kimi_k3_path.kernels.experts import on_tensor_cores
-    from kimi_k3_path.kernels.moe import MoeWorkspace, decode_steps, prepare_weights, random_weights
-    from kimi_k3_path.reference import rel_err
-    from kimi_k3_path.reference import stock
+    from kimi_k3_path.kernels.moe import MoeWorkspace, decode_steps, prepare_weights
+    from kimi_k3_path.reference import random_moe_weights, rel_err, stock
 
     bandwidth = copy_bandwidth()
     print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + write)", flush=True)
@@ -165,7 +165,7 @@ def run(args) -> tuple[dict, list[dict]]:
           f"{'ours/floor':>10} {'launches':>9} {'err':>8}", flush=True)
     for tp in args.tp:
         d, stock_inter = moe_dims(tp)
-        refs = [random_weights(d, "cuda", gen) for _ in range(L2_ROTATION_SETS)]
+        refs = [random_moe_weights(d, gen) for _ in range(L2_ROTATION_SETS)]
         ours = [prepare_weights(r, d.top_k, d.routed_scaling_factor, d.eps, "cuda") for r in refs]
         spaces = [MoeWorkspace(w, "cuda") for w in ours]
         pad = stock_inter if stock_inter != d.intermediate else None

@@ -358,31 +358,3 @@ def latent_moe_decode(x: torch.Tensor, w: MoeKernelWeights, ws: MoeWorkspace, ou
     """out[M, H] (bf16) = the latent MoE block of this rank on x[M, H] (bf16), M in 1..64, launched on `stream`."""
     for step in decode_steps(x, w, ws, out):
         step.launch(stream)
-
-
-def random_weights(d, device, gen: torch.Generator):
-    """A fresh random reference `MoeWeights` for dims `d`, made on `device` (a real-size rank's weights are GBs):
-    bf16 matrices scaled 1/sqrt(K), MXFP4 experts with uniform random nibbles and E8M0 scales 2^-8..2^-5 (the
-    range real expert weights land in), fp32 correction bias and latent-norm gamma."""
-    from kimi_k3_path.reference import MoeWeights
-
-    def lin(*shape: int) -> torch.Tensor:
-        return (torch.randn(*shape, generator=gen, device=device) / shape[-1] ** 0.5).to(torch.bfloat16)
-
-    def mx(*shape: int) -> tuple[torch.Tensor, torch.Tensor]:
-        packed = torch.randint(0, 256, (*shape[:-1], shape[-1] // 2), generator=gen, device=device, dtype=torch.uint8)
-        scales = torch.randint(119, 123, (*shape[:-1], shape[-1] // 32), generator=gen, device=device, dtype=torch.uint8)
-        return packed, scales
-
-    w13_packed, w13_scales = mx(d.experts, 2 * d.intermediate, d.latent)
-    w2_packed, w2_scales = mx(d.experts, d.latent, d.intermediate)
-    return MoeWeights(
-        router=lin(d.experts, d.hidden),
-        router_bias=torch.randn(d.experts, generator=gen, device=device) * 0.01,
-        down=lin(d.latent, d.hidden),
-        w13_packed=w13_packed, w13_scales=w13_scales, w2_packed=w2_packed, w2_scales=w2_scales,
-        latent_norm=1.0 + 0.1 * torch.randn(d.latent, generator=gen, device=device),
-        up=lin(d.hidden, d.latent),
-        shared13=lin(2 * d.shared_intermediate, d.hidden),
-        shared2=lin(d.hidden, d.shared_intermediate),
-    )

@@ -36,6 +36,7 @@ from kimi_k3_path.reference import (  # noqa: E402
     random_kda_weights,
     random_layer_norms,
     random_mla_moe_layer,
+    random_moe_weights,
     random_paged_cache,
     random_residual_stream,
 )
@@ -418,15 +419,13 @@ def test_kernels_are_taken_only_where_they_run():
 def test_on_the_h200_the_specialized_path_runs_the_kernels_and_agrees_with_stock(gen):
     """Real TP8 per-rank shapes: the KDA reference op on the host and the latent MoE on the CuTe DSL kernels,
     against the stock-like sequence (cuBLAS + Triton) on the GPU, for one decode step of 4 sequences."""
-    from kimi_k3_path.kernels.moe import random_weights
-
     d = layer_dims(named_config("kimi_k3"), tp=8)
     executor = build_executor(H200_TP8, device="cuda")
     assert executor.specialized.name == f"{SPECIALIZED}[cute-moe]" and executor.stock.name == "stock-like"
-    # The MXFP4 experts are made packed (random_weights): packing 2.5e9 fp32 values on the host is too slow.
+    # The MXFP4 experts are made packed (random_moe_weights): packing 2.5e9 fp32 values on the host is too slow.
     w = decisive_routing(
         KdaMoeLayerWeights(random_layer_norms(d.kda.hidden, gen), random_kda_weights(d.kda, gen),
-                           random_weights(d.moe, "cpu", gen)),
+                           random_moe_weights(d.moe, gen)),
         gen,
     )
     state = random_kda_state(d.kda, 4, gen)

@@ -32,10 +32,11 @@ _WEIGHTS: dict = {}
 
 def weights(dims, tp, gen):
     """Fresh random weights per test; the kernel copy is built from them (bf16/uint8 tensors are shared)."""
-    from kimi_k3_path.kernels.moe import MoeWorkspace, prepare_weights, random_weights
+    from kimi_k3_path.kernels.moe import MoeWorkspace, prepare_weights
+    from kimi_k3_path.reference import random_moe_weights
 
     d = dims(tp)
-    ref = random_weights(d, "cuda", gen)
+    ref = random_moe_weights(d, gen)
     kw = prepare_weights(ref, d.top_k, d.routed_scaling_factor, d.eps, "cuda")
     return d, ref, kw, MoeWorkspace(kw, "cuda")
 
