@@ -88,7 +88,7 @@ class FrontKernel:
     """The three consumers of x in one launch: the first CTAs route, the next ones project down, the last ones compute
     the shared experts' activation. Router CTAs come first so the top-k tail overlaps the other streams. From 2
     tokens (token tile mt >= 16) the down-projection and shared CTAs run on the tensor cores (16 rows each, mma.py).
-    The router's logits (fp32 sums of bf16 products) come from one CTA per expert on the CUDA cores in a tile of
+    The router's logits (fp32 sums of bf16 products) come from one CTA per expert (two at one token) on the CUDA cores in a tile of
     router_mt <= 8 tokens, or with router_mma (from ROUTER_MMA_FROM_TOKENS) from one CTA per 16 experts on the tensor
     cores in the front's tile, where every CTA then reads x once for all tokens instead of once per 8."""
 
@@ -110,7 +110,7 @@ class FrontKernel:
             raise ValueError(f"FrontKernel: router_mma needs the tensor-core token tile (mt={mt})")
         self.router_mt, self.router_tail_ctas = router_mt, router_tail_ctas
         self.router_mma_mt = mt if router_mma else 0
-        self.router_ctas = router_ctas(experts, self.router_mma_mt)
+        self.router_ctas = router_ctas(experts, self.router_mma_mt, router_mt)
         self.in_flight = front_chunks_in_flight(mt, router_mma) if uses_tensor_cores(mt) else 0
         self.down_ctas = latent // rows_per_cta
         self.shared_ctas = shared_ctas(shared_inter, mt)

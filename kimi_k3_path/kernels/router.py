@@ -1,8 +1,8 @@
 """Router in one launch: fp32 logits of x [M, H] against the router weight [E, H], sigmoid, + correction bias for
 selection only, top-k, renormalized weights; and the expert plan the grouped expert kernels read.
 
-Every CTA computes the logits of one expert for all tokens (in the block's front from 16 tokens: of 16 experts, on the
-tensor cores; moe.FrontKernel); the last n = min(ceil(M / 8), 8) CTAs to finish select the
+Every CTA computes the logits of one expert for all tokens (two at one token: router_split; in the block's front from
+16 tokens: of 16 experts, on the tensor cores; moe.FrontKernel); the last n = min(ceil(M / 8), 8) CTAs to finish select the
 top-k once all logits are in (8 tokens at a time each, one warp per token: radix select of the k-th key, then a rank
 sort of the k winners), marking each token in its chosen experts' masks; the last of them to finish groups the
 (token, slot) pairs by expert with all its warps. Device-scope counters and masks in `sync` are left zero for the
@@ -35,7 +35,7 @@ from .mma import MMA_ROWS, mma_rows_part
 
 INT32_MIN = -(2**31)  # order key of a NaN router key; also the sign-bit flip between signed and unsigned order
 MAX_TOKENS = 64  # the plan stores token sets as 64-bit masks (two 32-bit words)
-ROUTER_SPLIT = 8  # one expert row per CTA, its K split over the 8 warps: 896 CTAs stream the 12.8 MB weight
+ROUTER_SPLIT = 8  # at most 8 warps share an expert row (K split over them)
 LOAD_BATCHES = 2  # a selecting CTA reads a token's E logits in this many batches of E/32/LOAD_BATCHES loads per lane
 CANDIDATES = WARPS_PER_CTA * WARP  # each warp's k <= 32 winners of its current token, in index order
 # At most this many of the last router CTAs select, 8 tokens at a time each. Measured on the H200 (NOTES.md, v10f; same
@@ -75,9 +75,21 @@ def alloc_router_smem(smem, experts: int, top_k: int):
     )
 
 
-def router_ctas(experts: int, mma_mt: int) -> int:
-    """CTAs that compute the logits: one per expert on the CUDA cores, one per 16 on the tensor cores."""
-    return experts // MMA_ROWS if mma_mt > 0 else experts
+def router_split(mt: int) -> int:
+    """Warps sharing an expert row (each 1/split of K) in the CUDA-core logits at token tile mt. One token: 4, two
+    experts per CTA (448 CTAs of 28 KB at E = 896, each lane 7 vectors of a row in flight), where one expert per CTA
+    (896 CTAs of 14 KB, 3.5 vectors per lane) left the router's part of the front running below the rest's rate.
+    Measured on the H200 (NOTES.md v18c; same process, two rounds, 8 -> 4): front alone TP8 27.3 / 28.0 -> 26.2 /
+    26.3 us, TP16 24.9 / 25.5 -> 23.1 / 23.1; M=1 block TP8 62.1 / 63.6 -> 61.1 / 62.2, TP16 53.8 / 54.8 -> 51.7 /
+    51.7. 2 (four experts per CTA) takes the one-token front from 112 to 183 registers (one CTA per SM). Tiles of 2-8
+    tokens keep 8 (not measured with 4)."""
+    return 4 if mt == 1 else ROUTER_SPLIT
+
+
+def router_ctas(experts: int, mma_mt: int, mt: int) -> int:
+    """CTAs that compute the logits of E experts: E * router_split(mt) / 8 on the CUDA cores (token tile mt), one
+    per 16 experts on the tensor cores (mma_mt > 0)."""
+    return experts // MMA_ROWS if mma_mt > 0 else experts * router_split(mt) // WARPS_PER_CTA
 
 
 def check_router(experts: int, hidden: int, top_k: int) -> None:
@@ -124,22 +136,24 @@ def router_part(
     mask_lo, mask_hi, slot_of, flag, cand_key, cand_id, score_rows, chunk_active, bias_s = state
     lane = tidx % WARP
     warp = tidx // WARP
-    ctas: cutlass.Constexpr = router_ctas(experts, mma_mt)
+    ctas: cutlass.Constexpr = router_ctas(experts, mma_mt, mt)
     if cutlass.const_expr(mma_mt > 0):
         mma_rows_part(x, w, logits, mma_scratch, cta, tidx, m_count, hidden, mma_mt, DEFAULT_WEIGHT_LOAD,
                       mma_in_flight)
     else:
-        n_vec: cutlass.Constexpr = hidden // BF16_PER_VEC // ROUTER_SPLIT
-        row_addr = w.iterator.toint() + Int64(cta) * (hidden * 2)
+        split: cutlass.Constexpr = router_split(mt)
+        n_vec: cutlass.Constexpr = hidden // BF16_PER_VEC // split
+        expert = cta * (WARPS_PER_CTA // split) + warp // split
+        row_addr = w.iterator.toint() + Int64(expert) * (hidden * 2)
         for m_first in cutlass.range(0, m_count, mt, unroll=1):
             acc = zero_acc(1, mt)
-            dot_slice(acc, [row_addr], x.iterator.toint(), warp * n_vec, lane, m_first, m_count, 0, hidden, n_vec, mt,
-                      DEFAULT_WEIGHT_LOAD)
-            split_k_reduce(acc, scratch, warp, lane, ROUTER_SPLIT, 1, mt)
-            if tidx == 0:
+            dot_slice(acc, [row_addr], x.iterator.toint(), (warp % split) * n_vec, lane, m_first, m_count, 0, hidden,
+                      n_vec, mt, DEFAULT_WEIGHT_LOAD)
+            split_k_reduce(acc, scratch, warp, lane, split, 1, mt)
+            if lane == 0 and warp % split == 0:
                 for mi in cutlass.range_constexpr(mt):
                     if m_first + mi < m_count:
-                        logits[m_first + mi, cta] = acc[0, mi]
+                        logits[m_first + mi, expert] = acc[0, mi]
 
     # Publish the logits and count in; the last n to arrive select once every CTA has (common.wait_for_all).
     n = cutlass.min((m_count + WARPS_PER_CTA - 1) // WARPS_PER_CTA, tail_ctas)
@@ -360,7 +374,8 @@ class RouterTopK:
         self.kernel(
             x, w, bias, logits, sync, ids, weights, n_active, slot_expert, slot_count, slot_pairs, x.shape[0]
         ).launch(
-            grid=[self.e, 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1], smem=router_smem_bytes(self.e, self.k),
+            grid=[router_ctas(self.e, 0, self.mt), 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1],
+            smem=router_smem_bytes(self.e, self.k),
             stream=stream,
         )
 

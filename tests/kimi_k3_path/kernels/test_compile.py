@@ -279,8 +279,8 @@ def test_early_finalize_reads_activations_only_after_it_waits(tp, mt, hold, rms_
 @pytest.mark.parametrize("kernel", ["router", "down_projection", "shared_gate_up"])
 def test_one_token_gemv_weight_loads_all_precede_the_first_fma(kernel, dims, tmp_path):
     """gemv.dot_slice pins a lane's weight loads (LDG...NA) ahead of its first FMA (v14): before, ptxas issued 3 of the
-    shared gate_up's 8 ahead and sank the rest next to their uses, a DRAM round trip each. One token: the router's 4
-    steps of one row, the down-projection's 7, the shared experts' 4 of two rows."""
+    shared gate_up's 8 ahead and sank the rest next to their uses, a DRAM round trip each. One token: the router's 7
+    steps of one row (a row over 4 warps since v18c), the down-projection's 7, the shared experts' 4 of two rows."""
     d = dims(8)
     m = dyn()
     h, lat, s, e = d.hidden, d.latent, d.shared_intermediate, d.experts
@@ -288,7 +288,7 @@ def test_one_token_gemv_weight_loads_all_precede_the_first_fma(kernel, dims, tmp
         "router": (RouterTopK(e, h, d.top_k, d.routed_scaling_factor, 1),
                    (fake(BFloat16, (m, h)), fake(BFloat16, (e, h)), fake(Float32, (e,)), fake(Float32, (m, e)),
                     fake(Int32, (router_sync_words(e),)), fake(Int32, (m, d.top_k)), fake(Float32, (m, d.top_k)),
-                    *_plan(e), fake_stream()), 4),
+                    *_plan(e), fake_stream()), 7),
         "down_projection": (SkinnyGemm(lat, h, 1, split=FRONT_DOWN_SPLIT),
                             (fake(BFloat16, (m, h)), fake(BFloat16, (lat, h)), fake(BFloat16, (m, lat)), fake_stream()),
                             7),
@@ -352,10 +352,11 @@ def test_front_router_runs_on_tensor_cores_from_16_tokens():
 
 @pytest.mark.parametrize("mt", [16, 64])
 def test_front_router_on_tensor_cores_takes_one_cta_per_16_experts(mt, dims):
-    """The router's logits CTAs come first in the front's grid: one per expert on the CUDA cores, one per 16 on
-    the tensor cores (the selecting tail then waits for 56 CTAs at E = 896, not 896)."""
+    """The router's logits CTAs come first in the front's grid: one per expert on the CUDA cores (two at one token,
+    router.router_split), one per 16 on the tensor cores (the selecting tail then waits for 56 CTAs at E = 896)."""
     d = dims(8)
     assert _front(d, mt).router_ctas == d.experts
+    assert _front(d, 1).router_ctas == d.experts // 2
     assert _front(d, mt, router_mma=True).router_ctas == d.experts // 16
 
 
