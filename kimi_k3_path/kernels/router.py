@@ -30,7 +30,17 @@ from .common import (
     sigmoid,
     wait_for_all,
 )
-from .gemv import BF16_PER_VEC, SCRATCH_BYTES, WARPS_PER_CTA, alloc_scratch, check_k, dot_slice, split_k_reduce, zero_acc
+from .gemv import (
+    BF16_PER_VEC,
+    MAX_TILE,
+    SCRATCH_BYTES,
+    WARPS_PER_CTA,
+    alloc_scratch,
+    check_k,
+    dot_slice,
+    split_k_reduce,
+    zero_acc,
+)
 from .mma import MMA_ROWS, mma_rows_part
 
 INT32_MIN = -(2**31)  # order key of a NaN router key; also the sign-bit flip between signed and unsigned order
@@ -76,14 +86,15 @@ def alloc_router_smem(smem, experts: int, top_k: int):
 
 
 def router_split(mt: int) -> int:
-    """Warps sharing an expert row (each 1/split of K) in the CUDA-core logits at token tile mt. One token: 4, two
-    experts per CTA (448 CTAs of 28 KB at E = 896, each lane 7 vectors of a row in flight), where one expert per CTA
-    (896 CTAs of 14 KB, 3.5 vectors per lane) left the router's part of the front running below the rest's rate.
-    Measured on the H200 (NOTES.md v18c; same process, two rounds, 8 -> 4): front alone TP8 27.3 / 28.0 -> 26.2 /
-    26.3 us, TP16 24.9 / 25.5 -> 23.1 / 23.1; M=1 block TP8 62.1 / 63.6 -> 61.1 / 62.2, TP16 53.8 / 54.8 -> 51.7 /
-    51.7. 2 (four experts per CTA) takes the one-token front from 112 to 183 registers (one CTA per SM). Tiles of 2-8
-    tokens keep 8 (not measured with 4)."""
-    return 4 if mt == 1 else ROUTER_SPLIT
+    """Warps sharing an expert row (each 1/split of K) in the CUDA-core logits at token tile mt: 4 (two experts per
+    CTA: 448 CTAs of 28 KB at E = 896, each lane 7 vectors of a row in flight) at tiles of 1 and 8 tokens, 8 (896 CTAs
+    of 14 KB, 3.5 vectors per lane) at 2 and 4. Measured on the H200 (NOTES.md v18c; same process, two rounds, block
+    medians, split 8 -> 4): M=1 TP8 62.1 / 63.6 -> 61.1 / 62.2 us, TP16 53.8 / 54.8 -> 51.7 / 51.7 (front alone -1.1
+    to -2.4 us); M=8 TP8 167.3 / 165.5 -> 161.5 / 161.7, TP16 121.8 / 121.9 -> 117.8 / 117.7; but M=2 TP8 91.1 / 90.6
+    -> 92.5 / 92.3, TP16 71.7 / 71.9 -> 75.2 / 75.4, and M=4 116.3 / 116.2 -> 127.0 / 126.7 (TP16 90.2 -> 102.3; the
+    front alone 33.5 -> 45.4: not explained). 2 (four experts per CTA) takes the one-token front from 112 to 183
+    registers (one CTA per SM)."""
+    return 4 if mt in (1, MAX_TILE) else ROUTER_SPLIT
 
 
 def router_ctas(experts: int, mma_mt: int, mt: int) -> int:
