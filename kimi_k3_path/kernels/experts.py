@@ -32,8 +32,10 @@ from .common import (
     after_all_loads,
     arrival,
     e8m0_scale_times_64,
+    f16x2_add_sum_f32,
     f16x2_pair_sum_f32,
     fp4x8_fma_f16x2,
+    fp4x8_fma_f16x2_paired,
     lane_group_sum,
     ld_act_v4,
     ld_coherent_f32,
@@ -41,6 +43,7 @@ from .common import (
     ld_shared_v4,
     ld_u8,
     ld_weight_v4,
+    pair_like_fp4x8,
     red_add_f32,
     situ_glu,
     st_shared_v4,
@@ -51,17 +54,19 @@ WARPS_PER_CTA = 8
 GEMM1_LANES_PER_ROW = 16
 
 
-def group_dot(packed, x_addr, load_act=ld_act_v4, quarter_stride: int = VEC_BYTES) -> Float32:
+def group_dot(packed, x_addr, load_act=ld_act_v4, quarter_stride: int = VEC_BYTES, paired: bool = False) -> Float32:
     """Unscaled dot (times 2^-6) of one MXFP4 group (4 words of packed nibbles) with 32 fp16 activations at x_addr
     (a global address for ld_act_v4, a shared one for ld_shared_v4; the group's four 16-byte quarters
-    `quarter_stride` bytes apart): packed f16x2 products within the group (two accumulators of 8 terms each), fp32
-    from the group sum on."""
+    `quarter_stride` bytes apart): packed f16x2 products within the group, fp32 from the group sum on.
+    paired: each quarter was stored paired like the weights (pair_like_fp4x8), and the group's two accumulators are
+    added as f16x2 before fp32; otherwise each quarter is in element order, and two accumulators of 8 terms each."""
     acc0 = Int32(0)
     acc1 = Int32(0)
     for q in range(4):
         xw = load_act(x_addr + q * quarter_stride)
-        acc0, acc1 = fp4x8_fma_f16x2(packed[q], xw[0], xw[1], xw[2], xw[3], acc0, acc1)
-    return f16x2_pair_sum_f32(acc0, acc1)
+        fma = fp4x8_fma_f16x2_paired if paired else fp4x8_fma_f16x2
+        acc0, acc1 = fma(packed[q], xw[0], xw[1], xw[2], xw[3], acc0, acc1)
+    return f16x2_add_sum_f32(acc0, acc1) if paired else f16x2_pair_sum_f32(acc0, acc1)
 
 
 def lanes_per_row(groups: int) -> int:
@@ -223,7 +228,7 @@ class ExpertsGemm1Held:
     token of the slot: a barrier, its row copied in (one round trip), a barrier, the same math. Lets GEMM2 (launched
     early) start at once.
     one_token: the batch is one token, so each slot has one pair; y_lat is left alone (GEMM2's one-token form writes
-    it whole), and without the loop over further tokens the kernel needs 61 registers instead of 80 (4 CTAs per SM
+    it whole), and without the loop over further tokens the kernel needs 58 registers instead of 66 (4 CTAs per SM
     instead of 3; at one token the loop's form took 0.3-0.7 us more, NOTES.md v17e). Otherwise the CTAs zero y_lat for
     GEMM2's general form.
     Tensors as ExpertsGemm1Situ: x_lat [M, L] fp16, w13 [E, 2I, L/2] uint8, s13 [E, 2I, L/32] uint8, plan, a [M*k, I]
@@ -261,18 +266,19 @@ class ExpertsGemm1Held:
                 for r in range(self.rounds)]
 
     def store_row(self, base, pieces, tidx, zero):
-        """load_row's vectors into the shared-memory layout (a vector past the end lands on the last one again)."""
+        """load_row's vectors into the shared-memory layout (a vector past the end lands on the last one again), each
+        paired like the weights' nibbles once here rather than once per weight word in the math."""
         for r in range(self.rounds):
             v = cutlass.min(tidx + r * WARPS_PER_CTA * WARP, self.vecs - 1)
-            st_shared_v4(base + zero + ((v % 4) * self.groups + v // 4) * VEC_BYTES, pieces[r])
+            st_shared_v4(base + zero + ((v % 4) * self.groups + v // 4) * VEC_BYTES, pair_like_fp4x8(*pieces[r]))
 
     def write_pair(self, base, packed, scale_bytes, sub, a, pair, j):
         """a[pair, j] from the row in shared memory and this lane's weights (every lane stores lane 0's value)."""
         acc = Float32(0.0)
         for gi in range(self.groups_per_lane):
             g = sub + gi * GEMM1_LANES_PER_ROW
-            acc = acc + group_dot(packed[gi], base + g * VEC_BYTES, ld_shared_v4, self.groups * VEC_BYTES) * \
-                e8m0_scale_times_64(scale_bytes[gi])
+            acc = acc + group_dot(packed[gi], base + g * VEC_BYTES, ld_shared_v4, self.groups * VEC_BYTES,
+                                  paired=True) * e8m0_scale_times_64(scale_bytes[gi])
         gate = lane_group_sum(acc, GEMM1_LANES_PER_ROW)
         up = cute.arch.shuffle_sync_bfly(gate, GEMM1_LANES_PER_ROW)
         a[pair, j] = cute.arch.shuffle_sync(situ_glu(gate, up), 0).to(Float16)  # lane 0: gate from half 0
@@ -403,16 +409,16 @@ ONE_TOKEN_SPLIT = WARP // 16  # lanes per (row, slot), each with 1/2 of the grou
 
 class ExpertsGemm2OneToken:
     """GEMM2 + combine for one token without reductions across CTAs: CTA `tile` owns latent rows 8*tile .. +7 for
-    every slot, a warp one row: lane (half, slot) the dot of half of the slot's w2 row with a[pair] (all of its
-    MXFP4 groups loaded at once), and the row's 32 lanes meet in a warp sum. So y[row] is final inside the CTA, and
+    every slot, a warp one row: lane (half, slot) the dot of half of the slot's w2 row (groups 2g + half, all loaded
+    at once) with the slot's row of a, and the row's 32 lanes meet in a warp sum. So y[row] is final inside the CTA, and
     instead of the norm tail (every CTA counting in, the last ones waiting for all and normalizing: 4.4 us of the
     one-token block, NOTES.md v16) the CTA writes
         y_lat[0, row] (fp32), normed[0, row] = y[row] * gamma[row] (bf16, not yet divided by the RMS),
         sq_parts[tile] = sum of y[row]^2 over its rows,
     and the finalize (finalize_part with rms_parts) applies rsqrt(sum(sq_parts) / L + eps) to its W_up dot.
     Launched early (programmatic dependent launch) while GEMM1 drains: each thread loads its weights, then waits
-    for GEMM1, then the CTA copies all k rows of a into shared memory in one round trip; it lets the finalize start
-    at once.
+    for GEMM1, then the CTA copies all k rows of a into shared memory by slot in one round trip; it lets the
+    finalize start at once.
     Tensors: a [k, I] fp16, w2 [E, L, I/2] uint8, s2 [E, L, I/32] uint8, plan, topk_w [1, k] fp32, gamma [L] fp32,
     y_lat [1, L] fp32, normed [1, L] bf16, sq_parts [L/8] fp32."""
 
@@ -447,50 +453,55 @@ class ExpertsGemm2OneToken:
         cute.arch.griddepcontrol_launch_dependents()  # the finalize (launched early) waits for us before its reads
         lane = tidx % WARP
         slot = lane % self.k
-        first_group = (lane // self.k) * self.groups
+        half = lane // self.k
         row = tile * ONE_TOKEN_ROWS + tidx // WARP
+        vecs: cutlass.Constexpr = self.i * 2 // VEC_BYTES  # of a row of a
+        rounds: cutlass.Constexpr = -(-(self.k * vecs) // (ONE_TOKEN_ROWS * WARP))  # of them per thread, staging
+        # The plan's words in one round trip: this lane's slot and, for the staging, the slots whose rows of `a` this
+        # thread copies. An inactive slot's entries are stale (its weight is zeroed below), so they are only bounded.
         active = n_active[0]
-        expert = slot_expert[cutlass.min(slot, active - 1)]  # the plan is the front's: complete before GEMM1 ran
+        expert = cutlass.min(cutlass.max(slot_expert[slot], 0), self.e - 1)
+        pair = slot_pairs[slot, 0] & (self.k - 1)  # k is a power of two (16); one token: pairs 0..k-1
+        staged_pairs = [slot_pairs[cutlass.min(tidx + r * ONE_TOKEN_ROWS * WARP, self.k * vecs - 1) // vecs, 0]
+                        & (self.k - 1) for r in range(rounds)]
+        weight = topk_w[0, pair]  # the front's, complete before GEMM1 ran
+        # Half h of a lane's slot takes groups 2g + h: the two halves of a slot read a 32-byte sector whole.
         row_bytes: cutlass.Constexpr = self.i // 2
-        row_addr = w2.iterator.toint() + (Int64(expert) * self.l + Int64(row)) * row_bytes + Int64(
-            first_group * VEC_BYTES)
-        scale_addr = s2.iterator.toint() + (Int64(expert) * self.l + Int64(row)) * (self.i // FP4_GROUP) + Int64(
-            first_group)
+        row_addr = w2.iterator.toint() + (Int64(expert) * self.l + Int64(row)) * row_bytes + Int64(half * VEC_BYTES)
+        scale_addr = s2.iterator.toint() + (Int64(expert) * self.l + Int64(row)) * (self.i // FP4_GROUP) + Int64(half)
         packed = []
         scale_bytes = []
         words = []
         for g in cutlass.range_constexpr(self.groups):
-            packed.append(list(ld_weight_v4(row_addr + Int64(g * VEC_BYTES))))
-            scale_bytes.append(ld_u8(scale_addr + Int64(g)))
+            packed.append(list(ld_weight_v4(row_addr + Int64(2 * g * VEC_BYTES))))
+            scale_bytes.append(ld_u8(scale_addr + Int64(2 * g)))
             words.extend(packed[g])
         # Every weight load in flight before the wait (ptxas would sink them past it, next to their uses).
-        zero = after_all_loads(Int32(0), words + scale_bytes, active >> 7)
+        zero = after_all_loads(Int32(0), words + scale_bytes + staged_pairs, active >> 7)
         if zero == 0:
             cute.arch.griddepcontrol_wait()  # a is GEMM1's
         packed[0][0] = packed[0][0] | zero
-        pair = slot_pairs[slot, 0]
-        weight = topk_w[0, pair % self.k]
-        # All k rows of a into shared memory (written by GEMM1: plain loads after the wait), one round trip; rows
-        # padded by 16 bytes so that the 16 slots of a row, reading the same offset of 16 rows, spread over the banks.
+        # All k rows of a into shared memory by slot (written by GEMM1: plain loads after the wait), one round trip,
+        # paired like the weights' nibbles; rows padded by 16 bytes so that the 8 slots of a quarter-warp, reading
+        # the same offset of 8 consecutive rows, fall in different banks.
         smem = cutlass.memory.SmemAllocator()
         stride: cutlass.Constexpr = self.i * 2 + VEC_BYTES
         a_rows = smem.allocate_tensor(Uint8, cute.make_layout(self.k * stride), byte_alignment=16)
-        vecs: cutlass.Constexpr = self.i * 2 // VEC_BYTES
-        rounds: cutlass.Constexpr = -(-(self.k * vecs) // (ONE_TOKEN_ROWS * WARP))
         pieces = []
         for r in cutlass.range_constexpr(rounds):
             idx = cutlass.min(tidx + r * ONE_TOKEN_ROWS * WARP, self.k * vecs - 1)
-            pieces.append(ld_fresh_v4(a.iterator.toint() + Int64(idx) * VEC_BYTES))
+            pieces.append(ld_fresh_v4(a.iterator.toint() + (Int64(staged_pairs[r]) * vecs + Int64(idx % vecs)) *
+                                      VEC_BYTES))
         base = a_rows.iterator.toint()
         for r in cutlass.range_constexpr(rounds):
             idx = tidx + r * ONE_TOKEN_ROWS * WARP
             if idx < self.k * vecs:
-                st_shared_v4(base + (idx // vecs) * stride + (idx % vecs) * VEC_BYTES, pieces[r])
+                st_shared_v4(base + (idx // vecs) * stride + (idx % vecs) * VEC_BYTES, pair_like_fp4x8(*pieces[r]))
         cute.arch.sync_threads()
         acc = Float32(0.0)
         for g in cutlass.range_constexpr(self.groups):
-            acc = acc + group_dot(packed[g], base + pair * stride + (first_group + g) * (FP4_GROUP * 2),
-                                  ld_shared_v4) * e8m0_scale_times_64(scale_bytes[g])
+            acc = acc + group_dot(packed[g], base + slot * stride + (2 * g + half) * (FP4_GROUP * 2), ld_shared_v4,
+                                  paired=True) * e8m0_scale_times_64(scale_bytes[g])
         if slot >= active:
             weight = Float32(0.0)
         y = lane_group_sum(acc * weight, WARP)  # the row's slots and halves

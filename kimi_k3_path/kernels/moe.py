@@ -303,7 +303,7 @@ class Step:
 
 def one_token_experts(m: int) -> bool:
     """Whether the experts run in their one-token forms: GEMM1 as experts.ExpertsGemm1Held(one_token=True) (no loop
-    over a slot's further tokens: 61 registers instead of 80; y_lat left alone) and GEMM2 as
+    over a slot's further tokens: 58 registers instead of 66; y_lat left alone) and GEMM2 as
     experts.ExpertsGemm2OneToken (no cross-CTA norm tail; the finalize applies the RMS). Measured on the H200
     (NOTES.md v16, v17; same-run block medians): the norm tail cost the one-token block 4.4 us (TP8 and TP16), moving
     the whole norm into the finalize instead 7 us more than it saved; GEMM1 holding its weights took the block from

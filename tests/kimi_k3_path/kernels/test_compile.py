@@ -473,6 +473,14 @@ def test_read_stream_keeps_each_batch_of_loads_in_flight_together(in_flight, wai
         assert waits and waits[0] > first_load + in_flight
 
 
+def _activations_paired_once(lines) -> bool:
+    """The SASS pairs the fp16 activations where they are staged (a few byte permutes per staged vector), not once per
+    weight word in the math (one PRMT per HFMA2): v17c / v19a, 14% of the one-token experts' instructions."""
+    permutes = sum("PRMT" in line for line in lines)
+    products = sum("HFMA2" in line for line in lines)
+    return products > 0 and permutes <= products // 3
+
+
 def _one_token_gemm2_args(d):
     e, lat, i, k = d.experts, d.latent, d.intermediate, d.top_k
     return (fake(Float16, (k, i)), fake(Uint8, (e, lat, i // 2)), fake(Uint8, (e, lat, i // 32)), *_plan(e),
@@ -496,6 +504,7 @@ def test_one_token_gemm2_holds_its_weights_across_the_wait_in_one_wave(tp, dims,
     # let ptxas interleave them (load, store, load, store) and the TP8 block took 3.6 us longer (NOTES.md v18b).
     stores = [n for n, line in enumerate(lines) if "STS.128" in line and n > wait]
     assert stores and max(after) < min(stores)
+    assert _activations_paired_once(lines)
     registers = _registers(op, _one_token_gemm2_args(d), tmp_path / "res")
     assert op.ctas() <= 132 * (SM_REGISTERS // (registers * CTA_THREADS)), f"{registers} registers"
 
@@ -526,5 +535,6 @@ def test_held_gemm1_has_every_load_in_flight_before_its_first_store(tp, one_toke
     x_copy = [n for n, line in enumerate(lines) if "LDG.E.128.CONSTANT" in line and n < first_store]
     assert len(weights) == len(scales) == d.latent // 512 and len(x_copy) == 2
     assert max(weights + scales + x_copy) < first_store
+    assert _activations_paired_once(lines)
     ctas_per_sm = 4 if one_token else 3
     assert _registers(op, _held_gemm1_args(d), tmp_path / "res") <= SM_REGISTERS // (ctas_per_sm * CTA_THREADS)
