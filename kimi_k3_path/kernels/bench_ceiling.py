@@ -31,9 +31,9 @@ GEMV_MIN_BYTES = 50_000_000  # issue 6: >= 3.9 TB/s from 50 MB, within 1.3x of t
 GEMV_TB_S = 3.9
 SMALL_FLOOR_RATIO = 1.3
 BLOCK_FLOOR_RATIO = 1.25
-# The block's four launches at one token, as bench_moe names them (kernel rows of the segments file).
-SEGMENTS = ("front (router + down_proj + shared_gate_up)", "experts_gemm1_situ", "experts_gemm2_combine_norm",
-            "finalize (up_proj + shared down)")
+# The block's four launches at one token, by the start of their bench_moe names (kernel rows of the segments file;
+# the names say which launch carries the shared gate_up).
+SEGMENTS = ("front", "experts_gemm1", "experts_gemm2", "finalize")
 CHAIN_MODES = {  # mode -> (wait, trigger) of every launch after the first; the first never waits
     "serial": ("none", False),
     "early": ("start", True),
@@ -72,8 +72,9 @@ def block_chains(rows: list[dict]) -> dict[int, list[int]]:
     chains = {}
     for tp in sorted({r["tp"] for r in rows if r.get("batch") == 1}):
         named = {r["kernel"]: r["weight_bytes"] for r in rows if r["tp"] == tp and r.get("batch") == 1}
-        if all(name in named for name in SEGMENTS):
-            chains[tp] = [named[name] for name in SEGMENTS]
+        found = [[n for name, n in named.items() if name.startswith(prefix)] for prefix in SEGMENTS]
+        if all(len(f) == 1 for f in found):
+            chains[tp] = [f[0] for f in found]
     return chains
 
 

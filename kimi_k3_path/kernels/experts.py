@@ -49,6 +49,8 @@ from .common import (
     st_shared_v4,
     wait_for_all,
 )
+from .gemv import SCRATCH_BYTES, alloc_scratch
+from .shared import check_shared, shared_part
 
 WARPS_PER_CTA = 8
 GEMM1_LANES_PER_ROW = 16
@@ -419,10 +421,21 @@ class ExpertsGemm2OneToken:
     Launched early (programmatic dependent launch) while GEMM1 drains: each thread loads its weights, then waits
     for GEMM1, then the CTA copies all k rows of a into shared memory by slot in one round trip; it lets the
     finalize start at once.
+    With shared_inter (moe.decode_steps at one token), Ish more CTAs compute the shared experts' a_sh [1, Ish] =
+    situ_glu(x @ w_sh13^T) as the front's shared CTAs would (shared.shared_part): they need neither the plan nor the
+    wait, so their 11-22 MB stream while GEMM1 drains instead of ahead of it in the front, and the finalize still reads
+    a_sh only after its wait for this grid. shared_first puts them before GEMM2's CTAs, which pays only where GEMM1
+    leaves SMs idle (moe.gate_up_first). Measured on the H200 (NOTES.md v20a; block medians of 3 rounds, M=1): TP8
+    58.7 -> 58.2 us with them last (58.7 first), TP16 50.8 -> 49.7 first (50.7 last); the front without them at all
+    would give 54.1 and 48.4.
     Tensors: a [k, I] fp16, w2 [E, L, I/2] uint8, s2 [E, L, I/32] uint8, plan, topk_w [1, k] fp32, gamma [L] fp32,
-    y_lat [1, L] fp32, normed [1, L] bf16, sq_parts [L/8] fp32."""
+    y_lat [1, L] fp32, normed [1, L] bf16, sq_parts [L/8] fp32, x [1, H] bf16, w_sh13 [2*Ish, H] bf16, a_sh [1, Ish]
+    bf16 (without shared_inter: placeholders, never read)."""
 
-    def __init__(self, experts: int, latent: int, inter: int, top_k: int):
+    def __init__(self, experts: int, latent: int, inter: int, top_k: int, shared_inter: int = 0, hidden: int = 0,
+                 shared_first: bool = False):
+        if shared_inter:
+            check_shared(shared_inter, hidden, 1)
         if top_k != WARP // ONE_TOKEN_SPLIT:
             raise ValueError(f"ExpertsGemm2OneToken: top_k={top_k} must be {WARP // ONE_TOKEN_SPLIT} (a row's slots "
                              f"in a warp, {ONE_TOKEN_SPLIT} lanes each)")
@@ -431,26 +444,46 @@ class ExpertsGemm2OneToken:
                              f"{FP4_GROUP * ONE_TOKEN_SPLIT} and latent={latent} of {ONE_TOKEN_ROWS}")
         self.e, self.l, self.i, self.k = experts, latent, inter, top_k
         self.groups = inter // FP4_GROUP // ONE_TOKEN_SPLIT  # per lane
+        self.s, self.h, self.shared_first = shared_inter, hidden, shared_first
 
     def ctas(self) -> int:
         return self.l // ONE_TOKEN_ROWS
 
     def smem_bytes(self) -> int:
-        return self.k * (self.i * 2 + VEC_BYTES) + WARPS_PER_CTA * 4 + 16
+        # The DSL lays out every allocation of the kernel one after another, the shared branch's scratch included.
+        return self.k * (self.i * 2 + VEC_BYTES) + WARPS_PER_CTA * 4 + 16 + (SCRATCH_BYTES + 16 if self.s else 0)
 
     @cute.jit
     def __call__(self, a, w2, s2, n_active, slot_expert, slot_count, slot_pairs, topk_w, gamma, y_lat, normed,
-                 sq_parts, stream: cuda.CUstream):  # slot_count: 1 in every slot at one token, not read
-        self.kernel(a, w2, s2, n_active, slot_expert, slot_pairs, topk_w, gamma, y_lat, normed, sq_parts).launch(
-            grid=[self.ctas(), 1, 1], block=[ONE_TOKEN_ROWS * WARP, 1, 1], smem=self.smem_bytes(), stream=stream,
-            use_pdl=True,
+                 sq_parts, x, w_sh13, a_sh, stream: cuda.CUstream):  # slot_count: 1 in every slot, not read
+        self.kernel(a, w2, s2, n_active, slot_expert, slot_pairs, topk_w, gamma, y_lat, normed, sq_parts, x, w_sh13,
+                    a_sh).launch(
+            grid=[self.ctas() + self.s, 1, 1], block=[ONE_TOKEN_ROWS * WARP, 1, 1], smem=self.smem_bytes(),
+            stream=stream, use_pdl=True,
         )
 
     @cute.kernel
-    def kernel(self, a, w2, s2, n_active, slot_expert, slot_pairs, topk_w, gamma, y_lat, normed, sq_parts):
+    def kernel(self, a, w2, s2, n_active, slot_expert, slot_pairs, topk_w, gamma, y_lat, normed, sq_parts, x, w_sh13,
+               a_sh):
         tidx, _, _ = cute.arch.thread_idx()
-        tile, _, _ = cute.arch.block_idx()
+        bidx, _, _ = cute.arch.block_idx()
         cute.arch.griddepcontrol_launch_dependents()  # the finalize (launched early) waits for us before its reads
+        if cutlass.const_expr(self.s == 0):
+            self.gemm2_part(a, w2, s2, n_active, slot_expert, slot_pairs, topk_w, gamma, y_lat, normed, sq_parts,
+                            tidx, bidx)
+        else:
+            first_shared = 0 if cutlass.const_expr(self.shared_first) else self.ctas()
+            first_gemm2 = self.s if cutlass.const_expr(self.shared_first) else 0
+            if bidx >= first_shared and bidx < first_shared + self.s:
+                shared_part(x, w_sh13, a_sh, alloc_scratch(cutlass.memory.SmemAllocator()), bidx - first_shared,
+                            tidx // WARP, tidx % WARP, Int32(1), self.s, self.h, 1)
+            else:
+                self.gemm2_part(a, w2, s2, n_active, slot_expert, slot_pairs, topk_w, gamma, y_lat, normed, sq_parts,
+                                tidx, bidx - first_gemm2)
+
+    @cute.jit
+    def gemm2_part(self, a, w2, s2, n_active, slot_expert, slot_pairs, topk_w, gamma, y_lat, normed, sq_parts, tidx,
+                   tile):
         lane = tidx % WARP
         slot = lane % self.k
         half = lane // self.k
@@ -518,9 +551,12 @@ class ExpertsGemm2OneToken:
             sq_parts[tile] = total
 
 
-def experts_gemm2_one_token(a, w2, s2, plan, topk_w, gamma, y_lat, normed, sq_parts, stream) -> None:
+def experts_gemm2_one_token(a, w2, s2, plan, topk_w, gamma, y_lat, normed, sq_parts, stream, shared=None,
+                            shared_first: bool = False) -> None:
     """ExpertsGemm2OneToken on `stream`: for one token, y_lat = the weighted combine of its k experts' GEMM2, normed =
-    y_lat * gamma in bf16 (the RMS is applied by the finalize), sq_parts [L/8] the partial sums of y_lat^2."""
+    y_lat * gamma in bf16 (the RMS is applied by the finalize), sq_parts [L/8] the partial sums of y^2.
+    shared: (x [1, H] bf16, w_sh13 [2*Ish, H] bf16, a_sh [1, Ish] bf16) to compute the shared experts'
+    a_sh = situ_glu(x @ w_sh13^T) in the same grid, its CTAs before GEMM2's (shared_first) or after; or None."""
     from .runtime import compile_cached, cu_stream, expect, fake, fake_stream, to_cute
 
     experts, latent, half_i = w2.shape
@@ -534,19 +570,35 @@ def experts_gemm2_one_token(a, w2, s2, plan, topk_w, gamma, y_lat, normed, sq_pa
     expect("y_lat", y_lat, (1, latent), "float32")
     expect("normed", normed, (1, latent), "bfloat16")
     expect("sq_parts", sq_parts, (latent // ONE_TOKEN_ROWS,), "float32")
+    if shared is None:
+        shared_inter, hidden = 0, 8  # the kernel's shared arguments: placeholders, never read
+        x = w_sh13 = a_sh = sq_parts
+    else:
+        x, w_sh13, a_sh = shared
+        hidden, shared_inter = x.shape[1], w_sh13.shape[0] // 2
+        expect("x", x, (1, hidden), "bfloat16")
+        expect("w_sh13", w_sh13, (2 * shared_inter, hidden), "bfloat16")
+        expect("a_sh", a_sh, (1, shared_inter), "bfloat16")
+    first = bool(shared_first and shared is not None)
 
     def build():
+        if shared is None:
+            shared_args = (fake(Float32, (latent // ONE_TOKEN_ROWS,)),) * 3
+        else:
+            shared_args = (fake(BFloat16, (1, hidden)), fake(BFloat16, (2 * shared_inter, hidden)),
+                           fake(BFloat16, (1, shared_inter)))
         args = (
             fake(Float16, (top_k, inter)), fake(Uint8, (experts, latent, inter // 2)),
             fake(Uint8, (experts, latent, inter // FP4_GROUP)), *_fake_plan(experts), fake(Float32, (1, top_k)),
             fake(Float32, (latent,)), fake(Float32, (1, latent)), fake(BFloat16, (1, latent)),
-            fake(Float32, (latent // ONE_TOKEN_ROWS,)), fake_stream(),
+            fake(Float32, (latent // ONE_TOKEN_ROWS,)), *shared_args, fake_stream(),
         )
-        return ExpertsGemm2OneToken(experts, latent, inter, top_k), args
+        return ExpertsGemm2OneToken(experts, latent, inter, top_k, shared_inter, hidden, first), args
 
-    fn = compile_cached(("experts_gemm2_one_token", experts, latent, inter, top_k), build)
+    fn = compile_cached(("experts_gemm2_one_token", experts, latent, inter, top_k, shared_inter, hidden, first), build)
     fn(to_cute(a), to_cute(w2), to_cute(s2), *(to_cute(t) for t in plan), to_cute(topk_w), to_cute(gamma),
-       to_cute(y_lat), to_cute(normed), to_cute(sq_parts), cu_stream(stream))
+       to_cute(y_lat), to_cute(normed), to_cute(sq_parts), to_cute(x), to_cute(w_sh13), to_cute(a_sh),
+       cu_stream(stream))
 
 
 def _plan_shapes(plan, experts: int) -> None:

@@ -4,7 +4,7 @@ the caller's stream, with no host synchronization and no allocation, so it can b
   1 front           one grid, three CTA ranges over the same input x:                    (router, W_down, W_sh13)
                       router: logits, sigmoid + bias top-k, weights, expert plan (the last router CTAs)
                       down-projection x_lat = x @ W_down^T (stored fp16 for the experts)
-                      shared experts' a_sh = situ_glu(x @ W_sh13^T)
+                      shared experts' a_sh = situ_glu(x @ W_sh13^T) (one token: in GEMM2's grid instead)
   2 experts GEMM1   a[pair] = situ_glu(x_lat[t] @ w13[e]^T); y_lat = 0                    (active experts' w13)
                       (up to 4 tokens: on the CUDA cores, every weight load of a lane in flight at once and
                       held across the slot's tokens, x_lat from shared memory; experts.ExpertsGemm1Held;
@@ -12,7 +12,8 @@ the caller's stream, with no host synchronization and no allocation, so it can b
   3 experts GEMM2   y_lat[t] += w * a[pair] @ w2[e]^T; last CTAs: normed = rms_norm(y_lat) (active experts' w2)
                       (one token: each CTA owns its rows for all slots, writes y * gamma and partial sums
                       of y^2, no last CTAs; experts.ExpertsGemm2OneToken)
-                      launched while GEMM1 drains (programmatic dependent launch)
+                      launched while GEMM1 drains (programmatic dependent launch); one token: plus the shared
+                      experts' a_sh, whose CTAs need no wait (moe.ONE_TOKEN_SHARED_IN_GEMM2)
   4 finalize        out = normed @ W_up^T + a_sh @ W_sh2^T                                 (W_up, W_sh2)
                       (one token: the W_up term times rsqrt(sum of the partial sums / L + eps))
                       launched while GEMM2 runs; waits for it before its first load
@@ -73,6 +74,13 @@ FRONT_DOWN_SPLIT = 4
 # M=2 96.2 -> 108.2 (read, not measured: 56 CTAs of 16 experts each have 14 load round trips per warp before the top-k
 # can start, where 896 one-expert CTAs finish early and one 8-token pass reads x once).
 ROUTER_MMA_FROM_TOKENS = 16
+# At one token the shared experts' gate_up runs in GEMM2's grid rather than the front's (ExpertsGemm2OneToken with
+# shared_inter). Measured on the H200 (NOTES.md v20a; block medians of 3 rounds, alternating processes): TP8 58.7 ->
+# 58.2 us, TP16 50.8 -> 49.7; a probe sets it False to measure the front's form.
+ONE_TOKEN_SHARED_IN_GEMM2 = True
+# Resident CTAs per SM of the one-token GEMM1 (experts.ExpertsGemm1Held: <= 64 registers, 256 threads; a CPU test
+# checks the registers).
+ONE_TOKEN_GEMM1_CTAS_PER_SM = 4
 
 
 def front_chunks_in_flight(mt: int, router_mma: bool) -> int:
@@ -93,7 +101,8 @@ class FrontKernel:
     cores in the front's tile, where every CTA then reads x once for all tokens instead of once per 8."""
 
     def __init__(self, experts: int, hidden: int, latent: int, shared_inter: int, top_k: int, scaling: float, mt: int,
-                 router_mt: int, router_tail_ctas: int = ROUTER_TAIL_CTAS, router_mma: bool = False):
+                 router_mt: int, router_tail_ctas: int = ROUTER_TAIL_CTAS, router_mma: bool = False,
+                 shared: bool = True):
         check_router(experts, hidden, top_k)
         check_shared(shared_inter, hidden, mt)
         check_k(hidden, FRONT_DOWN_SPLIT, "FrontKernel (down-projection)")
@@ -113,7 +122,7 @@ class FrontKernel:
         self.router_ctas = router_ctas(experts, self.router_mma_mt, router_mt)
         self.in_flight = front_chunks_in_flight(mt, router_mma) if uses_tensor_cores(mt) else 0
         self.down_ctas = latent // rows_per_cta
-        self.shared_ctas = shared_ctas(shared_inter, mt)
+        self.shared_ctas = shared_ctas(shared_inter, mt) if shared else 0
 
     def smem_bytes(self) -> int:
         needed = router_smem_bytes(self.e, self.k) + (scratch_bytes(self.mt) if uses_tensor_cores(self.mt) else 0)
@@ -160,14 +169,25 @@ class FrontKernel:
                             self.h, self.mt)
 
 
+def gate_up_first(w, device) -> bool:
+    """Whether GEMM2's one-token grid runs the shared gate_up's CTAs before its own: where all of GEMM1's CTAs are
+    resident at once (TP16: 16 x 24 on 132 x 4 places), SMs left idle while GEMM1 runs take them; where GEMM1 needs a
+    second wave (TP8: 16 x 48), GEMM2's CTAs take the places it frees first and load their weights ahead of the wait.
+    Measured (NOTES.md v20a, block medians of 3 rounds): TP8 58.2 us last, 58.7 first; TP16 50.7 last, 49.7 first."""
+    gemm1_ctas = min(w.top_k, w.experts) * (w.intermediate // WARPS_PER_CTA)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return gemm1_ctas <= sms * ONE_TOKEN_GEMM1_CTAS_PER_SM
+
+
 def router_on_tensor_cores(m: int, tensor_cores: bool = True) -> bool:
     """Whether the front computes the router's logits on the tensor cores for a batch of m tokens."""
     return tensor_cores and uses_tensor_cores(token_tile(m, True)) and m >= ROUTER_MMA_FROM_TOKENS
 
 
 def front(x, w, ws, m: int, stream, tensor_cores: bool = True, router_tail_ctas: int = ROUTER_TAIL_CTAS,
-          router_mma: bool | None = None) -> None:
-    """Launch 1 of the block (see FrontKernel) on `stream`; router_mma None: router_on_tensor_cores's choice."""
+          router_mma: bool | None = None, shared: bool = True) -> None:
+    """Launch 1 of the block (see FrontKernel) on `stream`; router_mma None: router_on_tensor_cores's choice; shared
+    False: without the shared experts' CTAs (a_sh computed elsewhere)."""
     from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
 
     e, h, lat, s, k = w.experts, w.hidden, w.latent, w.shared_intermediate, w.top_k
@@ -186,9 +206,10 @@ def front(x, w, ws, m: int, stream, tensor_cores: bool = True, router_tail_ctas:
             fake(BFloat16, (lat, h)), fake(Float16, (md, lat)), fake(BFloat16, (2 * s, h)), fake(BFloat16, (md, s)),
             fake_stream(),
         )
-        return FrontKernel(e, h, lat, s, k, w.routed_scaling_factor, mt, router_mt, router_tail_ctas, router_mma), args
+        return FrontKernel(e, h, lat, s, k, w.routed_scaling_factor, mt, router_mt, router_tail_ctas, router_mma,
+                           shared), args
 
-    key = ("moe_front", e, h, lat, s, k, w.routed_scaling_factor, mt, router_mt, router_tail_ctas, router_mma)
+    key = ("moe_front", e, h, lat, s, k, w.routed_scaling_factor, mt, router_mt, router_tail_ctas, router_mma, shared)
     fn = compile_cached(key, build)
     fn(
         to_cute(x, True), to_cute(w.router), to_cute(w.router_bias), to_cute(ws.logits[:m], True),
@@ -330,23 +351,28 @@ def decode_steps(
     def active() -> int:
         return int(ws.plan[0][0])
 
+    shared_in_gemm2 = one_token and ONE_TOKEN_SHARED_IN_GEMM2
+
     def gemm2(st) -> None:
         if one_token:
             experts_gemm2_one_token(ws.a[:k], w.w2_packed, w.w2_scales, ws.plan, ws.weights[:1], w.latent_norm,
-                                    ws.y_lat[:1], ws.normed[:1], ws.sq_parts, st)
+                                    ws.y_lat[:1], ws.normed[:1], ws.sq_parts, st,
+                                    (x, w.shared13, ws.a_sh[:1]) if shared_in_gemm2 else None,
+                                    gate_up_first(w, x.device))
         else:
             experts_gemm2_combine(ws.a[: m * k], w.w2_packed, w.w2_scales, ws.plan, ws.weights[:m], ws.y_lat[:m],
                                   ws.gemm2_counter, w.latent_norm, ws.normed[:m], w.eps, st, tensor_cores)
 
     return [
-        Step("front (router + down_proj + shared_gate_up)",
-             lambda st: front(x, w, ws, m, st, tensor_cores),
-             lambda: e * h * 2 + e * 4 + lat * h * 2 + 2 * s * h * 2),
+        Step("front (router + down_proj)" if shared_in_gemm2 else "front (router + down_proj + shared_gate_up)",
+             lambda st: front(x, w, ws, m, st, tensor_cores, shared=not shared_in_gemm2),
+             lambda: e * h * 2 + e * 4 + lat * h * 2 + (0 if shared_in_gemm2 else 2 * s * h * 2)),
         Step("experts_gemm1_situ", lambda st: experts_gemm1_situ(ws.x_lat[:m], w.w13_packed, w.w13_scales, ws.plan, k,
                                                                  ws.a[: m * k], ws.y_lat[:m], st, tensor_cores,
                                                                  one_token=one_token),
              lambda: active() * (2 * i * lat // 2 + 2 * i * lat // 32)),
-        Step("experts_gemm2_combine_norm", gemm2, lambda: active() * (lat * i // 2 + lat * i // 32) + lat * 4),
+        Step("experts_gemm2_combine_norm" + (" + shared_gate_up" if shared_in_gemm2 else ""), gemm2, lambda: active() * (lat * i // 2 + lat * i // 32) + lat * 4 +
+             (2 * s * h * 2 if shared_in_gemm2 else 0)),
         Step("finalize (up_proj + shared down)",
              lambda st: finalize(ws.normed[:m], w.up, ws.a_sh[:m], w.shared2, out, st, tensor_cores,
                                  sq_parts=ws.sq_parts if one_token else None, eps=w.eps),

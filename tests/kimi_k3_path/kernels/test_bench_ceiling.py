@@ -27,8 +27,17 @@ def test_the_block_chains_of_the_record_are_its_four_launches_in_order():
     chains = block_chains(load_segments(RECORD))
     assert set(chains) == {8, 16}
     rows = {(r["tp"], r["kernel"]): r["weight_bytes"] for r in json.loads(RECORD.read_text())}
-    assert chains[8] == [rows[(8, name)] for name in SEGMENTS]
+    assert chains[8] == [next(n for (tp, name), n in rows.items() if tp == 8 and name.startswith(prefix))
+                         for prefix in SEGMENTS]
     assert sum(chains[8]) == 183_748_096  # the TP8 block's 183.7 MB (NOTES.md)
+
+
+def test_the_chain_follows_the_launches_whichever_carries_the_shared_gate_up():
+    names = ("front (router + down_proj)", "experts_gemm1_situ", "experts_gemm2_combine_norm + shared_gate_up",
+             "finalize (up_proj + shared down)")
+    rows = [{"tp": 8, "batch": 1, "kernel": name, "weight_bytes": 1000 * (i + 1)} for i, name in enumerate(names)]
+    rows.append({"tp": 8, "batch": 1, "kernel": "block [CUDA cores]", "weight_bytes": 7})
+    assert block_chains(rows) == {8: [1000, 2000, 3000, 4000]}
 
 
 def test_a_tp_missing_a_segment_has_no_chain():

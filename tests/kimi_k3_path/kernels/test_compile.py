@@ -485,7 +485,7 @@ def _one_token_gemm2_args(d):
     e, lat, i, k = d.experts, d.latent, d.intermediate, d.top_k
     return (fake(Float16, (k, i)), fake(Uint8, (e, lat, i // 2)), fake(Uint8, (e, lat, i // 32)), *_plan(e),
             fake(Float32, (1, k)), fake(Float32, (lat,)), fake(Float32, (1, lat)), fake(BFloat16, (1, lat)),
-            fake(Float32, (lat // ONE_TOKEN_ROWS,)), fake_stream())
+            fake(Float32, (lat // ONE_TOKEN_ROWS,)), *(fake(Float32, (lat // ONE_TOKEN_ROWS,)),) * 3, fake_stream())
 
 
 @pytest.mark.parametrize("tp", [8, 16])
@@ -507,6 +507,25 @@ def test_one_token_gemm2_holds_its_weights_across_the_wait_in_one_wave(tp, dims,
     assert _activations_paired_once(lines)
     registers = _registers(op, _one_token_gemm2_args(d), tmp_path / "res")
     assert op.ctas() <= 132 * (SM_REGISTERS // (registers * CTA_THREADS)), f"{registers} registers"
+
+
+@pytest.mark.parametrize("shared_first", [False, True])
+@pytest.mark.parametrize("tp", [8, 16])
+def test_one_token_gemm2_with_the_shared_gate_up_keeps_its_wave_and_its_wait(tp, shared_first, dims, tmp_path):
+    """The one-token GEMM2 with the shared experts' gate_up CTAs in its grid (v20a): still at most 64 registers (4
+    CTAs per SM, as GEMM1: the gate_up's CTAs take the places GEMM1 frees), one wait, and every weight load (GEMM2's
+    and the gate_up's) laid out before it."""
+    d = dims(tp)
+    h, s = d.hidden, d.shared_intermediate
+    op = ExpertsGemm2OneToken(d.experts, d.latent, d.intermediate, d.top_k, s, h, shared_first)
+    args = (*_one_token_gemm2_args(d)[:-4], fake(BFloat16, (1, h)), fake(BFloat16, (2 * s, h)),
+            fake(BFloat16, (1, s)), fake_stream())
+    lines = _sass(op, args, tmp_path / "sass")
+    wait = next(n for n, line in enumerate(lines) if "ACQBULK" in line)
+    weights = [n for n, line in enumerate(lines) if "LDG" in line and ".NA" in line]
+    assert sum("ACQBULK" in line for line in lines) == 1
+    assert len(weights) > d.intermediate // 32 // 2 and max(weights) < wait  # GEMM2's and the gate_up's
+    assert _registers(op, args, tmp_path / "res") <= SM_REGISTERS // (4 * CTA_THREADS)
 
 
 def _held_gemm1_args(d):

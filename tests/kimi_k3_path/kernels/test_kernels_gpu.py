@@ -325,11 +325,14 @@ def test_held_gemm1_takes_every_token_of_a_slot(same_experts, gen, dims):
         assert rel_err(a[tokens * d.top_k + slots], want) < TOL, f"expert {e}"
 
 
+@pytest.mark.parametrize("gate_up", [None, "first", "last"])
 @pytest.mark.parametrize("tp", [8, 16])
-def test_one_token_gemm2_writes_the_combine_its_gamma_product_and_the_sums_of_squares(tp, gen, dims):
+def test_one_token_gemm2_writes_the_combine_its_gamma_product_and_the_sums_of_squares(tp, gate_up, gen, dims):
     """GEMM2's one-token form (v16): y_lat = the weighted combine, normed = y_lat * gamma (not yet divided by the
-    RMS), and sq_parts adds up to sum(y_lat^2); all three poisoned before the launch."""
+    RMS), and sq_parts adds up to sum(y_lat^2); all three poisoned before the launch. With the shared experts' gate_up
+    in its grid (v20a), its CTAs before or after GEMM2's: a_sh (poisoned) as well."""
     from kimi_k3_path.kernels.experts import experts_gemm1_situ, experts_gemm2_one_token
+    from kimi_k3_path.reference import situ_glu_packed
 
     d, ref, kw, ws = weights(dims, tp, gen)
     x = torch.randn(1, d.hidden, generator=gen, device="cuda").to(torch.bfloat16)
@@ -340,13 +343,19 @@ def test_one_token_gemm2_writes_the_combine_its_gamma_product_and_the_sums_of_sq
     normed = poisoned(1, d.latent, dtype=torch.bfloat16)
     sq_parts = poisoned(*ws.sq_parts.shape, dtype=torch.float32)
     experts_gemm1_situ(x_lat, kw.w13_packed, kw.w13_scales, ws.plan, d.top_k, a, ws.y_lat[:1], stream(), one_token=True)
+    a_sh = poisoned(1, d.shared_intermediate, dtype=torch.bfloat16)
+    shared = None if gate_up is None else (x, kw.shared13, a_sh)
     experts_gemm2_one_token(a, kw.w2_packed, kw.w2_scales, ws.plan, wts, kw.latent_norm, y_lat, normed, sq_parts,
-                            stream())
+                            stream(), shared, gate_up == "first")
     torch.cuda.synchronize()
     want = routed_experts(x_lat, ids.long(), wts, ref)
     assert rel_err(y_lat, want) < TOL
     assert rel_err(normed, want * ref.latent_norm) < TOL
     assert sq_parts.sum().item() == pytest.approx(want.square().sum().item(), rel=TOL)
+    if gate_up is None:
+        assert a_sh.isnan().all()
+    else:
+        assert rel_err(a_sh, situ_glu_packed(x.float() @ ref.shared13.float().T)) < TOL
 
 
 def test_one_token_finalize_applies_the_rms_from_partial_sums(gen, dims):
