@@ -15,6 +15,8 @@
 #   $OUT/tests.log, $OUT/bench.log              everything printed (at most 8 files come back from a run:
 #                                               these are 8 with KERNEL_BENCH=1)
 # Usage on the device: SHA=<commit measured> [BENCH=0] bash tools/gpu-evidence.sh
+# Give SHA literally, as `git rev-parse HEAD` prints it here: on the device, git's HEAD in the copied tree was
+# the session's first commit, not the checkout's (it stamped run-86208e9 with 4836d86; corrected by hand).
 # (BENCH=0: the tests only, when the perf matrix of an ancestor within the policy's commit window still holds)
 set -uo pipefail
 : "${SHA:?set SHA to the commit being measured}" "${OUT:?}"
