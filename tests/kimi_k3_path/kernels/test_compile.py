@@ -33,7 +33,7 @@ from kimi_k3_path.kernels.experts_mma import (  # noqa: E402
 )
 from kimi_k3_path.kernels.finalize import SIMT_MIN_CTAS_PER_SM, Finalize  # noqa: E402
 from kimi_k3_path.kernels.gemv import WARPS_PER_CTA, SkinnyGemm, token_tile  # noqa: E402
-from kimi_k3_path.kernels.moe import FRONT_DOWN_SPLIT, FrontKernel  # noqa: E402
+from kimi_k3_path.kernels.moe import FRONT_DOWN_SPLIT, ONE_TOKEN_GEMM1_CTAS_PER_SM, FrontKernel  # noqa: E402
 from kimi_k3_path.kernels.router import MAX_TOKENS, RouterTopK, router_sync_words  # noqa: E402
 from kimi_k3_path.kernels.runtime import dyn, fake, fake_stream  # noqa: E402
 from kimi_k3_path.kernels.shared import SharedGateUpSitu  # noqa: E402
@@ -555,5 +555,5 @@ def test_held_gemm1_has_every_load_in_flight_before_its_first_store(tp, one_toke
     assert len(weights) == len(scales) == d.latent // 512 and len(x_copy) == 2
     assert max(weights + scales + x_copy) < first_store
     assert _activations_paired_once(lines)
-    ctas_per_sm = 4 if one_token else 3
+    ctas_per_sm = ONE_TOKEN_GEMM1_CTAS_PER_SM if one_token else 3  # moe.gate_up_first counts on the former
     assert _registers(op, _held_gemm1_args(d), tmp_path / "res") <= SM_REGISTERS // (ctas_per_sm * CTA_THREADS)
