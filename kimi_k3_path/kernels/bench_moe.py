@@ -15,6 +15,7 @@ import json
 import statistics
 import subprocess
 import sys
+from contextlib import nullcontext
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -134,6 +135,85 @@ def standalone_steps(xs, ours, spaces, d):
 
     names = [name for name, _ in STANDALONE_BYTES(d)]
     return list(zip(names, (router, down, shared)))
+
+
+def trace_one_token_block(tp: int, replays: int, seed: int) -> dict:
+    """Per-CTA timelines (kernels/trace.py) of the M=1 block in its steady state: a CUDA graph of 12 blocks over the
+    rotated weight sets whose last block records; each replay's records summarized, then the median of each figure
+    over the replays. Checks the traced block's output against the fp32 reference first."""
+    from kimi_k3_path.kernels.moe import MoeWorkspace, decode_steps, prepare_weights
+    from kimi_k3_path.kernels.trace import CtaTrace, summarize, tracing
+    from kimi_k3_path.reference import latent_moe, random_moe_weights, rel_err
+
+    d, _ = moe_dims(tp)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    refs = [random_moe_weights(d, gen) for _ in range(L2_ROTATION_SETS)]
+    ours = [prepare_weights(r, d.top_k, d.routed_scaling_factor, d.eps, "cuda") for r in refs]
+    spaces = [MoeWorkspace(w, "cuda") for w in ours]
+    xs = [torch.randn(1, d.hidden, generator=gen, device="cuda").to(torch.bfloat16) for _ in refs]
+    outs = [torch.full((1, d.hidden), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in refs]
+    steps = [decode_steps(x, w, ws, o) for x, w, ws, o in zip(xs, ours, spaces, outs)]
+    trace = CtaTrace(block_ctas(d), "cuda")
+    cycles = -(-MIN_STEPS_PER_GRAPH // len(steps))
+
+    def launch_all(st):
+        for cycle in range(cycles):
+            for i, block in enumerate(steps):
+                last = cycle == cycles - 1 and i == len(steps) - 1
+                with tracing(trace) if last else nullcontext():
+                    for step in block:
+                        step.launch(st)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        launch_all(side)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    err = max(rel_err(o, latent_moe(x, r, d)) for o, x, r in zip(outs, xs, refs))
+    if err >= 1e-2:
+        raise RuntimeError(f"trace_one_token_block: the traced block's output is off by {err:.2e}")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch_all(torch.cuda.current_stream())
+    for _ in range(3):
+        graph.replay()
+    summaries = []
+    for _ in range(replays):
+        trace.reset()
+        graph.replay()
+        torch.cuda.synchronize()
+        summaries.append(summarize(trace.records(), torch.cuda.get_device_properties(0).multi_processor_count))
+    return {"tp": tp, "replays": replays, "rel_err": err, "launches": median_summary(summaries)}
+
+
+def block_ctas(d) -> dict[str, int]:
+    """CTAs of each launch of the one-token block, for the trace's buffers (kernels/trace.py checks each launch's
+    grid against them)."""
+    from kimi_k3_path.kernels.experts import ONE_TOKEN_ROWS
+    from kimi_k3_path.kernels.finalize import Finalize
+    from kimi_k3_path.kernels.gemv import WARPS_PER_CTA, token_tile
+    from kimi_k3_path.kernels.moe import ONE_TOKEN_SHARED_IN_GEMM2, FrontKernel
+
+    in_gemm2 = d.shared_intermediate if ONE_TOKEN_SHARED_IN_GEMM2 else 0
+    front = FrontKernel(d.experts, d.hidden, d.latent, d.shared_intermediate, d.top_k, d.routed_scaling_factor, 1,
+                        token_tile(1, tensor_cores=False), shared=not in_gemm2)
+    return {
+        "front": front.ctas(),
+        "gemm1": min(d.top_k, d.experts) * (d.intermediate // WARPS_PER_CTA),
+        "gemm2": d.latent // ONE_TOKEN_ROWS + in_gemm2,
+        "finalize": Finalize(d.hidden, d.latent, d.shared_intermediate, 1).ctas(),
+    }
+
+
+def median_summary(summaries: list[dict]) -> dict:
+    """The median over replays of every number in kernels/trace.summarize's output (same keys)."""
+    def merge(values):
+        if isinstance(values[0], dict):
+            return {k: merge([v[k] for v in values]) for k in values[0]}
+        return statistics.median(values)
+
+    return merge(summaries)
 
 
 def driver_version() -> str:
@@ -282,12 +362,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compare-cuda-cores", action="store_true",
                    help="also time the block with every kernel on the CUDA cores (same run)")
     p.add_argument("--profile-once", action="store_true", help="one eager pass for ncu, then exit")
+    p.add_argument("--trace-out", type=Path, default=None,
+                   help="instead of timing: per-CTA timelines of the M=1 block at each --tp (kernels/trace.py), JSON")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_moe: no CUDA GPU here; this benchmark runs on the H200", file=sys.stderr)
         return 2
     if args.profile_once:
         profile_once()
+        return 0
+    if args.trace_out:
+        traces = [trace_one_token_block(tp, args.replays, args.seed) for tp in args.tp]
+        record = {"commit": args.commit or git_commit(), "device": torch.cuda.get_device_name(), "traces": traces}
+        args.trace_out.write_text(json.dumps(record, indent=1) + "\n")
+        for t in traces:
+            for name, launch in t["launches"].items():
+                print(f"TP{t['tp']:<2} {name:9} ctas {launch['ctas']:5}  start {launch['start_us']}  end "
+                      f"{launch['end_us']}  life {launch['cta_life_us']} us  max/SM {launch['max_resident_per_sm']}")
         return 0
     if args.out is None:
         p.error("--out is required unless --profile-once")

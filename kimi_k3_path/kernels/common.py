@@ -12,6 +12,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
+from .trace import RECORD_BYTES
+
 WARP = 32
 VEC_BYTES = 16  # one 128-bit load per lane: 8 bf16, 4 fp32 or 32 fp4 values
 BF16_PER_VEC = 8
@@ -364,3 +366,24 @@ def load_bf16_tokens(x_addr: Int64, row_stride_bytes, m_first, m_count, vec: Int
             vals.append(hi)
         rows.append(vals)
     return rows
+
+
+def trace_cta(record: Int64, end: bool) -> None:
+    """kernels/trace.py's probe, by one thread: the global nanosecond timer into word 0 (start) or 1 (end) of the CTA's
+    int64 record at byte address `record`, and with the start the SM it runs on into word 2. Callers put a CTA
+    barrier before the end probe, so that the timer is read after every warp's work."""
+    cute.arch.inline_ptx("st.global.u64 [{$r0}], {$r1};", read_only_args=[record + (8 if end else 0),
+                                                                           cute.arch.globaltimer()])
+    if not end:
+        cute.arch.inline_ptx("st.global.u64 [{$r0}], {$r1};", read_only_args=[record + 16, Int64(cute.arch.smid())])
+
+
+@cute.jit
+def traced(trace_addr: cutlass.Constexpr, cta: Int32, tidx: Int32, end: cutlass.Constexpr) -> None:
+    """trace_cta for CTA `cta` (its linear index in the grid) by thread 0, if the kernel was compiled with a trace
+    buffer (trace_addr != 0; otherwise nothing is emitted); the end probe synchronizes the CTA first."""
+    if cutlass.const_expr(trace_addr != 0):
+        if cutlass.const_expr(end):
+            cute.arch.sync_threads()
+        if tidx == 0:
+            trace_cta(Int64(trace_addr) + Int64(cta) * RECORD_BYTES, end)

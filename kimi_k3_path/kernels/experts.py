@@ -47,10 +47,12 @@ from .common import (
     red_add_f32,
     situ_glu,
     st_shared_v4,
+    traced,
     wait_for_all,
 )
 from .gemv import SCRATCH_BYTES, alloc_scratch
 from .shared import check_shared, shared_part
+from .trace import trace_address
 
 WARPS_PER_CTA = 8
 GEMM1_LANES_PER_ROW = 16
@@ -236,7 +238,7 @@ class ExpertsGemm1Held:
     Tensors as ExpertsGemm1Situ: x_lat [M, L] fp16, w13 [E, 2I, L/2] uint8, s13 [E, 2I, L/32] uint8, plan, a [M*k, I]
     fp16, y_lat [M, L] fp32."""
 
-    def __init__(self, experts: int, latent: int, inter: int, top_k: int, one_token: bool):
+    def __init__(self, experts: int, latent: int, inter: int, top_k: int, one_token: bool, trace_addr: int = 0):
         groups = latent // FP4_GROUP
         if latent % FP4_GROUP or groups % GEMM1_LANES_PER_ROW:
             raise ValueError(f"ExpertsGemm1Held: latent={latent} must be a multiple of "
@@ -244,6 +246,7 @@ class ExpertsGemm1Held:
         if inter % WARPS_PER_CTA:
             raise ValueError(f"ExpertsGemm1Held: intermediate={inter} is not a multiple of {WARPS_PER_CTA}")
         self.e, self.l, self.i, self.k, self.one_token = experts, latent, inter, top_k, one_token
+        self.trace_addr = trace_addr
         self.groups = groups
         self.groups_per_lane = groups // GEMM1_LANES_PER_ROW
         self.vecs = groups * 4  # 16-byte vectors of an x_lat row
@@ -290,6 +293,7 @@ class ExpertsGemm1Held:
         tidx, _, _ = cute.arch.thread_idx()
         slot, tile, _ = cute.arch.block_idx()
         grid_x, grid_y, _ = cute.arch.grid_dim()
+        traced(self.trace_addr, tile * grid_x + slot, tidx, False)
         cute.arch.griddepcontrol_launch_dependents()  # GEMM2 (launched early) loads its weights, then waits for us
         if cutlass.const_expr(not self.one_token):
             zero_y_lat(y_lat, (tile * grid_x + slot) * WARPS_PER_CTA * WARP + tidx,
@@ -331,6 +335,7 @@ class ExpertsGemm1Held:
                     self.store_row(base, self.load_row(x_lat, later, tidx), tidx, 0)
                     cute.arch.sync_threads()
                     self.write_pair(base, packed, scale_bytes, sub, a, later, j)
+        traced(self.trace_addr, tile * grid_x + slot, tidx, True)
 
 
 class ExpertsGemm2Combine:
@@ -433,7 +438,7 @@ class ExpertsGemm2OneToken:
     bf16 (without shared_inter: placeholders, never read)."""
 
     def __init__(self, experts: int, latent: int, inter: int, top_k: int, shared_inter: int = 0, hidden: int = 0,
-                 shared_first: bool = False):
+                 shared_first: bool = False, trace_addr: int = 0):
         if shared_inter:
             check_shared(shared_inter, hidden, 1)
         if top_k != WARP // ONE_TOKEN_SPLIT:
@@ -444,7 +449,7 @@ class ExpertsGemm2OneToken:
                              f"{FP4_GROUP * ONE_TOKEN_SPLIT} and latent={latent} of {ONE_TOKEN_ROWS}")
         self.e, self.l, self.i, self.k = experts, latent, inter, top_k
         self.groups = inter // FP4_GROUP // ONE_TOKEN_SPLIT  # per lane
-        self.s, self.h, self.shared_first = shared_inter, hidden, shared_first
+        self.s, self.h, self.shared_first, self.trace_addr = shared_inter, hidden, shared_first, trace_addr
 
     def ctas(self) -> int:
         return self.l // ONE_TOKEN_ROWS
@@ -467,6 +472,7 @@ class ExpertsGemm2OneToken:
                a_sh):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
+        traced(self.trace_addr, bidx, tidx, False)
         cute.arch.griddepcontrol_launch_dependents()  # the finalize (launched early) waits for us before its reads
         if cutlass.const_expr(self.s == 0):
             self.gemm2_part(a, w2, s2, n_active, slot_expert, slot_pairs, topk_w, gamma, y_lat, normed, sq_parts,
@@ -480,6 +486,7 @@ class ExpertsGemm2OneToken:
             else:
                 self.gemm2_part(a, w2, s2, n_active, slot_expert, slot_pairs, topk_w, gamma, y_lat, normed, sq_parts,
                                 tidx, bidx - first_gemm2)
+        traced(self.trace_addr, bidx, tidx, True)
 
     @cute.jit
     def gemm2_part(self, a, w2, s2, n_active, slot_expert, slot_pairs, topk_w, gamma, y_lat, normed, sq_parts, tidx,
@@ -593,9 +600,11 @@ def experts_gemm2_one_token(a, w2, s2, plan, topk_w, gamma, y_lat, normed, sq_pa
             fake(Float32, (latent,)), fake(Float32, (1, latent)), fake(BFloat16, (1, latent)),
             fake(Float32, (latent // ONE_TOKEN_ROWS,)), *shared_args, fake_stream(),
         )
-        return ExpertsGemm2OneToken(experts, latent, inter, top_k, shared_inter, hidden, first), args
+        return ExpertsGemm2OneToken(experts, latent, inter, top_k, shared_inter, hidden, first, trace), args
 
-    fn = compile_cached(("experts_gemm2_one_token", experts, latent, inter, top_k, shared_inter, hidden, first), build)
+    trace = trace_address("gemm2", latent // ONE_TOKEN_ROWS + shared_inter)
+    fn = compile_cached(("experts_gemm2_one_token", experts, latent, inter, top_k, shared_inter, hidden, first, trace),
+                        build)
     fn(to_cute(a), to_cute(w2), to_cute(s2), *(to_cute(t) for t in plan), to_cute(topk_w), to_cute(gamma),
        to_cute(y_lat), to_cute(normed), to_cute(sq_parts), to_cute(x), to_cute(w_sh13), to_cute(a_sh),
        cu_stream(stream))
@@ -677,7 +686,7 @@ def experts_gemm1_situ(
             fake_stream(),
         )
         if held:
-            return ExpertsGemm1Held(experts, latent, inter, top_k, one_token), args
+            return ExpertsGemm1Held(experts, latent, inter, top_k, one_token, trace), args
         if mma:
             from .experts_mma import ExpertsGemm1SituMma
 
@@ -687,7 +696,8 @@ def experts_gemm1_situ(
     held = one_token or holds_gemm1_weights(m, tensor_cores)
     mma = not held and on_tensor_cores(m, tensor_cores)
     staged = mma and stages_weights(m)
-    key = ("experts_gemm1_situ", experts, latent, inter, top_k, held, one_token, mma, staged)
+    trace = trace_address("gemm1", min(m * top_k, experts) * (inter // WARPS_PER_CTA)) if held else 0
+    key = ("experts_gemm1_situ", experts, latent, inter, top_k, held, one_token, mma, staged, trace)
     fn = compile_cached(key, build)
     fn(
         to_cute(x_lat, True), to_cute(w13), to_cute(s13), *(to_cute(t) for t in plan),

@@ -18,7 +18,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64
 
-from .common import DEFAULT_WEIGHT_LOAD, WARP, after_all_loads, batch_zero, lane_group_sum
+from .common import DEFAULT_WEIGHT_LOAD, WARP, after_all_loads, batch_zero, lane_group_sum, traced
 from .gemv import (
     BF16_PER_VEC,
     SCRATCH_BYTES,
@@ -162,7 +162,7 @@ class Finalize:
     hold_weights (CUDA cores only) it loads its weights before the wait, otherwise nothing."""
 
     def __init__(self, hidden: int, latent: int, shared_inter: int, mt: int, early: bool = False,
-                 hold_weights: bool = False, rms_parts: int = 0, eps: float = 0.0):
+                 hold_weights: bool = False, rms_parts: int = 0, eps: float = 0.0, trace_addr: int = 0):
         if hidden % (WARPS_PER_CTA // FINALIZE_SPLIT):
             raise ValueError(f"Finalize: hidden={hidden} is not a multiple of {WARPS_PER_CTA // FINALIZE_SPLIT}")
         check_k(latent, FINALIZE_SPLIT, "Finalize (latent)")
@@ -175,7 +175,7 @@ class Finalize:
         if rms_parts and mt != 1:
             raise ValueError(f"Finalize: rms_parts (one token's partial sums of squares) needs token tile 1, not {mt}")
         self.h, self.l, self.s, self.mt, self.early, self.hold = hidden, latent, shared_inter, mt, early, hold_weights
-        self.rms_parts, self.eps = rms_parts, eps
+        self.rms_parts, self.eps, self.trace_addr = rms_parts, eps, trace_addr
 
     def ctas(self) -> int:
         return self.h // (MMA_ROWS if uses_tensor_cores(self.mt) else WARPS_PER_CTA // FINALIZE_SPLIT)
@@ -202,6 +202,7 @@ class Finalize:
     def kernel(self, normed, w_up, a_sh, w_sh2, sq_parts, out, m_count: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
+        traced(self.trace_addr, bidx, tidx, False)
         smem = cutlass.memory.SmemAllocator()
         if cutlass.const_expr(uses_tensor_cores(self.mt)):
             if cutlass.const_expr(self.early):
@@ -212,6 +213,7 @@ class Finalize:
             finalize_part(normed, w_up, a_sh, w_sh2, sq_parts, out, alloc_scratch(smem), bidx, tidx // WARP,
                           tidx % WARP, m_count, self.l, self.s, self.mt, self.early, self.hold, self.rms_parts,
                           self.eps)
+        traced(self.trace_addr, bidx, tidx, True)
 
 
 def holds_weights(early: bool, mt: int) -> bool:
@@ -243,6 +245,7 @@ def finalize(normed, w_up, a_sh, w_sh2, out, stream, tensor_cores: bool = True, 
     term is scaled by rsqrt(sum(sq_parts) / L + eps)."""
     from .gemv import token_tile
     from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
+    from .trace import trace_address
 
     m, latent = normed.shape
     hidden, inter = w_sh2.shape
@@ -266,8 +269,9 @@ def finalize(normed, w_up, a_sh, w_sh2, out, stream, tensor_cores: bool = True, 
             fake(BFloat16, (md, latent)), fake(BFloat16, (hidden, latent)), fake(BFloat16, (md, inter)),
             fake(BFloat16, (hidden, inter)), fake(Float32, (dyn(),)), fake(BFloat16, (md, hidden)), fake_stream(),
         )
-        return Finalize(hidden, latent, inter, mt, early, hold, rms_parts, eps), args
+        return Finalize(hidden, latent, inter, mt, early, hold, rms_parts, eps, trace), args
 
-    fn = compile_cached(("finalize", hidden, latent, inter, mt, early, hold, rms_parts, eps), build)
+    trace = trace_address("finalize", Finalize(hidden, latent, inter, mt).ctas())
+    fn = compile_cached(("finalize", hidden, latent, inter, mt, early, hold, rms_parts, eps, trace), build)
     fn(to_cute(normed, True), to_cute(w_up), to_cute(a_sh, True), to_cute(w_sh2), to_cute(sq_parts, True),
        to_cute(out, True), cu_stream(stream))

@@ -33,7 +33,7 @@ import cutlass.cute as cute
 import torch
 from cutlass import BFloat16, Float16, Float32, Int32
 
-from .common import DEFAULT_WEIGHT_LOAD, WARP
+from .common import DEFAULT_WEIGHT_LOAD, WARP, traced
 from .experts import ONE_TOKEN_ROWS, experts_gemm1_situ, experts_gemm2_combine, experts_gemm2_one_token
 from .finalize import finalize
 from .gemv import WARPS_PER_CTA, alloc_scratch, check_k, gemv_part, token_tile
@@ -57,6 +57,7 @@ from .router import (
     router_sync_words,
 )
 from .shared import check_shared, mma_shared_part, shared_ctas, shared_part
+from .trace import trace_address
 
 
 # At least this much shared memory per front CTA, so that no more than 3 share an SM (4 x (57 + 1 reserved) KB >
@@ -102,7 +103,7 @@ class FrontKernel:
 
     def __init__(self, experts: int, hidden: int, latent: int, shared_inter: int, top_k: int, scaling: float, mt: int,
                  router_mt: int, router_tail_ctas: int = ROUTER_TAIL_CTAS, router_mma: bool = False,
-                 shared: bool = True):
+                 shared: bool = True, trace_addr: int = 0):
         check_router(experts, hidden, top_k)
         check_shared(shared_inter, hidden, mt)
         check_k(hidden, FRONT_DOWN_SPLIT, "FrontKernel (down-projection)")
@@ -123,6 +124,10 @@ class FrontKernel:
         self.in_flight = front_chunks_in_flight(mt, router_mma) if uses_tensor_cores(mt) else 0
         self.down_ctas = latent // rows_per_cta
         self.shared_ctas = shared_ctas(shared_inter, mt) if shared else 0
+        self.trace_addr = trace_addr
+
+    def ctas(self) -> int:
+        return self.router_ctas + self.down_ctas + self.shared_ctas
 
     def smem_bytes(self) -> int:
         needed = router_smem_bytes(self.e, self.k) + (scratch_bytes(self.mt) if uses_tensor_cores(self.mt) else 0)
@@ -133,7 +138,7 @@ class FrontKernel:
                  slot_pairs, w_down, x_lat, w_sh13, a_sh, stream: cuda.CUstream):
         self.kernel(x, w_router, bias, logits, sync, ids, weights, n_active, slot_expert, slot_count, slot_pairs,
                     w_down, x_lat, w_sh13, a_sh, x.shape[0]).launch(
-            grid=[self.router_ctas + self.down_ctas + self.shared_ctas, 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1],
+            grid=[self.ctas(), 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1],
             smem=self.smem_bytes(), stream=stream,
         )
 
@@ -142,6 +147,7 @@ class FrontKernel:
                w_down, x_lat, w_sh13, a_sh, m_count: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
+        traced(self.trace_addr, bidx, tidx, False)
         smem = cutlass.memory.SmemAllocator()
         state = alloc_router_smem(smem, self.e, self.k)
         scratch = alloc_scratch(smem)
@@ -167,6 +173,7 @@ class FrontKernel:
             else:
                 shared_part(x, w_sh13, a_sh, scratch, bidx - first_shared, warp, lane, m_count, self.s,
                             self.h, self.mt)
+        traced(self.trace_addr, bidx, tidx, True)
 
 
 def gate_up_first(w, device) -> bool:
@@ -206,10 +213,11 @@ def front(x, w, ws, m: int, stream, tensor_cores: bool = True, router_tail_ctas:
             fake(BFloat16, (lat, h)), fake(Float16, (md, lat)), fake(BFloat16, (2 * s, h)), fake(BFloat16, (md, s)),
             fake_stream(),
         )
-        return FrontKernel(e, h, lat, s, k, w.routed_scaling_factor, mt, router_mt, router_tail_ctas, router_mma,
-                           shared), args
+        return FrontKernel(*shape, trace_addr=trace), args
 
-    key = ("moe_front", e, h, lat, s, k, w.routed_scaling_factor, mt, router_mt, router_tail_ctas, router_mma, shared)
+    shape = (e, h, lat, s, k, w.routed_scaling_factor, mt, router_mt, router_tail_ctas, router_mma, shared)
+    trace = trace_address("front", FrontKernel(*shape).ctas())
+    key = ("moe_front", *shape, trace)
     fn = compile_cached(key, build)
     fn(
         to_cute(x, True), to_cute(w.router), to_cute(w.router_bias), to_cute(ws.logits[:m], True),

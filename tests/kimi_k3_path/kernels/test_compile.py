@@ -557,3 +557,40 @@ def test_held_gemm1_has_every_load_in_flight_before_its_first_store(tp, one_toke
     assert _activations_paired_once(lines)
     ctas_per_sm = ONE_TOKEN_GEMM1_CTAS_PER_SM if one_token else 3  # moe.gate_up_first counts on the former
     assert _registers(op, _held_gemm1_args(d), tmp_path / "res") <= SM_REGISTERS // (ctas_per_sm * CTA_THREADS)
+
+
+TRACE_ADDR = 1 << 20  # any nonzero address: the traced kernels are compiled, never launched, here
+
+
+def _one_token_launches(d, trace_addr: int) -> dict:
+    """The one-token block's four kernels as moe.decode_steps builds them, with their fake arguments."""
+    h, s = d.hidden, d.shared_intermediate
+    gemm2_args = (*_one_token_gemm2_args(d)[:-4], fake(BFloat16, (1, h)), fake(BFloat16, (2 * s, h)),
+                  fake(BFloat16, (1, s)), fake_stream())
+    front = FrontKernel(d.experts, h, d.latent, s, d.top_k, d.routed_scaling_factor, 1,
+                        token_tile(1, tensor_cores=False), shared=False, trace_addr=trace_addr)
+    return {
+        "front": (front, _front_args(d)),
+        "gemm1": (ExpertsGemm1Held(d.experts, d.latent, d.intermediate, d.top_k, True, trace_addr), _held_gemm1_args(d)),
+        "gemm2": (ExpertsGemm2OneToken(d.experts, d.latent, d.intermediate, d.top_k, s, h, False, trace_addr),
+                  gemm2_args),
+        "finalize": (Finalize(h, d.latent, s, 1, True, True, d.latent // ONE_TOKEN_ROWS, d.eps, trace_addr),
+                     _finalize_args(d)),
+    }
+
+
+@pytest.mark.parametrize("launch", ["front", "gemm1", "gemm2", "finalize"])
+def test_a_traced_kernel_reads_the_timer_twice_and_keeps_its_ctas_per_sm(launch, dims, tmp_path):
+    """kernels/trace.py: compiled with a record address, each one-token kernel reads %globaltimer at its start and
+    after its last barrier, and its registers allow as many CTAs per SM as without (a trace that changed occupancy
+    would time another kernel); compiled without one, it has no probe at all."""
+    d = dims(8)
+    counts, ctas_per_sm = {}, {}
+    for name, addr in (("plain", 0), ("traced", TRACE_ADDR)):
+        op, args = _one_token_launches(d, addr)[launch]
+        lines = _sass(op, args, tmp_path / name / "sass")
+        counts[name] = sum("SR_GLOBALTIMER" in line for line in lines)
+        registers = -(-_registers(op, args, tmp_path / name / "res") // 8) * 8
+        ctas_per_sm[name] = SM_REGISTERS // (registers * CTA_THREADS)
+    assert counts == {"plain": 0, "traced": 2}
+    assert ctas_per_sm["traced"] == ctas_per_sm["plain"], ctas_per_sm

@@ -484,3 +484,23 @@ def test_latent_moe_decode_replays_in_a_cuda_graph(m, gen, dims):
         graph.replay()
         torch.cuda.synchronize()
         assert rel_err(out, latent_moe(x, ref, d)) < TOL
+
+
+@pytest.mark.parametrize("tp", [8, 16])
+def test_cta_trace_of_the_one_token_block_records_every_cta_in_launch_order(tp, seed, dims):
+    """kernels/trace.py on the block (bench_moe --trace-out): every CTA of the four launches records (summarize
+    raises otherwise), the traced block's output matches the reference, GEMM1 starts only after the front has ended
+    (stream order) while GEMM2 and the finalize start before their predecessors end (launched early), and no SM ever
+    holds more CTAs of a launch than its registers allow."""
+    from kimi_k3_path.kernels.bench_moe import block_ctas, trace_one_token_block
+
+    t = trace_one_token_block(tp, replays=2, seed=seed)
+    launches = t["launches"]
+    assert {name: launch["ctas"] for name, launch in launches.items()} == block_ctas(dims(tp))
+    assert t["rel_err"] < TOL and launches["front"]["start_us"]["first"] == 0.0
+    assert launches["gemm1"]["start_us"]["first"] >= launches["front"]["end_us"]["last"]
+    assert launches["gemm2"]["start_us"]["first"] < launches["gemm1"]["end_us"]["last"]
+    assert launches["finalize"]["start_us"]["first"] < launches["gemm2"]["end_us"]["last"]
+    # CTAs per SM the registers allow (test_compile.py): GEMM2 with its gate_up has 60 registers at TP8, 48 at TP16.
+    for name, ctas_per_sm in {"front": 2, "gemm1": 4, "gemm2": 4 if tp == 8 else 5, "finalize": 4}.items():
+        assert 1 <= launches[name]["max_resident_per_sm"] <= ctas_per_sm, name

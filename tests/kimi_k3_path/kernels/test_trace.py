@@ -1,0 +1,73 @@
+"""kernels/trace.py's host side on CPU: the record buffers, the active trace, and the summary of per-CTA records. The
+kernels' probes are checked in test_compile.py (SASS) and on the H200 (test_kernels_gpu.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (the [kernels] extra)")
+
+from kimi_k3_path.kernels.trace import (  # noqa: E402
+    UNWRITTEN,
+    CtaTrace,
+    max_resident_per_sm,
+    summarize,
+    trace_address,
+    tracing,
+)
+
+
+def test_a_launch_is_traced_only_inside_tracing_and_only_if_its_buffer_holds_its_grid():
+    trace = CtaTrace({"front": 4, "gemm1": 2}, "cpu")
+    assert trace_address("front", 4) == 0
+    with tracing(trace):
+        assert trace_address("front", 4) == trace.buffers["front"].data_ptr()
+        assert trace_address("finalize", 100) == 0  # not asked for
+        with pytest.raises(ValueError, match="launch 'gemm1' has 3 CTAs but its buffer holds 2"):
+            trace_address("gemm1", 3)
+        with pytest.raises(RuntimeError, match="already active"):
+            with tracing(CtaTrace({"front": 1}, "cpu")):
+                pass
+    assert trace_address("front", 4) == 0
+
+
+def test_buffers_start_unwritten_and_reset_to_it():
+    trace = CtaTrace({"gemm2": 3}, "cpu")
+    trace.buffers["gemm2"].fill_(7)
+    trace.reset()
+    assert trace.records() == {"gemm2": [(UNWRITTEN,) * 3] * 3}
+    with pytest.raises(ValueError, match="positive integers"):
+        CtaTrace({"gemm2": 0}, "cpu")
+
+
+def test_summary_is_relative_to_the_first_start_of_any_launch():
+    records = {
+        "front": [(1_000, 5_000, 0), (1_000, 6_000, 1), (3_000, 9_000, 0)],
+        "gemm1": [(9_500, 12_000, 0), (9_000, 13_000, 1)],
+    }
+    s = summarize(records, sms=2)
+    assert s["front"]["start_us"] == {"first": 0.0, "median": 0.0, "last": 2.0}
+    assert s["front"]["end_us"] == {"first": 4.0, "median": 5.0, "last": 8.0}
+    assert s["front"]["cta_life_us"] == 5.0 and s["front"]["sms"] == 2 and s["front"]["max_resident_per_sm"] == 2
+    assert s["gemm1"]["start_us"]["first"] == 8.0 and s["gemm1"]["max_resident_per_sm"] == 1
+
+
+def test_a_place_freed_at_the_tick_another_cta_starts_is_not_counted_twice():
+    assert max_resident_per_sm([(0, 10, 5), (10, 20, 5), (10, 20, 6)]) == 1
+    assert max_resident_per_sm([(0, 10, 5), (9, 20, 5), (9, 12, 5)]) == 3
+
+
+@pytest.mark.parametrize("record, message", [
+    ((UNWRITTEN, 10, 0), "record not written"),
+    ((5, UNWRITTEN, 0), "record not written"),
+    ((5, 4, 0), "bad record"),
+    ((5, 6, 132), "bad record"),
+])
+def test_a_cta_that_did_not_record_fails_the_summary(record, message):
+    with pytest.raises(ValueError, match=f"launch 'front', CTA 1: {message}"):
+        summarize({"front": [(0, 1, 0), record]})
+
+
+def test_a_launch_without_records_fails_the_summary():
+    with pytest.raises(ValueError, match="has no records"):
+        summarize({"front": []})
