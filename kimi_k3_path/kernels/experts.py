@@ -66,9 +66,9 @@ def group_dot(packed, x_addr, load_act=ld_act_v4, quarter_stride: int = VEC_BYTE
     added as f16x2 before fp32; otherwise each quarter is in element order, and two accumulators of 8 terms each."""
     acc0 = Int32(0)
     acc1 = Int32(0)
+    fma = fp4x8_fma_f16x2_paired if paired else fp4x8_fma_f16x2
     for q in range(4):
         xw = load_act(x_addr + q * quarter_stride)
-        fma = fp4x8_fma_f16x2_paired if paired else fp4x8_fma_f16x2
         acc0, acc1 = fma(packed[q], xw[0], xw[1], xw[2], xw[3], acc0, acc1)
     return f16x2_add_sum_f32(acc0, acc1) if paired else f16x2_pair_sum_f32(acc0, acc1)
 

@@ -360,13 +360,13 @@ def decode_steps(
         return int(ws.plan[0][0])
 
     shared_in_gemm2 = one_token and ONE_TOKEN_SHARED_IN_GEMM2
+    shared_first = shared_in_gemm2 and gate_up_first(w, x.device)
 
     def gemm2(st) -> None:
         if one_token:
             experts_gemm2_one_token(ws.a[:k], w.w2_packed, w.w2_scales, ws.plan, ws.weights[:1], w.latent_norm,
                                     ws.y_lat[:1], ws.normed[:1], ws.sq_parts, st,
-                                    (x, w.shared13, ws.a_sh[:1]) if shared_in_gemm2 else None,
-                                    gate_up_first(w, x.device))
+                                    (x, w.shared13, ws.a_sh[:1]) if shared_in_gemm2 else None, shared_first)
         else:
             experts_gemm2_combine(ws.a[: m * k], w.w2_packed, w.w2_scales, ws.plan, ws.weights[:m], ws.y_lat[:m],
                                   ws.gemm2_counter, w.latent_norm, ws.normed[:m], w.eps, st, tensor_cores)
@@ -379,8 +379,8 @@ def decode_steps(
                                                                  ws.a[: m * k], ws.y_lat[:m], st, tensor_cores,
                                                                  one_token=one_token),
              lambda: active() * (2 * i * lat // 2 + 2 * i * lat // 32)),
-        Step("experts_gemm2_combine_norm" + (" + shared_gate_up" if shared_in_gemm2 else ""), gemm2, lambda: active() * (lat * i // 2 + lat * i // 32) + lat * 4 +
-             (2 * s * h * 2 if shared_in_gemm2 else 0)),
+        Step("experts_gemm2_combine_norm" + (" + shared_gate_up" if shared_in_gemm2 else ""), gemm2,
+             lambda: active() * (lat * i // 2 + lat * i // 32) + lat * 4 + (2 * s * h * 2 if shared_in_gemm2 else 0)),
         Step("finalize (up_proj + shared down)",
              lambda st: finalize(ws.normed[:m], w.up, ws.a_sh[:m], w.shared2, out, st, tensor_cores,
                                  sq_parts=ws.sq_parts if one_token else None, eps=w.eps),
