@@ -5,7 +5,7 @@ id; -1 until written): thread 0 of every CTA reads %globaltimer as the CTA start
 the kernel (common.trace_cta). Untraced launches compile exactly as before (the address is a compile-time 0), so
 a trace costs nothing unless asked for:
 
-    trace = CtaTrace({"front": 2240, "gemm1": 768, "gemm2": 1216, "finalize": 1792}, "cuda")
+    trace = CtaTrace(bench_moe.block_ctas(dims), "cuda")   # TP8: front 2240, gemm1 768, gemm2 1216, finalize 3584
     with tracing(trace):
         steps = moe.decode_steps(...)   # the launches read the addresses when they are compiled and launched
     ... run the block ...
