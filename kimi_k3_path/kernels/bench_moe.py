@@ -190,9 +190,9 @@ def trace_one_token_block(tp: int, replays: int, seed: int) -> dict:
 def block_ctas(d) -> dict[str, int]:
     """CTAs of each launch of the one-token block, for the trace's buffers (kernels/trace.py checks each launch's
     grid against them)."""
-    from kimi_k3_path.kernels.experts import ONE_TOKEN_ROWS
+    from kimi_k3_path.kernels.experts import ExpertsGemm2OneToken, held_gemm1_ctas
     from kimi_k3_path.kernels.finalize import Finalize
-    from kimi_k3_path.kernels.gemv import WARPS_PER_CTA, token_tile
+    from kimi_k3_path.kernels.gemv import token_tile
     from kimi_k3_path.kernels.moe import ONE_TOKEN_SHARED_IN_GEMM2, FrontKernel
 
     in_gemm2 = d.shared_intermediate if ONE_TOKEN_SHARED_IN_GEMM2 else 0
@@ -200,8 +200,8 @@ def block_ctas(d) -> dict[str, int]:
                         token_tile(1, tensor_cores=False), shared=not in_gemm2)
     return {
         "front": front.ctas(),
-        "gemm1": min(d.top_k, d.experts) * (d.intermediate // WARPS_PER_CTA),
-        "gemm2": d.latent // ONE_TOKEN_ROWS + in_gemm2,
+        "gemm1": held_gemm1_ctas(1, d.top_k, d.experts, d.intermediate),
+        "gemm2": ExpertsGemm2OneToken(d.experts, d.latent, d.intermediate, d.top_k).ctas() + in_gemm2,
         "finalize": Finalize(d.hidden, d.latent, d.shared_intermediate, 1).ctas(),
     }
 

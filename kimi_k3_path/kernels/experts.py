@@ -221,6 +221,11 @@ class ExpertsGemm1Situ:
 GEMM1_HELD_MAX_TOKENS = 4
 
 
+def held_gemm1_ctas(m: int, top_k: int, experts: int, inter: int) -> int:
+    """CTAs of ExpertsGemm1Held's grid for a batch of m tokens: one per (slot, 8 rows of the intermediate)."""
+    return min(m * top_k, experts) * (inter // WARPS_PER_CTA)
+
+
 class ExpertsGemm1Held:
     """GEMM1 + SiTU-GLU on the CUDA cores for a few tokens, every weight byte of a lane in flight at once and held
     in registers while the CTA takes its slot's tokens, their activations from shared memory. CTA (slot, tile)
@@ -696,7 +701,7 @@ def experts_gemm1_situ(
     held = one_token or holds_gemm1_weights(m, tensor_cores)
     mma = not held and on_tensor_cores(m, tensor_cores)
     staged = mma and stages_weights(m)
-    trace = trace_address("gemm1", min(m * top_k, experts) * (inter // WARPS_PER_CTA)) if held else 0
+    trace = trace_address("gemm1", held_gemm1_ctas(m, top_k, experts, inter)) if held else 0
     key = ("experts_gemm1_situ", experts, latent, inter, top_k, held, one_token, mma, staged, trace)
     fn = compile_cached(key, build)
     fn(

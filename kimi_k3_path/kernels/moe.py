@@ -34,7 +34,13 @@ import torch
 from cutlass import BFloat16, Float16, Float32, Int32
 
 from .common import DEFAULT_WEIGHT_LOAD, WARP, traced
-from .experts import ONE_TOKEN_ROWS, experts_gemm1_situ, experts_gemm2_combine, experts_gemm2_one_token
+from .experts import (
+    ONE_TOKEN_ROWS,
+    experts_gemm1_situ,
+    experts_gemm2_combine,
+    experts_gemm2_one_token,
+    held_gemm1_ctas,
+)
 from .finalize import finalize
 from .gemv import WARPS_PER_CTA, alloc_scratch, check_k, gemv_part, token_tile
 from .mma import (
@@ -181,9 +187,8 @@ def gate_up_first(w, device) -> bool:
     resident at once (TP16: 16 x 24 on 132 x 4 places), SMs left idle while GEMM1 runs take them; where GEMM1 needs a
     second wave (TP8: 16 x 48), GEMM2's CTAs take the places it frees first and load their weights ahead of the wait.
     Measured (NOTES.md v20a, block medians of 3 rounds): TP8 58.2 us last, 58.7 first; TP16 50.7 last, 49.7 first."""
-    gemm1_ctas = min(w.top_k, w.experts) * (w.intermediate // WARPS_PER_CTA)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return gemm1_ctas <= sms * ONE_TOKEN_GEMM1_CTAS_PER_SM
+    return held_gemm1_ctas(1, w.top_k, w.experts, w.intermediate) <= sms * ONE_TOKEN_GEMM1_CTAS_PER_SM
 
 
 def router_on_tensor_cores(m: int, tensor_cores: bool = True) -> bool:
