@@ -201,7 +201,7 @@ def block_ctas(d) -> dict[str, int]:
     return {
         "front": front.ctas(),
         "gemm1": held_gemm1_ctas(1, d.top_k, d.experts, d.intermediate),
-        "gemm2": ExpertsGemm2OneToken(d.experts, d.latent, d.intermediate, d.top_k).ctas() + in_gemm2,
+        "gemm2": ExpertsGemm2OneToken(d.experts, d.latent, d.intermediate, d.top_k, in_gemm2, d.hidden).ctas(),
         "finalize": Finalize(d.hidden, d.latent, d.shared_intermediate, 1).ctas(),
     }
 

@@ -456,8 +456,13 @@ class ExpertsGemm2OneToken:
         self.groups = inter // FP4_GROUP // ONE_TOKEN_SPLIT  # per lane
         self.s, self.h, self.shared_first, self.trace_addr = shared_inter, hidden, shared_first, trace_addr
 
-    def ctas(self) -> int:
+    def gemm2_ctas(self) -> int:
+        """The CTAs that compute y_lat's rows (the shared experts' CTAs, if any, come on top)."""
         return self.l // ONE_TOKEN_ROWS
+
+    def ctas(self) -> int:
+        """The launch's grid: GEMM2's CTAs and the shared experts'."""
+        return self.gemm2_ctas() + self.s
 
     def smem_bytes(self) -> int:
         # The DSL lays out every allocation of the kernel one after another, the shared branch's scratch included.
@@ -468,7 +473,7 @@ class ExpertsGemm2OneToken:
                  sq_parts, x, w_sh13, a_sh, stream: cuda.CUstream):  # slot_count: 1 in every slot, not read
         self.kernel(a, w2, s2, n_active, slot_expert, slot_pairs, topk_w, gamma, y_lat, normed, sq_parts, x, w_sh13,
                     a_sh).launch(
-            grid=[self.ctas() + self.s, 1, 1], block=[ONE_TOKEN_ROWS * WARP, 1, 1], smem=self.smem_bytes(),
+            grid=[self.ctas(), 1, 1], block=[ONE_TOKEN_ROWS * WARP, 1, 1], smem=self.smem_bytes(),
             stream=stream, use_pdl=True,
         )
 
@@ -483,7 +488,7 @@ class ExpertsGemm2OneToken:
             self.gemm2_part(a, w2, s2, n_active, slot_expert, slot_pairs, topk_w, gamma, y_lat, normed, sq_parts,
                             tidx, bidx)
         else:
-            first_shared = 0 if cutlass.const_expr(self.shared_first) else self.ctas()
+            first_shared = 0 if cutlass.const_expr(self.shared_first) else self.gemm2_ctas()
             first_gemm2 = self.s if cutlass.const_expr(self.shared_first) else 0
             if bidx >= first_shared and bidx < first_shared + self.s:
                 shared_part(x, w_sh13, a_sh, alloc_scratch(cutlass.memory.SmemAllocator()), bidx - first_shared,
@@ -607,7 +612,7 @@ def experts_gemm2_one_token(a, w2, s2, plan, topk_w, gamma, y_lat, normed, sq_pa
         )
         return ExpertsGemm2OneToken(experts, latent, inter, top_k, shared_inter, hidden, first, trace), args
 
-    trace = trace_address("gemm2", latent // ONE_TOKEN_ROWS + shared_inter)
+    trace = trace_address("gemm2", ExpertsGemm2OneToken(experts, latent, inter, top_k, shared_inter, hidden).ctas())
     fn = compile_cached(("experts_gemm2_one_token", experts, latent, inter, top_k, shared_inter, hidden, first, trace),
                         build)
     fn(to_cute(a), to_cute(w2), to_cute(s2), *(to_cute(t) for t in plan), to_cute(topk_w), to_cute(gamma),
