@@ -7,7 +7,8 @@ block within 1.25x of its floor).
 
 The byte counts come from a bench_moe `--kernels-out` file (each one-token launch's weight bytes), so the yardstick
 reads exactly what the kernels read. For each count: stream.ReadStream (16-byte loads as the kernels issue them,
-XOR-folded) over a sweep of CTAs per SM and loads in flight per thread, and torch's own int32 sum as a second
+XOR-folded) over a sweep of CTAs per SM and loads in flight per thread (with `--via`, also through shared memory by
+cp.async or bulk copies, which hold no registers: how far staging can go), and torch's own int32 sum as a second
 opinion; CUDA graphs of at least 12 launches (bench_moe.time_graph, as every kernel row), buffers rotated well
 beyond L2. Then, per TP, the block's four segments (front, GEMM1, GEMM2, finalize) as four read-only launches in
 stream order: plainly, launched early (programmatic dependent launch) waiting before the first load, and launched
@@ -27,6 +28,7 @@ L2_BYTES = 50 * 2**20
 ROTATED_BYTES = 3 * L2_BYTES  # each size is read from at least this many bytes of distinct buffers in turn
 CTAS_PER_SM = (1, 2, 3, 4, 6, 8)  # resident at once: 8 up to 4 loads in flight (<= 30 registers), 5 at 8 (46)
 IN_FLIGHT = (2, 4, 8)  # at 16, ptxas issues the last load only after folding the other 15
+STAGED_IN_FLIGHT = (2, 4, 8, 16)  # staged reads hold no registers for their bytes: 16 (64 KB per CTA) is fine
 GEMV_MIN_BYTES = 50_000_000  # issue 6: >= 3.9 TB/s from 50 MB, within 1.3x of the byte floor below
 GEMV_TB_S = 3.9
 SMALL_FLOOR_RATIO = 1.3
@@ -111,7 +113,7 @@ def xor_reduce(t):
     return int(t.item())
 
 
-def checked(bufs, outs, ctas: int, in_flight: int, wait: str, trigger: bool) -> None:
+def checked(bufs, outs, ctas: int, in_flight: int, wait: str, trigger: bool, via: str = "registers") -> None:
     """One eager launch per buffer; the CTAs' words must XOR to the buffer's (raises AssertionError otherwise)."""
     import torch
 
@@ -119,12 +121,12 @@ def checked(bufs, outs, ctas: int, in_flight: int, wait: str, trigger: bool) -> 
 
     for buf, out in zip(bufs, outs):
         out.fill_(0x5A5A5A5A)  # poison: a CTA that wrote nothing leaves a wrong fold
-        read_stream(buf, out, ctas, in_flight, torch.cuda.current_stream(), wait, trigger)
+        read_stream(buf, out, ctas, in_flight, torch.cuda.current_stream(), wait, trigger, via)
         torch.cuda.synchronize()
         got, want = xor_reduce(out[:ctas]), xor_reduce(buf)
         if got != want:
-            raise AssertionError(f"read_stream(ctas={ctas}, in_flight={in_flight}, wait={wait}) read {got:#x}, "
-                                 f"buffer XOR is {want:#x}")
+            raise AssertionError(f"read_stream(ctas={ctas}, in_flight={in_flight}, wait={wait}, via={via}) read "
+                                 f"{got:#x}, buffer XOR is {want:#x}")
 
 
 def random_words(n: int, count: int, gen) -> list:
@@ -134,37 +136,41 @@ def random_words(n: int, count: int, gen) -> list:
             for _ in range(count)]
 
 
-def layouts(nbytes: int, sms: int, threads: int) -> list[tuple[str, int, int]]:
+def layouts(nbytes: int, sms: int, threads: int, via: str = "registers") -> list[tuple[str, int, int]]:
     """(layout, CTAs, 16-byte loads in flight per thread) to sweep for nbytes with CTAs of `threads`: grid-stride
     loops at CTAS_PER_SM CTAs per SM, and one batch per CTA (the expert launches' shape: many CTAs that each load
     once)."""
-    configs = [("grid-stride", sms * per_sm, in_flight) for per_sm in CTAS_PER_SM for in_flight in IN_FLIGHT]
+    in_flights = IN_FLIGHT if via == "registers" else STAGED_IN_FLIGHT
+    configs = [("grid-stride", sms * per_sm, in_flight) for per_sm in CTAS_PER_SM for in_flight in in_flights]
     vectors = words_of(nbytes) // 4
-    configs += [("one batch per CTA", -(-vectors // (threads * in_flight)), in_flight) for in_flight in IN_FLIGHT]
+    configs += [("one batch per CTA", -(-vectors // (threads * in_flight)), in_flight) for in_flight in in_flights]
     return configs
 
 
-def single_launch_rows(nbytes: int, sms: int, bandwidth: float, replays: int, gen) -> list[dict]:
-    """Every layout of the read-only stream, and torch's fp32 sum, reading nbytes per launch."""
+def single_launch_rows(nbytes: int, sms: int, bandwidth: float, replays: int, gen,
+                       vias: tuple[str, ...] = ("registers",)) -> list[dict]:
+    """Every layout of the read-only stream (each way in of `vias`, one after another per layout: same-run ratios),
+    and torch's fp32 sum, reading nbytes per launch."""
     import torch
 
     from kimi_k3_path.bench import measurement_of
     from kimi_k3_path.kernels.bench_moe import time_graph
     from kimi_k3_path.kernels.stream import THREADS, read_stream
 
-    configs = layouts(nbytes, sms, THREADS)
+    configs = sorted({(c, via) for via in vias for c in layouts(nbytes, sms, THREADS, via)},
+                     key=lambda cv: (cv[0], vias.index(cv[1])))
     bufs = random_words(words_of(nbytes), rotation(nbytes), gen)
-    outs = [torch.empty(max(ctas for _, ctas, _ in configs), dtype=torch.int32, device="cuda") for _ in bufs]
+    outs = [torch.empty(max(ctas for (_, ctas, _), _ in configs), dtype=torch.int32, device="cuda") for _ in bufs]
     rows = []
-    for layout, ctas, in_flight in configs:
-        checked(bufs, outs, ctas, in_flight, "none", False)
+    for (layout, ctas, in_flight), via in configs:
+        checked(bufs, outs, ctas, in_flight, "none", False, via)
 
-        def launch(st, ctas=ctas, in_flight=in_flight):
+        def launch(st, ctas=ctas, in_flight=in_flight, via=via):
             for buf, out in zip(bufs, outs):
-                read_stream(buf, out, ctas, in_flight, st)
+                read_stream(buf, out, ctas, in_flight, st, via=via)
 
         t = measurement_of(time_graph(launch, replays, len(bufs)))
-        rows.append({"bytes": nbytes, "kernel": "read_stream", "layout": layout, "ctas": ctas,
+        rows.append({"bytes": nbytes, "kernel": "read_stream", "via": via, "layout": layout, "ctas": ctas,
                      "ctas_per_sm": round(ctas / sms, 2), "in_flight": in_flight, **t,
                      **criterion(nbytes, t["median"], bandwidth)})
     sums = [torch.empty((), dtype=torch.float32, device="cuda") for _ in bufs]
@@ -180,8 +186,9 @@ def single_launch_rows(nbytes: int, sms: int, bandwidth: float, replays: int, ge
     return rows
 
 
-def best(rows: list[dict], nbytes: int) -> dict:
-    return min((r for r in rows if r["bytes"] == nbytes and r["kernel"] == "read_stream"), key=lambda r: r["median"])
+def best(rows: list[dict], nbytes: int, via: str = "registers") -> dict:
+    return min((r for r in rows if r["bytes"] == nbytes and r["kernel"] == "read_stream" and r["via"] == via),
+               key=lambda r: r["median"])
 
 
 def chain_rows(tp: int, segments: list[int], configs: dict[int, dict], bandwidth: float, replays: int, gen) -> list:
@@ -233,18 +240,22 @@ def run(args) -> dict:
     sizes = sorted({r["weight_bytes"] for r in segment_rows})
     single, configs = [], {}
     for nbytes in sizes:
-        rows = single_launch_rows(nbytes, sms, bandwidth, args.replays, gen)
+        rows = single_launch_rows(nbytes, sms, bandwidth, args.replays, gen, args.via)
         single += rows
-        top = configs[nbytes] = best(rows, nbytes)
+        configs[nbytes] = best(rows, nbytes)  # the chains below read through registers, as the kernels do
         kernels = ", ".join(sorted({r["kernel"] for r in segment_rows if r["weight_bytes"] == nbytes}))
         torch_row = next(r for r in rows if r["kernel"] != "read_stream")
-        one = min((r for r in rows if r.get("layout") == "one batch per CTA"), key=lambda r: r["median"])
-        print(f"{nbytes / 1e6:8.1f} MB  best read {top['median']:7.2f} us ({top['spread_pct']:.1f}%) "
-              f"{top['tb_s']:5.2f} TB/s ({top['layout']}, {top['ctas']} CTAs x {top['in_flight']} loads); "
-              f"one batch per CTA {one['median']:6.2f} us; torch.sum {torch_row['median']:7.2f} us; floor {top['floor_us']:6.2f} us; "
-              f"{top['rule']}: {'met' if top['met'] else 'NOT met'}  [{kernels}]", flush=True)
+        for via in args.via:
+            top = best(rows, nbytes, via)
+            one = min((r for r in rows if r.get("layout") == "one batch per CTA" and r["via"] == via),
+                      key=lambda r: r["median"])
+            print(f"{nbytes / 1e6:8.1f} MB  {via:>9}: best read {top['median']:7.2f} us ({top['spread_pct']:.1f}%) "
+                  f"{top['tb_s']:5.2f} TB/s ({top['layout']}, {top['ctas']} CTAs x {top['in_flight']} loads); "
+                  f"one batch per CTA {one['median']:6.2f} us ({one['in_flight']} per thread); torch.sum "
+                  f"{torch_row['median']:7.2f} us; floor {top['floor_us']:6.2f} us; "
+                  f"{top['rule']}: {'met' if top['met'] else 'NOT met'}  [{kernels}]", flush=True)
     chains = []
-    for tp, segments in block_chains(segment_rows).items():
+    for tp, segments in ({} if args.no_chains else block_chains(segment_rows)).items():
         for row in chain_rows(tp, segments, configs, bandwidth, args.replays, gen):
             chains.append(row)
             print(f"TP{tp} block as 4 read-only launches, {row['mode']:>6}: {row['median']:6.1f} us "
@@ -270,7 +281,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replays", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--commit", default=None)
+    p.add_argument("--via", default="registers",
+                   help="ways in to sweep, comma-separated: registers, cp.async, bulk (stream.VIAS)")
+    p.add_argument("--no-chains", action="store_true", help="single launches only")
     args = p.parse_args(argv)
+    args.via = tuple(v.strip() for v in args.via.split(","))
     try:
         load_segments(args.segments)
     except SegmentsError as exc:
@@ -278,8 +293,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         import torch
+
+        from kimi_k3_path.kernels.stream import VIAS
     except ImportError:
         print("bench_ceiling: needs torch and nvidia-cutlass-dsl (pip install -e '.[kernels]')", file=sys.stderr)
+        return 2
+    if any(v not in VIAS for v in args.via) or "registers" not in args.via:
+        print(f"bench_ceiling: --via {','.join(args.via)}: each must be one of {', '.join(VIAS)}, registers among "
+              f"them (the block chains read through registers, as the kernels do)", file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
         print("bench_ceiling: no CUDA GPU here; this benchmark runs on the H200", file=sys.stderr)

@@ -107,6 +107,12 @@ def ld_shared_u8(addr: Int32) -> Int32:
     return cute.arch.inline_ptx("ld.shared.u8 {$w0}, [{$r0}];", write_only_types=[Int32], read_only_args=[addr])
 
 
+def cp_async_16(dst: Int32, src: Int64) -> None:
+    """Copy 16 bytes from global `src` to shared `dst` without registers (L2 only: .cg), completed by
+    cute.arch.cp_async_commit_group / cp_async_wait_group."""
+    cute.arch.inline_ptx("cp.async.cg.shared.global [{$r0}], [{$r1}], 16;", read_only_args=[dst, src])
+
+
 def bulk_copy_to_shared(dst: Int32, src: Int64, nbytes, barrier: Int32) -> None:
     """Copy nbytes (a multiple of 16; both addresses 16-byte aligned) from global `src` to shared `dst` on the TMA
     engine: no registers hold the bytes in flight. They count towards the transaction bytes of the mbarrier at shared

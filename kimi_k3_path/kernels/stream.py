@@ -9,6 +9,12 @@ Chained launches model a block's dependent segments: `wait` says where a launch 
 launch, `early`) waits for its predecessor: "start" before its first load (only the launch latency is hidden), "held"
 after its first batch of loads is issued (the batch is in flight across the wait, as the kernels that hold weights do).
 `trigger` lets the next launch start at once.
+
+`via` says how the bytes come in: "registers" (16-byte loads into registers, as the kernels read their weights),
+"cp.async" (each thread copies its vectors into shared memory by 16-byte cp.async and reads them back from there:
+no registers hold the bytes in flight), or "bulk" (one thread copies the CTA's 4 KB runs of a batch by bulk copies on
+the TMA engine under one mbarrier, and every thread reads its vectors back from shared memory). Same bytes, same
+order, same fold: the three differ only in the way in.
 """
 
 from __future__ import annotations
@@ -16,12 +22,13 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32, Int64
+from cutlass import Int32, Int64, Uint8
 
-from .common import VEC_BYTES, WARP, after_all_loads, ld_weight_v4
+from .common import VEC_BYTES, WARP, after_all_loads, bulk_copy_to_shared, cp_async_16, ld_shared_v4, ld_weight_v4
 
 THREADS = 256
 WAITS = ("none", "start", "held")
+VIAS = ("registers", "cp.async", "bulk")
 
 
 def xor_all(words) -> Int32:
@@ -34,16 +41,26 @@ def xor_all(words) -> Int32:
 class ReadStream:
     """out[cta] = XOR of the 32-bit words CTA `cta` read of buf (Int32 [n], n a multiple of 4)."""
 
-    def __init__(self, in_flight: int, wait: str = "none", trigger: bool = False):
+    def __init__(self, in_flight: int, wait: str = "none", trigger: bool = False, via: str = "registers"):
         if in_flight < 1:
             raise ValueError(f"ReadStream: in_flight={in_flight} must be at least 1")
         if wait not in WAITS:
             raise ValueError(f"ReadStream: wait={wait!r} is not one of {WAITS}")
-        self.in_flight, self.wait, self.trigger = in_flight, wait, trigger
+        if via not in VIAS:
+            raise ValueError(f"ReadStream: via={via!r} is not one of {VIAS}")
+        self.in_flight, self.wait, self.trigger, self.via = in_flight, wait, trigger, via
+
+    def stage_bytes(self) -> int:
+        """Shared memory a batch lands in (staged reads only)."""
+        return 0 if self.via == "registers" else self.in_flight * THREADS * VEC_BYTES
+
+    def smem_bytes(self) -> int:
+        # The DSL lays out the allocations one after another: the stage (128-byte aligned), the mbarrier, the partials.
+        return self.stage_bytes() + (128 + 16 if self.stage_bytes() else 0) + (THREADS // WARP) * 4
 
     @cute.jit
     def __call__(self, buf: cute.Tensor, out: cute.Tensor, ctas: Int32, stream: cuda.CUstream):
-        self.kernel(buf, out).launch(grid=[ctas, 1, 1], block=[THREADS, 1, 1], smem=(THREADS // WARP) * 4,
+        self.kernel(buf, out).launch(grid=[ctas, 1, 1], block=[THREADS, 1, 1], smem=self.smem_bytes(),
                                      stream=stream, use_pdl=self.wait != "none")
 
     @cute.kernel
@@ -63,16 +80,19 @@ class ReadStream:
         base = buf.iterator.toint()
         zero = out.shape[0] >> 30  # 0 at run time, unknown to the compiler (for after_all_loads)
         acc = Int32(0)
-        for b in cutlass.range(batches, unroll=1):
-            words = []
-            for u in cutlass.range_constexpr(self.in_flight):
-                v = ld_weight_v4(base + (Int64(b) * per_batch + Int64(u * threads + me)) * VEC_BYTES)
-                words.extend([v[0], v[1], v[2], v[3]])
-            words[0] = after_all_loads(words[0], words, zero)  # the whole batch in flight before the first XOR
-            if cutlass.const_expr(self.wait == "held"):
-                if b == 0:
-                    cute.arch.griddepcontrol_wait()
-            acc = acc ^ xor_all(words)
+        if cutlass.const_expr(self.via == "registers"):
+            for b in cutlass.range(batches, unroll=1):
+                words = []
+                for u in cutlass.range_constexpr(self.in_flight):
+                    v = ld_weight_v4(base + (Int64(b) * per_batch + Int64(u * threads + me)) * VEC_BYTES)
+                    words.extend([v[0], v[1], v[2], v[3]])
+                words[0] = after_all_loads(words[0], words, zero)  # the whole batch in flight before the first XOR
+                if cutlass.const_expr(self.wait == "held"):
+                    if b == 0:
+                        cute.arch.griddepcontrol_wait()
+                acc = acc ^ xor_all(words)
+        else:
+            acc = self.staged_batches(base, batches, per_batch, threads, me, cta, tidx)
         if cutlass.const_expr(self.wait == "held"):
             if batches == 0:
                 cute.arch.griddepcontrol_wait()
@@ -96,7 +116,53 @@ class ReadStream:
             out[cta] = total
 
 
-def read_stream(buf, out, ctas: int, in_flight: int, stream, wait: str = "none", trigger: bool = False) -> None:
+    @cute.jit
+    def staged_batches(self, base: Int64, batches: Int32, per_batch: Int32, threads: Int32, me: Int32, cta: Int32,
+                       tidx: Int32) -> Int32:
+        """The batches through shared memory: thread t's vector u of a batch lands at (u * THREADS + t) * 16, which
+        is also where a bulk copy of the CTA's u-th 4 KB run puts it."""
+        smem = cutlass.memory.SmemAllocator()
+        stage = smem.allocate_tensor(Uint8, cute.make_layout(self.stage_bytes()), byte_alignment=128).iterator.toint()
+        barrier = smem.allocate_tensor(Int64, cute.make_layout(1), byte_alignment=8)
+        if cutlass.const_expr(self.via == "bulk"):
+            if tidx == 0:
+                cute.arch.mbarrier_init(barrier.iterator, 1)
+                cute.arch.mbarrier_init_fence()
+            cute.arch.sync_threads()
+        acc = Int32(0)
+        for b in cutlass.range(batches, unroll=1):
+            first = Int64(b) * per_batch
+            if cutlass.const_expr(self.via == "cp.async"):
+                for u in cutlass.range_constexpr(self.in_flight):
+                    cp_async_16(stage + (u * THREADS + tidx) * VEC_BYTES,
+                                base + (first + Int64(u * threads + me)) * VEC_BYTES)
+                cute.arch.cp_async_commit_group()
+            else:
+                if tidx == 0:
+                    cute.arch.mbarrier_arrive_and_expect_tx(barrier.iterator, self.stage_bytes())
+                    for u in cutlass.range_constexpr(self.in_flight):
+                        bulk_copy_to_shared(stage + u * THREADS * VEC_BYTES,
+                                            base + (first + Int64(u * threads + cta * THREADS)) * VEC_BYTES,
+                                            THREADS * VEC_BYTES, barrier.iterator.toint())
+            if cutlass.const_expr(self.wait == "held"):
+                if b == 0:
+                    cute.arch.griddepcontrol_wait()
+            if cutlass.const_expr(self.via == "cp.async"):
+                cute.arch.cp_async_wait_group(0)
+            else:
+                cute.arch.mbarrier_wait(barrier.iterator, b % 2)
+            words = []
+            for u in cutlass.range_constexpr(self.in_flight):
+                v = ld_shared_v4(stage + (u * THREADS + tidx) * VEC_BYTES)
+                words.extend([v[0], v[1], v[2], v[3]])
+            acc = acc ^ xor_all(words)
+            if cutlass.const_expr(self.via == "bulk"):
+                cute.arch.sync_threads()  # every thread has read the stage before thread 0 refills it
+        return acc
+
+
+def read_stream(buf, out, ctas: int, in_flight: int, stream, wait: str = "none", trigger: bool = False,
+                via: str = "registers") -> None:
     """Launch ReadStream on `stream`: buf int32 [n] (n % 4 == 0, 16-byte aligned), out int32 [>= ctas]."""
     from .runtime import compile_cached, cu_stream, dyn, fake, fake_stream, to_cute
 
@@ -108,8 +174,8 @@ def read_stream(buf, out, ctas: int, in_flight: int, stream, wait: str = "none",
         raise ValueError(f"ctas={ctas} must be at least 1")
 
     def build():
-        return ReadStream(in_flight, wait, trigger), (fake(Int32, (dyn(),)), fake(Int32, (dyn(),)), Int32(1),
-                                                      fake_stream())
+        return ReadStream(in_flight, wait, trigger, via), (fake(Int32, (dyn(),)), fake(Int32, (dyn(),)), Int32(1),
+                                                           fake_stream())
 
-    fn = compile_cached(("read_stream", in_flight, wait, trigger), build)
+    fn = compile_cached(("read_stream", in_flight, wait, trigger, via), build)
     fn(to_cute(buf, True), to_cute(out, True), Int32(ctas), cu_stream(stream))

@@ -92,3 +92,18 @@ def test_the_sweep_has_grid_stride_layouts_and_one_batch_per_cta_reading_every_v
     for _, ctas, in_flight in (c for c in configs if c[0] == "one batch per CTA"):
         vectors = 23_396_352 // 16
         assert (ctas - 1) * 256 * in_flight < vectors <= ctas * 256 * in_flight
+
+
+def test_staged_reads_sweep_up_to_16_vectors_per_thread_registers_up_to_8():
+    staged = layouts(62_390_272, 132, 256, "bulk")
+    assert {n for _, _, n in staged} == set(bench_ceiling.STAGED_IN_FLIGHT) and max(bench_ceiling.IN_FLIGHT) == 8
+    assert len(staged) == (len(bench_ceiling.CTAS_PER_SM) + 1) * len(bench_ceiling.STAGED_IN_FLIGHT)
+
+
+@pytest.mark.parametrize("via", ["tma", "cp.async,bulk"])
+def test_main_refuses_an_unknown_way_in_or_one_without_registers(via, tmp_path, capsys):
+    pytest.importorskip("torch", reason="the check follows the [kernels] extra's import")
+    pytest.importorskip("cutlass", reason="the check follows the [kernels] extra's import")
+    assert bench_ceiling.main(["--segments", str(RECORD), "--out", str(tmp_path / "out.json"), "--via", via]) == 2
+    assert f"--via {via}: each must be one of registers, cp.async, bulk" in capsys.readouterr().err
+    assert not (tmp_path / "out.json").exists()

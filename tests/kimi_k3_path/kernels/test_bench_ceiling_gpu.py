@@ -30,18 +30,19 @@ def test_xor_reduce_matches_the_host():
     assert xor_reduce(words.cuda()) == want
 
 
+@pytest.mark.parametrize("via", ["registers", "cp.async", "bulk"])
 @pytest.mark.parametrize("wait", ["none", "start", "held"])
 @pytest.mark.parametrize("in_flight", [2, 8])
 @pytest.mark.parametrize("words", [4, 4 * 1000, 4 * 132 * 256 * 8 * 3 + 4 * 77])  # tail only; batches plus a tail
-def test_every_word_is_read_once(words, in_flight, wait, gen):
+def test_every_word_is_read_once(words, in_flight, wait, via, gen):
     (buf,) = random_words(words, 1, gen)
     ctas = 2 * torch.cuda.get_device_properties(0).multi_processor_count
     out = torch.full((ctas,), 0x5A5A5A5A, dtype=torch.int32, device="cuda")
-    read_stream(buf, out, ctas, in_flight, torch.cuda.current_stream(), wait, trigger=True)
+    read_stream(buf, out, ctas, in_flight, torch.cuda.current_stream(), wait, trigger=True, via=via)
     torch.cuda.synchronize()
     assert xor_reduce(out) == xor_reduce(buf)
     buf[words // 2] ^= 1 << 9  # one flipped bit anywhere must show
-    read_stream(buf, out, ctas, in_flight, torch.cuda.current_stream(), wait, trigger=True)
+    read_stream(buf, out, ctas, in_flight, torch.cuda.current_stream(), wait, trigger=True, via=via)
     torch.cuda.synchronize()
     assert xor_reduce(out) == xor_reduce(buf)
 

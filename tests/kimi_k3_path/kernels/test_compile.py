@@ -37,6 +37,7 @@ from kimi_k3_path.kernels.moe import FRONT_DOWN_SPLIT, ONE_TOKEN_GEMM1_CTAS_PER_
 from kimi_k3_path.kernels.router import MAX_TOKENS, RouterTopK, router_sync_words  # noqa: E402
 from kimi_k3_path.kernels.runtime import dyn, fake, fake_stream  # noqa: E402
 from kimi_k3_path.kernels.shared import SharedGateUpSitu  # noqa: E402
+from kimi_k3_path.kernels.stream import ReadStream  # noqa: E402
 
 
 SM_REGISTERS = 65536  # per SM on the H200 (sm_90)
@@ -392,6 +393,7 @@ def test_lanes_per_row_divides_the_groups():
         (lambda: ExpertsGemm2OneToken(896, 3584, 100, 16), "intermediate=100"),
         (lambda: ExpertsGemm1Held(896, 3000, 384, 16, True), "latent=3000 must be a multiple of 512"),
         (lambda: ExpertsGemm1Held(896, 3584, 100, 16, False), "intermediate=100 is not a multiple of 8"),
+        (lambda: ReadStream(2, via="tma"), "via='tma' is not one of"),
     ],
 )
 def test_unsupported_shapes_are_rejected_with_the_reason(build, message):
@@ -454,8 +456,6 @@ def test_read_stream_keeps_each_batch_of_loads_in_flight_together(in_flight, wai
     every load precedes the first XOR (ptxas had interleaved them 4 by 4 at 8 in flight before after_all_loads, and at
     16 it still issues the last one after folding the others, so the bench stops at 8), and
     "start" waits for the predecessor before any load, "held" only after its first batch is issued."""
-    from kimi_k3_path.kernels.stream import ReadStream
-
     op = ReadStream(in_flight, wait, trigger=True)
     sass = _sass(op, (fake(Int32, (dyn(),)), fake(Int32, (dyn(),)), Int32(1), fake_stream()), tmp_path)
     ops = [line.split(";")[0].split("*/")[-1].split() for line in sass if re.search(r"/\*[0-9a-f]{4}\*/", line)]
@@ -471,6 +471,27 @@ def test_read_stream_keeps_each_batch_of_loads_in_flight_together(in_flight, wai
         assert waits and waits[0] < first_load
     else:
         assert waits and waits[0] > first_load + in_flight
+
+
+@pytest.mark.parametrize("via", ["cp.async", "bulk"])
+@pytest.mark.parametrize("wait", ["none", "held"])
+def test_staged_read_stream_has_each_batch_in_flight_without_registers(via, wait, tmp_path):
+    """The yardstick's staged reads (v22b): a batch's 16-byte vectors come in by 4 cp.async copies per thread or 4
+    bulk copies from one thread, all issued before the wait for them (and, "held", before the predecessor's wait),
+    and are read back from shared memory, not loaded into registers; registers stay few."""
+    op = ReadStream(4, wait, trigger=True, via=via)
+    args = (fake(Int32, (dyn(),)), fake(Int32, (dyn(),)), Int32(1), fake_stream())
+    lines = _sass(op, args, tmp_path / "sass")
+    copy = "LDGSTS" if via == "cp.async" else "UBLKCP"
+    landed = "DEPBAR.LE" if via == "cp.async" else "SYNCS.PHASECHK"
+    copies = [n for n, line in enumerate(lines) if copy in line]
+    first_wait = next(n for n, line in enumerate(lines) if landed in line)
+    reads = [n for n, line in enumerate(lines) if "LDS.128" in line and n > first_wait]
+    assert len(copies) == 4 and max(copies) < first_wait < min(reads)
+    assert len([n for n in reads if n < first_wait + 20]) == 4  # the batch's 4 vectors back from shared memory
+    waits = [n for n, line in enumerate(lines) if "ACQBULK" in line]
+    assert (not waits) if wait == "none" else max(copies) < waits[0] < first_wait
+    assert _registers(op, args, tmp_path / "res") <= 40
 
 
 def _activations_paired_once(lines) -> bool:
