@@ -83,6 +83,17 @@ def moe_dims(tp: int):
     return dims, shards.expert_intermediate_stock
 
 
+def rotated_weight_sets(d, gen) -> tuple[list, list, list]:
+    """L2_ROTATION_SETS fresh weight sets for dims d: the fp32 references, the kernels' prepared weights and a
+    workspace for each."""
+    from kimi_k3_path.kernels.moe import MoeWorkspace, prepare_weights
+    from kimi_k3_path.reference import random_moe_weights
+
+    refs = [random_moe_weights(d, gen) for _ in range(L2_ROTATION_SETS)]
+    ours = [prepare_weights(r, d.top_k, d.routed_scaling_factor, d.eps, "cuda") for r in refs]
+    return refs, ours, [MoeWorkspace(w, "cuda") for w in ours]
+
+
 def profile_once() -> None:
     """One eager pass of the TP8 M=1 block and the standalone kernels, for `ncu` (registers, occupancy, DRAM)."""
     from kimi_k3_path.kernels.moe import MoeWorkspace, decode_steps, prepare_weights
@@ -141,15 +152,13 @@ def trace_one_token_block(tp: int, replays: int, seed: int) -> dict:
     """Per-CTA timelines (kernels/trace.py) of the M=1 block in its steady state: a CUDA graph of 12 blocks over the
     rotated weight sets whose last block records; each replay's records summarized, then the median of each figure
     over the replays. Checks the traced block's output against the fp32 reference first."""
-    from kimi_k3_path.kernels.moe import MoeWorkspace, decode_steps, prepare_weights
+    from kimi_k3_path.kernels.moe import decode_steps
     from kimi_k3_path.kernels.trace import CtaTrace, summarize, tracing
-    from kimi_k3_path.reference import latent_moe, random_moe_weights, rel_err
+    from kimi_k3_path.reference import latent_moe, rel_err
 
     d, _ = moe_dims(tp)
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    refs = [random_moe_weights(d, gen) for _ in range(L2_ROTATION_SETS)]
-    ours = [prepare_weights(r, d.top_k, d.routed_scaling_factor, d.eps, "cuda") for r in refs]
-    spaces = [MoeWorkspace(w, "cuda") for w in ours]
+    refs, ours, spaces = rotated_weight_sets(d, gen)
     xs = [torch.randn(1, d.hidden, generator=gen, device="cuda").to(torch.bfloat16) for _ in refs]
     outs = [torch.full((1, d.hidden), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in refs]
     steps = [decode_steps(x, w, ws, o) for x, w, ws, o in zip(xs, ours, spaces, outs)]
@@ -211,7 +220,8 @@ def median_summary(summaries: list[dict]) -> dict:
     def merge(values):
         if isinstance(values[0], dict):
             return {k: merge([v[k] for v in values]) for k in values[0]}
-        return statistics.median(values)
+        known = [v for v in values if v is not None]  # sm_mhz is None where no CTA lived a timer tick
+        return statistics.median(known) if known else None
 
     return merge(summaries)
 
@@ -234,8 +244,8 @@ def git_commit() -> str:
 
 def run(args) -> tuple[dict, list[dict]]:
     from kimi_k3_path.kernels.experts import on_tensor_cores
-    from kimi_k3_path.kernels.moe import MoeWorkspace, decode_steps, prepare_weights
-    from kimi_k3_path.reference import random_moe_weights, rel_err, stock
+    from kimi_k3_path.kernels.moe import decode_steps
+    from kimi_k3_path.reference import rel_err, stock
 
     bandwidth = copy_bandwidth()
     print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + write)", flush=True)
@@ -245,9 +255,7 @@ def run(args) -> tuple[dict, list[dict]]:
           f"{'ours/floor':>10} {'launches':>9} {'err':>8}", flush=True)
     for tp in args.tp:
         d, stock_inter = moe_dims(tp)
-        refs = [random_moe_weights(d, gen) for _ in range(L2_ROTATION_SETS)]
-        ours = [prepare_weights(r, d.top_k, d.routed_scaling_factor, d.eps, "cuda") for r in refs]
-        spaces = [MoeWorkspace(w, "cuda") for w in ours]
+        refs, ours, spaces = rotated_weight_sets(d, gen)
         pad = stock_inter if stock_inter != d.intermediate else None
         stocks = [stock.GpuMoe.from_reference(r, d, "cuda", pad_intermediate=pad) for r in refs]
         for m in args.batch:
@@ -378,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         for t in traces:
             for name, launch in t["launches"].items():
                 print(f"TP{t['tp']:<2} {name:9} ctas {launch['ctas']:5}  start {launch['start_us']}  end "
-                      f"{launch['end_us']}  life {launch['cta_life_us']} us  max/SM {launch['max_resident_per_sm']}")
+                      f"{launch['end_us']}  life {launch['cta_life_us']} us  SM clock {launch['sm_mhz']} MHz  "
+                      f"max/SM {launch['max_resident_per_sm']}")
         return 0
     if args.out is None:
         p.error("--out is required unless --profile-once")

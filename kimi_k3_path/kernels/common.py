@@ -375,11 +375,14 @@ def load_bf16_tokens(x_addr: Int64, row_stride_bytes, m_first, m_count, vec: Int
 
 
 def trace_cta(record: Int64, end: bool) -> None:
-    """kernels/trace.py's probe, by one thread: the global nanosecond timer into word 0 (start) or 1 (end) of the CTA's
-    int64 record at byte address `record`, and with the start the SM it runs on into word 2. Callers put a CTA
+    """kernels/trace.py's probe, by one thread, into the CTA's int64 record at byte address `record`: the global
+    nanosecond timer into word 0 (start) or 1 (end), the SM's cycle counter into word 3 or 4 (cycles over nanoseconds
+    give the SM clock while the CTA lived), and with the start the SM it runs on into word 2. Callers put a CTA
     barrier before the end probe, so that the timer is read after every warp's work."""
     cute.arch.inline_ptx("st.global.u64 [{$r0}], {$r1};", read_only_args=[record + (8 if end else 0),
                                                                            cute.arch.globaltimer()])
+    cute.arch.inline_ptx("st.global.u64 [{$r0}], {$r1};", read_only_args=[record + (32 if end else 24),
+                                                                           cute.arch.clock64()])
     if not end:
         cute.arch.inline_ptx("st.global.u64 [{$r0}], {$r1};", read_only_args=[record + 16, Int64(cute.arch.smid())])
 

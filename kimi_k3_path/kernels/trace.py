@@ -1,8 +1,10 @@
 """Per-CTA timelines of the one-token block: when each CTA of each launch started and ended, and on which SM.
 
-A traced launch is compiled with the address of its record buffer (an int64 [CTAs, 3] tensor: start ns, end ns, SM
-id; -1 until written): thread 0 of every CTA reads %globaltimer as the CTA starts and as thread 0 reaches the end of
-the kernel (common.trace_cta). Untraced launches compile exactly as before (the address is a compile-time 0), so
+A traced launch is compiled with the address of its record buffer (an int64 [CTAs, 5] tensor: start ns, end ns, SM
+id, start cycle, end cycle; -1 until written): thread 0 of every CTA reads %globaltimer and its SM's %clock64 as the
+CTA starts and as thread 0 reaches the end of the kernel (common.trace_cta). Cycles over nanoseconds give the SM clock
+each launch ran at: the H200 moves its clock with power, which a timeline in nanoseconds alone cannot tell from a
+slower kernel. Untraced launches compile exactly as before (the address is a compile-time 0), so
 a trace costs nothing unless asked for:
 
     trace = CtaTrace(bench_moe.block_ctas(dims), "cuda")   # TP8: front 2240, gemm1 768, gemm2 1216, finalize 3584
@@ -21,7 +23,7 @@ import statistics
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-RECORD_WORDS = 3  # start ns, end ns, SM id
+RECORD_WORDS = 5  # start ns, end ns, SM id, start cycle, end cycle
 RECORD_BYTES = RECORD_WORDS * 8
 UNWRITTEN = -1
 
@@ -53,8 +55,8 @@ class CtaTrace:
         for buf in self.buffers.values():
             buf.fill_(UNWRITTEN)
 
-    def records(self) -> dict[str, list[tuple[int, int, int]]]:
-        """Each launch's (start ns, end ns, SM id) per CTA, in CTA order, copied to the host."""
+    def records(self) -> dict[str, list[tuple[int, ...]]]:
+        """Each launch's (start ns, end ns, SM id, start cycle, end cycle) per CTA, in CTA order, copied to the host."""
         return {name: [tuple(r) for r in buf.cpu().tolist()] for name, buf in self.buffers.items()}
 
 
@@ -77,46 +79,50 @@ def trace_address(launch: str, ctas: int) -> int:
     return 0 if _active is None else _active.address(launch, ctas)
 
 
-def summarize(records: dict[str, list[tuple[int, int, int]]], sms: int = 132) -> dict:
+def summarize(records: dict[str, list[tuple[int, ...]]], sms: int = 132) -> dict:
     """Per launch, in us from the first CTA start of any launch: when its CTAs started and ended (first, median,
-    last), how long a CTA lived (median), how many SMs it used, and at its busiest how many of its CTAs were resident
-    on one SM. Raises ValueError when a record was never written or ends before it starts (a CTA that did not run
-    its probes: nothing passes silently)."""
+    last), how long a CTA lived (median), the SM clock over its CTAs' lives (all their cycles over all their
+    nanoseconds, MHz), how many SMs it used, and at its busiest how many of its CTAs were resident on one SM. Raises
+    ValueError when a record was never written or ends before it starts (a CTA that did not run its probes: nothing
+    passes silently)."""
     checked = {}
     for name, rows in records.items():
         if not rows:
             raise ValueError(f"summarize: launch {name!r} has no records")
-        for i, (start, end, sm) in enumerate(rows):
-            if UNWRITTEN in (start, end, sm):
-                raise ValueError(f"summarize: launch {name!r}, CTA {i}: record not written ({start}, {end}, {sm})")
-            if end < start or not 0 <= sm < sms:
-                raise ValueError(f"summarize: launch {name!r}, CTA {i}: bad record ({start}, {end}, SM {sm})")
+        for i, row in enumerate(rows):
+            if len(row) != RECORD_WORDS or UNWRITTEN in row:
+                raise ValueError(f"summarize: launch {name!r}, CTA {i}: record not written {tuple(row)}")
+            start, end, sm, start_cycle, end_cycle = row
+            if end < start or end_cycle < start_cycle or not 0 <= sm < sms:
+                raise ValueError(f"summarize: launch {name!r}, CTA {i}: bad record {tuple(row)}")
         checked[name] = rows
-    origin = min(start for rows in checked.values() for start, _, _ in rows)
+    origin = min(row[0] for rows in checked.values() for row in rows)
 
     def us(ns: int) -> float:
         return round((ns - origin) / 1e3, 3)
 
     out = {}
     for name, rows in checked.items():
-        starts = sorted(s for s, _, _ in rows)
-        ends = sorted(e for _, e, _ in rows)
+        starts = sorted(row[0] for row in rows)
+        ends = sorted(row[1] for row in rows)
+        nanoseconds = sum(row[1] - row[0] for row in rows)
         out[name] = {
             "ctas": len(rows),
             "start_us": {"first": us(starts[0]), "median": us(statistics.median_low(starts)), "last": us(starts[-1])},
             "end_us": {"first": us(ends[0]), "median": us(statistics.median_low(ends)), "last": us(ends[-1])},
-            "cta_life_us": round(statistics.median(e - s for s, e, _ in rows) / 1e3, 3),
-            "sms": len({sm for _, _, sm in rows}),
+            "cta_life_us": round(statistics.median(row[1] - row[0] for row in rows) / 1e3, 3),
+            "sm_mhz": round(sum(row[4] - row[3] for row in rows) / nanoseconds * 1e3, 1) if nanoseconds else None,
+            "sms": len({row[2] for row in rows}),
             "max_resident_per_sm": max_resident_per_sm(rows),
         }
     return out
 
 
-def max_resident_per_sm(rows: list[tuple[int, int, int]]) -> int:
+def max_resident_per_sm(rows: list[tuple[int, ...]]) -> int:
     """The most CTAs of these records alive at once on one SM (an end at the same tick as a start frees its place
     first)."""
     events: dict[int, list[tuple[int, int]]] = {}
-    for start, end, sm in rows:
+    for start, end, sm, *_ in rows:
         events.setdefault(sm, []).extend([(start, 1), (end, -1)])
     best = 0
     for evs in events.values():

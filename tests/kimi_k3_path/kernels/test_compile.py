@@ -602,16 +602,16 @@ def _one_token_launches(d, trace_addr: int) -> dict:
 
 @pytest.mark.parametrize("launch", ["front", "gemm1", "gemm2", "finalize"])
 def test_a_traced_kernel_reads_the_timer_twice_and_keeps_its_ctas_per_sm(launch, dims, tmp_path):
-    """kernels/trace.py: compiled with a record address, each one-token kernel reads %globaltimer at its start and
-    after its last barrier, and its registers allow as many CTAs per SM as without (a trace that changed occupancy
-    would time another kernel); compiled without one, it has no probe at all."""
+    """kernels/trace.py: compiled with a record address, each one-token kernel reads %globaltimer and %clock64 at its
+    start and after its last barrier, and its registers allow as many CTAs per SM as without (a trace that changed
+    occupancy would time another kernel); compiled without one, it has no probe at all."""
     d = dims(8)
     counts, ctas_per_sm = {}, {}
     for name, addr in (("plain", 0), ("traced", TRACE_ADDR)):
         op, args = _one_token_launches(d, addr)[launch]
         lines = _sass(op, args, tmp_path / name / "sass")
-        counts[name] = sum("SR_GLOBALTIMER" in line for line in lines)
+        counts[name] = (sum("SR_GLOBALTIMER" in line for line in lines), sum("SR_CLOCKLO" in line for line in lines))
         registers = -(-_registers(op, args, tmp_path / name / "res") // 8) * 8
         ctas_per_sm[name] = SM_REGISTERS // (registers * CTA_THREADS)
-    assert counts == {"plain": 0, "traced": 2}
+    assert counts == {"plain": (0, 0), "traced": (2, 2)}
     assert ctas_per_sm["traced"] == ctas_per_sm["plain"], ctas_per_sm

@@ -491,7 +491,7 @@ def test_cta_trace_of_the_one_token_block_records_every_cta_in_launch_order(tp, 
     """kernels/trace.py on the block (bench_moe --trace-out): every CTA of the four launches records (summarize
     raises otherwise), the traced block's output matches the reference, GEMM1 starts only after the front has ended
     (stream order) while GEMM2 and the finalize start before their predecessors end (launched early), and no SM ever
-    holds more CTAs of a launch than its registers allow."""
+    holds more CTAs of a launch than its registers allow, and each launch's SM clock is one an H200 runs at."""
     from kimi_k3_path.kernels.bench_moe import block_ctas, trace_one_token_block
 
     t = trace_one_token_block(tp, replays=2, seed=seed)
@@ -504,3 +504,4 @@ def test_cta_trace_of_the_one_token_block_records_every_cta_in_launch_order(tp, 
     # CTAs per SM the registers allow (test_compile.py): GEMM2 with its gate_up has 60 registers at TP8, 48 at TP16.
     for name, ctas_per_sm in {"front": 2, "gemm1": 4, "gemm2": 4 if tp == 8 else 5, "finalize": 4}.items():
         assert 1 <= launches[name]["max_resident_per_sm"] <= ctas_per_sm, name
+        assert 500 <= launches[name]["sm_mhz"] <= 2100, (name, launches[name]["sm_mhz"])  # the H200 boosts to 1980

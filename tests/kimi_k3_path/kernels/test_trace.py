@@ -35,37 +35,42 @@ def test_buffers_start_unwritten_and_reset_to_it():
     trace = CtaTrace({"gemm2": 3}, "cpu")
     trace.buffers["gemm2"].fill_(7)
     trace.reset()
-    assert trace.records() == {"gemm2": [(UNWRITTEN,) * 3] * 3}
+    assert trace.records() == {"gemm2": [(UNWRITTEN,) * 5] * 3}
     with pytest.raises(ValueError, match="positive integers"):
         CtaTrace({"gemm2": 0}, "cpu")
 
 
 def test_summary_is_relative_to_the_first_start_of_any_launch():
-    records = {
-        "front": [(1_000, 5_000, 0), (1_000, 6_000, 1), (3_000, 9_000, 0)],
-        "gemm1": [(9_500, 12_000, 0), (9_000, 13_000, 1)],
+    records = {  # (start ns, end ns, SM, start cycle, end cycle)
+        "front": [(1_000, 5_000, 0, 0, 8_000), (1_000, 6_000, 1, 10, 10_010), (3_000, 9_000, 0, 8_500, 20_500)],
+        "gemm1": [(9_500, 12_000, 0, 5, 2_505), (9_000, 13_000, 1, 0, 4_000)],
     }
     s = summarize(records, sms=2)
     assert s["front"]["start_us"] == {"first": 0.0, "median": 0.0, "last": 2.0}
     assert s["front"]["end_us"] == {"first": 4.0, "median": 5.0, "last": 8.0}
     assert s["front"]["cta_life_us"] == 5.0 and s["front"]["sms"] == 2 and s["front"]["max_resident_per_sm"] == 2
     assert s["gemm1"]["start_us"]["first"] == 8.0 and s["gemm1"]["max_resident_per_sm"] == 1
+    # All cycles over all nanoseconds: (8000 + 10000 + 12000) / (4000 + 5000 + 6000) cycles per ns.
+    assert s["front"]["sm_mhz"] == 2000.0 and s["gemm1"]["sm_mhz"] == 1000.0
 
 
 def test_a_place_freed_at_the_tick_another_cta_starts_is_not_counted_twice():
-    assert max_resident_per_sm([(0, 10, 5), (10, 20, 5), (10, 20, 6)]) == 1
-    assert max_resident_per_sm([(0, 10, 5), (9, 20, 5), (9, 12, 5)]) == 3
+    assert max_resident_per_sm([(0, 10, 5, 0, 1), (10, 20, 5, 1, 2), (10, 20, 6, 1, 2)]) == 1
+    assert max_resident_per_sm([(0, 10, 5, 0, 1), (9, 20, 5, 1, 2), (9, 12, 5, 1, 2)]) == 3
 
 
 @pytest.mark.parametrize("record, message", [
-    ((UNWRITTEN, 10, 0), "record not written"),
-    ((5, UNWRITTEN, 0), "record not written"),
-    ((5, 4, 0), "bad record"),
-    ((5, 6, 132), "bad record"),
+    ((UNWRITTEN, 10, 0, 0, 1), "record not written"),
+    ((5, UNWRITTEN, 0, 0, 1), "record not written"),
+    ((5, 10, 0, 0, UNWRITTEN), "record not written"),
+    ((5, 10, 0), "record not written"),
+    ((5, 4, 0, 0, 1), "bad record"),
+    ((5, 6, 0, 9, 8), "bad record"),
+    ((5, 6, 132, 0, 1), "bad record"),
 ])
 def test_a_cta_that_did_not_record_fails_the_summary(record, message):
     with pytest.raises(ValueError, match=f"launch 'front', CTA 1: {message}"):
-        summarize({"front": [(0, 1, 0), record]})
+        summarize({"front": [(0, 1, 0, 0, 2), record]})
 
 
 def test_a_launch_without_records_fails_the_summary():
