@@ -25,6 +25,7 @@ import torch
 from kimi_k3_path.bench import MIN_STEPS_PER_GRAPH, measurement_of
 
 L2_ROTATION_SETS = 3  # each weight set is > 100 MB, so three in a row never hit the 50 MB L2
+H200_SMS = 132
 
 
 def time_graph(launch_all, replays: int, per_replay: int, min_steps: int = MIN_STEPS_PER_GRAPH) -> list[float]:
@@ -162,7 +163,8 @@ def trace_one_token_block(tp: int, replays: int, seed: int) -> dict:
     xs = [torch.randn(1, d.hidden, generator=gen, device="cuda").to(torch.bfloat16) for _ in refs]
     outs = [torch.full((1, d.hidden), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in refs]
     steps = [decode_steps(x, w, ws, o) for x, w, ws, o in zip(xs, ours, spaces, outs)]
-    trace = CtaTrace(block_ctas(d), "cuda")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    trace = CtaTrace(block_ctas(d, sms), "cuda")
     cycles = -(-MIN_STEPS_PER_GRAPH // len(steps))
 
     def launch_all(st):
@@ -192,15 +194,16 @@ def trace_one_token_block(tp: int, replays: int, seed: int) -> dict:
         trace.reset()
         graph.replay()
         torch.cuda.synchronize()
-        summaries.append(summarize(trace.records(), torch.cuda.get_device_properties(0).multi_processor_count))
+        summaries.append(summarize(trace.records(), sms))
     return {"tp": tp, "replays": replays, "rel_err": err, "launches": median_summary(summaries)}
 
 
-def block_ctas(d) -> dict[str, int]:
-    """CTAs of each launch of the one-token block, for the trace's buffers (kernels/trace.py checks each launch's
-    grid against them)."""
+def block_ctas(d, sms: int = H200_SMS) -> dict[str, int]:
+    """CTAs of each launch of the one-token block on a GPU with `sms` SMs, for the trace's buffers (kernels/trace.py
+    checks each launch's grid against them)."""
+    from kimi_k3_path.kernels import moe
     from kimi_k3_path.kernels.experts import ExpertsGemm2OneToken, held_gemm1_ctas
-    from kimi_k3_path.kernels.finalize import Finalize
+    from kimi_k3_path.kernels.finalize import Finalize, streamed_ctas
     from kimi_k3_path.kernels.gemv import token_tile
     from kimi_k3_path.kernels.moe import ONE_TOKEN_SHARED_IN_GEMM2, FrontKernel
 
@@ -211,7 +214,8 @@ def block_ctas(d) -> dict[str, int]:
         "front": front.ctas(),
         "gemm1": held_gemm1_ctas(1, d.top_k, d.experts, d.intermediate),
         "gemm2": ExpertsGemm2OneToken(d.experts, d.latent, d.intermediate, d.top_k, in_gemm2, d.hidden).ctas(),
-        "finalize": Finalize(d.hidden, d.latent, d.shared_intermediate, 1).ctas(),
+        "finalize": (streamed_ctas(sms) if moe.ONE_TOKEN_FINALIZE_STREAMED
+                     else Finalize(d.hidden, d.latent, d.shared_intermediate, 1).ctas()),
     }
 
 

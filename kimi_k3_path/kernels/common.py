@@ -107,10 +107,17 @@ def ld_shared_u8(addr: Int32) -> Int32:
     return cute.arch.inline_ptx("ld.shared.u8 {$w0}, [{$r0}];", write_only_types=[Int32], read_only_args=[addr])
 
 
-def cp_async_16(dst: Int32, src: Int64) -> None:
+def cp_async_16(dst: Int32, src: Int64, evict_first: bool = False) -> None:
     """Copy 16 bytes from global `src` to shared `dst` without registers (L2 only: .cg), completed by
-    cute.arch.cp_async_commit_group / cp_async_wait_group."""
-    cute.arch.inline_ptx("cp.async.cg.shared.global [{$r0}], [{$r1}], 16;", read_only_args=[dst, src])
+    cute.arch.cp_async_commit_group / cp_async_wait_group. evict_first: the line gets L2's evict_first policy, for
+    weights read once per step. Without it, 62 MB of such copies in the finalize pushed out of L2 what the next
+    launch reads and slowed it by ~1.4 us, where ld_weight_v4's loads of the same bytes did not (NOTES.md v23b)."""
+    if evict_first:
+        cute.arch.inline_ptx("{ .reg .b64 policy; createpolicy.fractional.L2::evict_first.b64 policy, 1.0; "
+                             "cp.async.cg.shared.global.L2::cache_hint [{$r0}], [{$r1}], 16, policy; }",
+                             read_only_args=[dst, src])
+    else:
+        cute.arch.inline_ptx("cp.async.cg.shared.global [{$r0}], [{$r1}], 16;", read_only_args=[dst, src])
 
 
 def bulk_copy_to_shared(dst: Int32, src: Int64, nbytes, barrier: Int32) -> None:
@@ -334,6 +341,16 @@ def dot_bf16x8(words, xs, acc: Float32) -> Float32:
     for j in range(4):
         lo, hi = bf16x2_to_f32(words[j])
         acc = acc + lo * xs[2 * j] + hi * xs[2 * j + 1]
+    return acc
+
+
+def dot_bf16x8_packed(words, x_words, acc: Float32) -> Float32:
+    """acc + sum of 8 products: `words` and `x_words` four packed bf16 pairs each (x kept packed: half the
+    registers of dot_bf16x8's fp32 values)."""
+    for j in range(4):
+        w_lo, w_hi = bf16x2_to_f32(words[j])
+        x_lo, x_hi = bf16x2_to_f32(x_words[j])
+        acc = acc + w_lo * x_lo + w_hi * x_hi
     return acc
 
 

@@ -16,9 +16,21 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import BFloat16, Float32, Int32, Int64
+from cutlass import BFloat16, Float32, Int32, Int64, Uint8
 
-from .common import DEFAULT_WEIGHT_LOAD, WARP, after_all_loads, batch_zero, lane_group_sum, traced
+from .common import (
+    DEFAULT_WEIGHT_LOAD,
+    VEC_BYTES,
+    WARP,
+    after_all_loads,
+    batch_zero,
+    cp_async_16,
+    dot_bf16x8_packed,
+    lane_group_sum,
+    ld_fresh_v4,
+    ld_shared_v4,
+    traced,
+)
 from .gemv import (
     BF16_PER_VEC,
     SCRATCH_BYTES,
@@ -28,7 +40,9 @@ from .gemv import (
     load_slice,
     loaded_words,
     pin_first_words,
+    ragged,
     slice_dot,
+    slice_vec,
     split_k_reduce,
     zero_acc,
 )
@@ -52,6 +66,28 @@ FINALIZE_SPLIT = 4
 # registers, 104 bytes of stack) 91.2 and 76.9.
 SIMT_MIN_CTAS_PER_SM = 4
 SMEM_CARVEOUT_DEFAULT = -1  # CU_SHAREDMEM_CARVEOUT_DEFAULT: no preference
+
+
+# The streamed one-token finalize (FinalizeStreamed): persistent CTAs per SM and row pairs in flight per CTA.
+# Measured on the H200 (NOTES.md v22d; M=1 block, 3 rounds): 3 x 3 against 2 x 4 and 2 x 2, all within 0.5 us.
+STREAMED_CTAS_PER_SM = 3
+STREAMED_STAGES = 3
+
+
+def streamed_ctas(sms: int, ctas_per_sm: int | None = None) -> int:
+    """FinalizeStreamed's grid on a GPU with `sms` SMs: every CTA resident at once."""
+    return (ctas_per_sm or STREAMED_CTAS_PER_SM) * sms
+
+
+@cute.jit
+def rms_scale(sq_parts: cute.Tensor, lane: Int32, rms_parts: cutlass.Constexpr, latent: cutlass.Constexpr,
+              eps: cutlass.Constexpr) -> Float32:
+    """rsqrt(sum(sq_parts[:rms_parts]) / latent + eps), every lane of the warp reading a share of the partial sums."""
+    squares = Float32(0.0)
+    for i in cutlass.range_constexpr(-(-rms_parts // WARP)):
+        if lane + i * WARP < rms_parts:
+            squares = squares + sq_parts[lane + i * WARP]
+    return cute.math.rsqrt(lane_group_sum(squares, WARP) / Float32(latent) + Float32(eps))
 
 
 @cute.jit
@@ -102,11 +138,7 @@ def finalize_part(
     pin_first_words(sh, zero)
     rstd = Float32(1.0)
     if cutlass.const_expr(rms_parts > 0):
-        squares = Float32(0.0)
-        for i in cutlass.range_constexpr(-(-rms_parts // WARP)):
-            if lane + i * WARP < rms_parts:
-                squares = squares + sq_parts[lane + i * WARP]
-        rstd = cute.math.rsqrt(lane_group_sum(squares, WARP) / Float32(latent) + Float32(eps))
+        rstd = rms_scale(sq_parts, lane, rms_parts, latent, eps)
     segments: cutlass.Constexpr = 2 if rms_parts > 0 else 1  # the W_up dot apart, to be scaled
     for m_first in cutlass.range(0, m_count, mt, unroll=1):
         acc = zero_acc(segments, mt)
@@ -214,6 +246,153 @@ class Finalize:
                           tidx % WARP, m_count, self.l, self.s, self.mt, self.early, self.hold, self.rms_parts,
                           self.eps)
         traced(self.trace_addr, bidx, tidx, True)
+
+
+class FinalizeStreamed:
+    """The one-token finalize as persistent CTAs (ctas of them, a few per SM) that stream their row pairs through
+    shared memory: CTA c takes row pairs c, c + ctas, ... (4 warps per row split K, as Finalize), each thread copying
+    its weight vectors of a pair by 16-byte cp.async into `stages` slots, so `stages - 1` pairs are in flight while it
+    computes one, and no register holds a byte in flight. The first pairs are issued before griddepcontrol.wait (the
+    weights do not depend on GEMM2); the lane's slices of normed and a_sh and the RMS scale are read once per CTA,
+    after the wait, not once per pair. Why (NOTES.md v22): a CTA of Finalize holds its place on the SM for ~2.1 us,
+    and after its weights land its chain (activations, sums of squares, FMAs, reductions) leaves that place without
+    bytes in flight, so the finalize's segment moves ~3.6 TB/s where a read of its bytes moves 4.0. The copies take
+    L2's evict_first policy: without it the next block's front ran ~1.4 us slower behind this launch (NOTES.md v23b)."""
+
+    def __init__(self, hidden: int, latent: int, shared_inter: int, rms_parts: int, eps: float, ctas: int,
+                 stages: int, trace_addr: int = 0):
+        rows = WARPS_PER_CTA // FINALIZE_SPLIT
+        if hidden % rows:
+            raise ValueError(f"FinalizeStreamed: hidden={hidden} is not a multiple of {rows}")
+        check_k(latent, FINALIZE_SPLIT, "FinalizeStreamed (latent)")
+        check_k(shared_inter, FINALIZE_SPLIT, "FinalizeStreamed (shared intermediate)")
+        if stages < 2 or ctas < 1 or rms_parts < 1:
+            raise ValueError(f"FinalizeStreamed: stages={stages} must be at least 2, ctas={ctas} and "
+                             f"rms_parts={rms_parts} at least 1")
+        self.h, self.l, self.s, self.rms_parts, self.eps = hidden, latent, shared_inter, rms_parts, eps
+        self.grid, self.stages, self.trace_addr = ctas, stages, trace_addr
+        self.units = hidden // rows
+        self.up_vec = latent // BF16_PER_VEC // FINALIZE_SPLIT
+        self.sh_vec = shared_inter // BF16_PER_VEC // FINALIZE_SPLIT
+        self.up_steps = -(-self.up_vec // WARP)
+        self.sh_steps = -(-self.sh_vec // WARP)
+        self.vecs = self.up_steps + self.sh_steps  # per thread and row pair
+
+    def ctas(self) -> int:
+        return self.grid
+
+    def stage_bytes(self) -> int:
+        return self.vecs * WARPS_PER_CTA * WARP * VEC_BYTES
+
+    def smem_bytes(self) -> int:
+        # The DSL lays out the allocations one after another: the stages (128-byte aligned), then the scratch.
+        return self.stages * self.stage_bytes() + 128 + SCRATCH_BYTES + 16
+
+    @cute.jit
+    def __call__(self, normed, w_up, a_sh, w_sh2, sq_parts, out, stream: cuda.CUstream):
+        self.kernel(normed, w_up, a_sh, w_sh2, sq_parts, out).launch(
+            grid=[self.grid, 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1], smem=self.smem_bytes(), stream=stream,
+            use_pdl=True,
+        )
+
+    def slot(self, stage_base: Int32, unit_index: Int32, v: int, tidx: Int32) -> Int32:
+        """Shared address of this thread's vector v of its unit_index-th row pair (consecutive threads, consecutive
+        16 bytes: no bank conflicts)."""
+        return stage_base + (((unit_index % self.stages) * self.vecs + v) * (WARPS_PER_CTA * WARP) + tidx) * VEC_BYTES
+
+    @cute.jit
+    def issue(self, w_up, w_sh2, stage_base: Int32, unit_index: Int32, units_here: Int32, cta: Int32, half: Int32,
+              part: Int32, lane: Int32, tidx: Int32):
+        """cp.async this thread's weight vectors of its unit_index-th row pair (none past its last), one commit group
+        per pair either way, so that cp_async_wait_group counts pairs."""
+        if unit_index < units_here:
+            row = (cta + unit_index * self.grid) * (WARPS_PER_CTA // FINALIZE_SPLIT) + half
+            up_row = w_up.iterator.toint() + Int64(row) * (self.l * 2)
+            sh_row = w_sh2.iterator.toint() + Int64(row) * (self.s * 2)
+            for st in cutlass.range_constexpr(self.up_steps):
+                cp_async_16(self.slot(stage_base, unit_index, st, tidx),
+                            up_row + Int64(slice_vec(part * self.up_vec, lane, self.up_vec, st)) * VEC_BYTES, True)
+            for st in cutlass.range_constexpr(self.sh_steps):
+                cp_async_16(self.slot(stage_base, unit_index, self.up_steps + st, tidx),
+                            sh_row + Int64(slice_vec(part * self.sh_vec, lane, self.sh_vec, st)) * VEC_BYTES, True)
+        cute.arch.cp_async_commit_group()
+
+    @cute.kernel
+    def kernel(self, normed, w_up, a_sh, w_sh2, sq_parts, out):
+        tidx, _, _ = cute.arch.thread_idx()
+        cta, _, _ = cute.arch.block_idx()
+        traced(self.trace_addr, cta, tidx, False)
+        warp, lane = tidx // WARP, tidx % WARP
+        part, half = warp % FINALIZE_SPLIT, warp // FINALIZE_SPLIT
+        smem = cutlass.memory.SmemAllocator()
+        stage_base = smem.allocate_tensor(Uint8, cute.make_layout(self.stages * self.stage_bytes()),
+                                          byte_alignment=128).iterator.toint()
+        scratch = alloc_scratch(smem)
+        units_here = (self.units - cta + self.grid - 1) // self.grid
+        for i in cutlass.range_constexpr(self.stages - 1):
+            self.issue(w_up, w_sh2, stage_base, Int32(i), units_here, cta, half, part, lane, tidx)
+        cute.arch.griddepcontrol_wait()  # GEMM2 has written normed, sq_parts and a_sh
+        x_up = [list(ld_fresh_v4(normed.iterator.toint() + Int64(slice_vec(part * self.up_vec, lane, self.up_vec,
+                                                                             st)) * VEC_BYTES))
+                for st in range(self.up_steps)]
+        x_sh = [list(ld_fresh_v4(a_sh.iterator.toint() + Int64(slice_vec(part * self.sh_vec, lane, self.sh_vec,
+                                                                          st)) * VEC_BYTES))
+                for st in range(self.sh_steps)]
+        rstd = rms_scale(sq_parts, lane, self.rms_parts, self.l, self.eps)
+        for i in cutlass.range(units_here, unroll=1):
+            self.issue(w_up, w_sh2, stage_base, i + self.stages - 1, units_here, cta, half, part, lane, tidx)
+            cute.arch.cp_async_wait_group(self.stages - 1)  # this thread's copies of pair i have landed
+            acc = zero_acc(2, 1)
+            for st in cutlass.range_constexpr(self.up_steps):
+                words = list(ld_shared_v4(self.slot(stage_base, i, st, tidx)))
+                if cutlass.const_expr(ragged(self.up_vec, st)):
+                    keep = (lane - self.up_vec % WARP) >> 31  # all ones inside the slice
+                    words = [w & keep for w in words]
+                acc[0, 0] = dot_bf16x8_packed(words, x_up[st], acc[0, 0])
+            for st in cutlass.range_constexpr(self.sh_steps):
+                words = list(ld_shared_v4(self.slot(stage_base, i, self.up_steps + st, tidx)))
+                if cutlass.const_expr(ragged(self.sh_vec, st)):
+                    keep = (lane - self.sh_vec % WARP) >> 31
+                    words = [w & keep for w in words]
+                acc[1, 0] = dot_bf16x8_packed(words, x_sh[st], acc[1, 0])
+            split_k_reduce(acc, scratch, warp, lane, FINALIZE_SPLIT, 2, 1)
+            if lane == 0 and part == 0:
+                row = (cta + i * self.grid) * (WARPS_PER_CTA // FINALIZE_SPLIT) + half
+                out[0, row] = (acc[0, 0] * rstd + acc[1, 0]).to(BFloat16)
+        traced(self.trace_addr, cta, tidx, True)
+
+
+def finalize_streamed(normed, w_up, a_sh, w_sh2, out, sq_parts, eps: float, stream, ctas_per_sm: int | None = None,
+                      stages: int | None = None) -> None:
+    """FinalizeStreamed on `stream` for one token: out [1, H] = rsqrt(sum(sq_parts) / L + eps) * (normed @ w_up^T)
+    + a_sh @ w_sh2^T, launched early (it waits for its predecessor before reading normed, a_sh and sq_parts).
+    ctas_per_sm and stages: STREAMED_CTAS_PER_SM and STREAMED_STAGES unless given."""
+    import torch
+
+    from .runtime import compile_cached, cu_stream, expect, fake, fake_stream, to_cute
+    from .trace import trace_address
+
+    latent, hidden, inter = normed.shape[1], w_sh2.shape[0], w_sh2.shape[1]
+    expect("normed", normed, (1, latent), "bfloat16")
+    expect("w_up", w_up, (hidden, latent), "bfloat16")
+    expect("a_sh", a_sh, (1, inter), "bfloat16")
+    expect("w_sh2", w_sh2, (hidden, inter), "bfloat16")
+    expect("out", out, (1, hidden), "bfloat16")
+    rms_parts = sq_parts.shape[0]
+    expect("sq_parts", sq_parts, (rms_parts,), "float32")
+    ctas = streamed_ctas(torch.cuda.get_device_properties(out.device).multi_processor_count, ctas_per_sm)
+    stages = stages or STREAMED_STAGES
+    trace = trace_address("finalize", ctas)
+
+    def build():
+        args = (fake(BFloat16, (1, latent)), fake(BFloat16, (hidden, latent)), fake(BFloat16, (1, inter)),
+                fake(BFloat16, (hidden, inter)), fake(Float32, (rms_parts,)), fake(BFloat16, (1, hidden)),
+                fake_stream())
+        return FinalizeStreamed(hidden, latent, inter, rms_parts, eps, ctas, stages, trace), args
+
+    fn = compile_cached(("finalize_streamed", hidden, latent, inter, rms_parts, eps, ctas, stages, trace), build)
+    fn(to_cute(normed), to_cute(w_up), to_cute(a_sh), to_cute(w_sh2), to_cute(sq_parts), to_cute(out),
+       cu_stream(stream))
 
 
 def holds_weights(early: bool, mt: int) -> bool:

@@ -41,7 +41,7 @@ from .experts import (
     experts_gemm2_one_token,
     held_gemm1_ctas,
 )
-from .finalize import finalize
+from .finalize import finalize, finalize_streamed
 from .gemv import WARPS_PER_CTA, alloc_scratch, check_k, gemv_part, token_tile
 from .mma import (
     MMA_ROWS,
@@ -85,6 +85,11 @@ ROUTER_MMA_FROM_TOKENS = 16
 # shared_inter). Measured on the H200 (NOTES.md v20a; block medians of 3 rounds, alternating processes): TP8 58.7 ->
 # 58.2 us, TP16 50.8 -> 49.7; a probe sets it False to measure the front's form.
 ONE_TOKEN_SHARED_IN_GEMM2 = True
+# The one-token finalize as persistent CTAs streaming their weights through shared memory with L2's evict_first
+# policy (finalize.FinalizeStreamed) instead of one CTA per row pair holding them in registers (Finalize). Measured on
+# the H200 (NOTES.md v23c; block medians of 3 rounds, alternating processes): TP8 58.4 -> 56.6 us, TP16 49.8 -> 48.3;
+# a probe sets it False to measure the held form.
+ONE_TOKEN_FINALIZE_STREAMED = True
 # Resident CTAs per SM of the one-token GEMM1 (experts.ExpertsGemm1Held: <= 64 registers, 256 threads; a CPU test
 # checks the registers).
 ONE_TOKEN_GEMM1_CTAS_PER_SM = 4
@@ -387,8 +392,10 @@ def decode_steps(
         Step("experts_gemm2_combine_norm" + (" + shared_gate_up" if shared_in_gemm2 else ""), gemm2,
              lambda: active() * (lat * i // 2 + lat * i // 32) + lat * 4 + (2 * s * h * 2 if shared_in_gemm2 else 0)),
         Step("finalize (up_proj + shared down)",
-             lambda st: finalize(ws.normed[:m], w.up, ws.a_sh[:m], w.shared2, out, st, tensor_cores,
-                                 sq_parts=ws.sq_parts if one_token else None, eps=w.eps),
+             (lambda st: finalize_streamed(ws.normed[:1], w.up, ws.a_sh[:1], w.shared2, out, ws.sq_parts, w.eps, st))
+             if one_token and ONE_TOKEN_FINALIZE_STREAMED else
+             (lambda st: finalize(ws.normed[:m], w.up, ws.a_sh[:m], w.shared2, out, st, tensor_cores,
+                                  sq_parts=ws.sq_parts if one_token else None, eps=w.eps)),
              lambda: h * lat * 2 + h * s * 2),
     ]
 

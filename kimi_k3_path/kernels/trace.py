@@ -4,14 +4,14 @@ A traced launch is compiled with the address of its record buffer (an int64 [CTA
 id, start cycle, end cycle; -1 until written): thread 0 of every CTA reads %globaltimer and its SM's %clock64 as the
 CTA starts and as thread 0 reaches the end of the kernel (common.trace_cta). Cycles over nanoseconds give the SM clock
 each launch ran at: the H200 moves its clock with power, which a timeline in nanoseconds alone cannot tell from a
-slower kernel. Untraced launches compile exactly as before (the address is a compile-time 0), so
-a trace costs nothing unless asked for:
+slower kernel. Untraced launches compile exactly as before (the address is a compile-time 0), so a trace costs
+nothing unless asked for:
 
-    trace = CtaTrace(bench_moe.block_ctas(dims), "cuda")   # TP8: front 2240, gemm1 768, gemm2 1216, finalize 3584
+    trace = CtaTrace(bench_moe.block_ctas(dims, sms), "cuda")   # TP8, 132 SMs: 2240, 768, 1216 and 396 CTAs
     with tracing(trace):
         steps = moe.decode_steps(...)   # the launches read the addresses when they are compiled and launched
     ... run the block ...
-    summary = summarize(trace.records())
+    summary = summarize(trace.records(), sms)
 
 The GPU's global timer ticks in steps of ~32 ns on the H200 (the PTX manual leaves its resolution to the chip), so
 single CTAs are resolved to that; the summaries are over hundreds of CTAs.

@@ -31,7 +31,15 @@ from kimi_k3_path.kernels.experts_mma import (  # noqa: E402
     ExpertsGemm1SituMma,
     ExpertsGemm2CombineMma,
 )
-from kimi_k3_path.kernels.finalize import SIMT_MIN_CTAS_PER_SM, Finalize  # noqa: E402
+from kimi_k3_path.kernels.bench_moe import H200_SMS  # noqa: E402
+from kimi_k3_path.kernels.finalize import (  # noqa: E402
+    SIMT_MIN_CTAS_PER_SM,
+    STREAMED_CTAS_PER_SM,
+    STREAMED_STAGES,
+    Finalize,
+    FinalizeStreamed,
+    streamed_ctas,
+)
 from kimi_k3_path.kernels.gemv import WARPS_PER_CTA, SkinnyGemm, token_tile  # noqa: E402
 from kimi_k3_path.kernels.moe import FRONT_DOWN_SPLIT, ONE_TOKEN_GEMM1_CTAS_PER_SM, FrontKernel  # noqa: E402
 from kimi_k3_path.kernels.router import MAX_TOKENS, RouterTopK, router_sync_words  # noqa: E402
@@ -319,6 +327,50 @@ def test_cuda_core_finalize_fits_its_ctas_per_sm(tp, hold, rms_parts, dims, tmp_
     assert stack <= 16, f"{stack} bytes of stack (spills)"
 
 
+def _streamed_finalize(d, trace_addr: int = 0) -> FinalizeStreamed:
+    return FinalizeStreamed(d.hidden, d.latent, d.shared_intermediate, d.latent // ONE_TOKEN_ROWS, d.eps,
+                            streamed_ctas(H200_SMS), STREAMED_STAGES, trace_addr)
+
+
+def _streamed_finalize_args(d):
+    h, lat, s = d.hidden, d.latent, d.shared_intermediate
+    return (fake(BFloat16, (1, lat)), fake(BFloat16, (h, lat)), fake(BFloat16, (1, s)), fake(BFloat16, (h, s)),
+            fake(Float32, (lat // ONE_TOKEN_ROWS,)), fake(BFloat16, (1, h)), fake_stream())
+
+
+@pytest.mark.parametrize("tp", [8, 16])
+def test_streamed_finalize_copies_ahead_of_its_wait_and_fits_its_ctas_per_sm(tp, dims, tmp_path):
+    """FinalizeStreamed (v22d, v23b): its weights reach shared memory only by cp.async (LDGSTS; no weight is loaded
+    into registers), STREAMED_STAGES - 1 row pairs' copies issued before griddepcontrol.wait (ACQBULK) and one pair's
+    in the loop; every activation load comes after the wait, none on the read-only path (.CONSTANT), undefined for
+    data written while the launch runs; each copy carries L2's evict_first policy (PTX); and its registers and shared
+    memory fit STREAMED_CTAS_PER_SM CTAs per SM without a spill."""
+    d = dims(tp)
+    cute.compile(_streamed_finalize(d), *_streamed_finalize_args(d),
+                 options=f"--keep-ptx --keep-cubin --dump-dir={tmp_path}")
+    (ptx,), (cubin,) = tmp_path.glob("*.ptx"), tmp_path.glob("*.cubin")
+
+    def dump(what: str) -> str:
+        return subprocess.run([_cuobjdump(), what, str(cubin)], capture_output=True, text=True, check=True).stdout
+
+    op = _streamed_finalize(d)
+    lines = dump("-sass").splitlines()
+    wait = next(n for n, line in enumerate(lines) if "ACQBULK" in line)
+    copies = [n for n, line in enumerate(lines) if "LDGSTS" in line]
+    loads = [n for n, line in enumerate(lines) if re.search(r"\bLDG\.", line)]  # not LDGSTS nor LDGDEPBAR
+    assert sum(n < wait for n in copies) == (STREAMED_STAGES - 1) * op.vecs
+    assert len(copies) == STREAMED_STAGES * op.vecs
+    assert loads and min(loads) > wait and not any("CONSTANT" in lines[n] or ".NA" in lines[n] for n in loads)
+    copies_ptx = [line for line in ptx.read_text().splitlines() if "cp.async.cg.shared.global" in line]
+    assert len(copies_ptx) == len(copies) and all("L2::cache_hint" in line for line in copies_ptx)
+    assert "createpolicy.fractional.L2::evict_first" in ptx.read_text()
+    usage = dump("-res-usage")
+    registers, stack = (int(re.search(rf"{what}:(\d+)", usage).group(1)) for what in ("REG", "STACK"))
+    assert registers * CTA_THREADS * STREAMED_CTAS_PER_SM <= SM_REGISTERS, f"{registers} registers per thread"
+    assert stack == 0, f"{stack} bytes of stack (spills)"
+    assert STREAMED_CTAS_PER_SM * (op.smem_bytes() + 1024) <= SM_SHARED_BYTES, f"{op.smem_bytes()} bytes per CTA"
+
+
 def _front_args(d):
     m = dyn()
     e, h, lat, s, k = d.experts, d.hidden, d.latent, d.shared_intermediate, d.top_k
@@ -394,6 +446,9 @@ def test_lanes_per_row_divides_the_groups():
         (lambda: ExpertsGemm1Held(896, 3000, 384, 16, True), "latent=3000 must be a multiple of 512"),
         (lambda: ExpertsGemm1Held(896, 3584, 100, 16, False), "intermediate=100 is not a multiple of 8"),
         (lambda: ReadStream(2, via="tma"), "via='tma' is not one of"),
+        (lambda: FinalizeStreamed(7168, 3584, 768, 448, 1e-5, 396, 1), "stages=1 must be at least 2"),
+        (lambda: FinalizeStreamed(7168, 3584, 768, 0, 1e-5, 396, 3), "rms_parts=0 at least 1"),
+        (lambda: FinalizeStreamed(7168, 3584, 100, 448, 1e-5, 396, 3), "K=100"),
     ],
 )
 def test_unsupported_shapes_are_rejected_with_the_reason(build, message):
@@ -595,8 +650,7 @@ def _one_token_launches(d, trace_addr: int) -> dict:
         "gemm1": (ExpertsGemm1Held(d.experts, d.latent, d.intermediate, d.top_k, True, trace_addr), _held_gemm1_args(d)),
         "gemm2": (ExpertsGemm2OneToken(d.experts, d.latent, d.intermediate, d.top_k, s, h, False, trace_addr),
                   gemm2_args),
-        "finalize": (Finalize(h, d.latent, s, 1, True, True, d.latent // ONE_TOKEN_ROWS, d.eps, trace_addr),
-                     _finalize_args(d)),
+        "finalize": (_streamed_finalize(d, trace_addr), _streamed_finalize_args(d)),
     }
 
 

@@ -358,22 +358,42 @@ def test_one_token_gemm2_writes_the_combine_its_gamma_product_and_the_sums_of_sq
         assert rel_err(a_sh, situ_glu_packed(x.float() @ ref.shared13.float().T)) < TOL
 
 
-def test_one_token_finalize_applies_the_rms_from_partial_sums(gen, dims):
-    """The finalize's one-token form: normed holds y * gamma, sq_parts partial sums of y^2 (split unevenly here)."""
-    from kimi_k3_path.kernels.finalize import finalize
-
-    d, ref, kw, ws = weights(dims, 8, gen)
+def one_token_finalize_case(tp, gen, dims):
+    """Inputs of the one-token finalize (normed = y * gamma, sq_parts partial sums of y^2 split unevenly, a_sh),
+    a poisoned output, and the fp32 reference of what it must hold."""
+    d, ref, kw, ws = weights(dims, tp, gen)
     y = torch.randn(1, d.latent, generator=gen, device="cuda") * 3.0
     squares = y.square().reshape(-1)
     cuts = torch.sort(torch.randint(0, d.latent, (ws.sq_parts.shape[0] - 1,), generator=gen, device="cuda")).values
     sq_parts = torch.stack([part.sum() for part in torch.tensor_split(squares, cuts.cpu())])
     a_sh = torch.randn(1, d.shared_intermediate, generator=gen, device="cuda").to(torch.bfloat16)
     out = poisoned(1, d.hidden, dtype=torch.bfloat16)
-    finalize((y * ref.latent_norm).to(torch.bfloat16), kw.up, a_sh, kw.shared2, out, stream(), sq_parts=sq_parts,
-             eps=d.eps)
-    torch.cuda.synchronize()
     want = rms_norm(y, ref.latent_norm, d.eps).to(torch.bfloat16).float() @ ref.up.float().T + (
         a_sh.float() @ ref.shared2.float().T)
+    return d, kw, (y * ref.latent_norm).to(torch.bfloat16), sq_parts, a_sh, out, want
+
+
+def test_one_token_finalize_applies_the_rms_from_partial_sums(gen, dims):
+    """The held finalize's one-token form (finalize.Finalize with sq_parts)."""
+    from kimi_k3_path.kernels.finalize import finalize
+
+    d, kw, normed, sq_parts, a_sh, out, want = one_token_finalize_case(8, gen, dims)
+    finalize(normed, kw.up, a_sh, kw.shared2, out, stream(), sq_parts=sq_parts, eps=d.eps)
+    torch.cuda.synchronize()
+    assert rel_err(out, want) < TOL
+
+
+@pytest.mark.parametrize(("ctas_per_sm", "stages"), [(3, 3), (2, 4), (1, 2)])
+@pytest.mark.parametrize("tp", [8, 16])
+def test_streamed_finalize_matches_the_reference(tp, ctas_per_sm, stages, gen, dims):
+    """The block's one-token finalize (finalize.FinalizeStreamed): every row pair streamed through a ring of `stages`
+    slots by ctas_per_sm persistent CTAs per SM (3584 row pairs over 132 x 3 CTAs leave 20 of them one pair more), the
+    RMS applied from the partial sums."""
+    from kimi_k3_path.kernels.finalize import finalize_streamed
+
+    d, kw, normed, sq_parts, a_sh, out, want = one_token_finalize_case(tp, gen, dims)
+    finalize_streamed(normed, kw.up, a_sh, kw.shared2, out, sq_parts, d.eps, stream(), ctas_per_sm, stages)
+    torch.cuda.synchronize()
     assert rel_err(out, want) < TOL
 
 
@@ -493,15 +513,19 @@ def test_cta_trace_of_the_one_token_block_records_every_cta_in_launch_order(tp, 
     (stream order) while GEMM2 and the finalize start before their predecessors end (launched early), and no SM ever
     holds more CTAs of a launch than its registers allow, and each launch's SM clock is one an H200 runs at."""
     from kimi_k3_path.kernels.bench_moe import block_ctas, trace_one_token_block
+    from kimi_k3_path.kernels.finalize import STREAMED_CTAS_PER_SM
 
     t = trace_one_token_block(tp, replays=2, seed=seed)
     launches = t["launches"]
-    assert {name: launch["ctas"] for name, launch in launches.items()} == block_ctas(dims(tp))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert {name: launch["ctas"] for name, launch in launches.items()} == block_ctas(dims(tp), sms)
     assert t["rel_err"] < TOL and launches["front"]["start_us"]["first"] == 0.0
     assert launches["gemm1"]["start_us"]["first"] >= launches["front"]["end_us"]["last"]
     assert launches["gemm2"]["start_us"]["first"] < launches["gemm1"]["end_us"]["last"]
     assert launches["finalize"]["start_us"]["first"] < launches["gemm2"]["end_us"]["last"]
-    # CTAs per SM the registers allow (test_compile.py): GEMM2 with its gate_up has 60 registers at TP8, 48 at TP16.
-    for name, ctas_per_sm in {"front": 2, "gemm1": 4, "gemm2": 4 if tp == 8 else 5, "finalize": 4}.items():
+    # CTAs per SM the registers allow (test_compile.py): GEMM2 with its gate_up has 60 registers at TP8, 48 at TP16;
+    # the streamed finalize is persistent, STREAMED_CTAS_PER_SM of them on every SM.
+    for name, ctas_per_sm in {"front": 2, "gemm1": 4, "gemm2": 4 if tp == 8 else 5,
+                              "finalize": STREAMED_CTAS_PER_SM}.items():
         assert 1 <= launches[name]["max_resident_per_sm"] <= ctas_per_sm, name
         assert 500 <= launches[name]["sm_mhz"] <= 2100, (name, launches[name]["sm_mhz"])  # the H200 boosts to 1980
