@@ -35,3 +35,15 @@ def test_missing_tools_are_recorded_as_unknown(monkeypatch):
 ])
 def test_block_ctas_are_the_grids_the_traced_launches_recorded(tp, expected, dims):
     assert bench_moe.block_ctas(dims(tp)) == expected
+
+
+def test_median_summary_takes_each_figure_s_median_over_the_replays_and_skips_missing_clocks():
+    replays = [
+        {"front": {"cta_life_us": 1.0, "sm_mhz": 1900.0, "end_us": {"last": 20.0}}},
+        {"front": {"cta_life_us": 3.0, "sm_mhz": None, "end_us": {"last": 22.0}}},
+        {"front": {"cta_life_us": 2.0, "sm_mhz": 1950.0, "end_us": {"last": 19.0}}},
+    ]
+    assert bench_moe.median_summary(replays) == {"front": {"cta_life_us": 2.0, "sm_mhz": 1925.0,
+                                                           "end_us": {"last": 20.0}}}
+    assert bench_moe.median_summary([{"gemm1": {"sm_mhz": None}}]) == {"gemm1": {"sm_mhz": None}}
+

@@ -76,3 +76,9 @@ def test_a_cta_that_did_not_record_fails_the_summary(record, message):
 def test_a_launch_without_records_fails_the_summary():
     with pytest.raises(ValueError, match="has no records"):
         summarize({"front": []})
+
+
+def test_a_launch_whose_ctas_all_lived_under_a_timer_tick_has_no_clock():
+    s = summarize({"front": [(5, 5, 0, 10, 20), (7, 7, 1, 3, 9)]}, sms=2)
+    assert s["front"]["sm_mhz"] is None and s["front"]["cta_life_us"] == 0.0
+
