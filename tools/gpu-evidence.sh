@@ -13,7 +13,8 @@
 #                                               (-> kimi_k3_path/evidence/perf/, the policy's evidence_globs)
 #   $OUT/kernels/*.json                         with KERNEL_BENCH=1: the MoE block and each kernel alone at M=1
 #   $OUT/tests.log, $OUT/bench.log              everything printed (at most 8 files come back from a run:
-#                                               these are 8 with KERNEL_BENCH=1)
+#                                               these are 8 with KERNEL_BENCH=1; with more under $OUT, a
+#                                               caller's log say, all go into $OUT/gpu-evidence.tgz instead)
 # Usage on the device: SHA=<commit measured> [BENCH=0] bash tools/gpu-evidence.sh
 # Give SHA literally, as `git rev-parse HEAD` prints it here: on the device, git's HEAD in the copied tree was
 # the session's first commit, not the checkout's (it stamped run-86208e9 with 4836d86; corrected by hand).
@@ -42,4 +43,12 @@ fi
 [ "${KERNEL_BENCH:-0}" = 1 ] && python3 -m kimi_k3_path.kernels.bench_moe --tp 8,16 --batch 1 --replays 50 --commit "$SHA" \
   --out "$OUT/kernels/moe_block_m1.json" --kernels-out "$OUT/kernels/moe_kernels_m1.json" 2>&1 | tee -a "$OUT/bench.log"
 echo "gpu tests rc=$tests_rc bench rc=$bench_rc"
+# The device returns at most 8 files from $OUT and drops the rest without failing the run (it dropped perf/h200.json
+# once, when the caller's own log under $OUT made 9): past 8, pack them all into one archive that does come back.
+files=$(cd "$OUT" && find . -type f | sort)
+count=$(printf '%s\n' "$files" | grep -c .)
+if [ "$count" -gt 8 ]; then
+  echo "gpu-evidence: $count files under \$OUT, more than the 8 the device returns: packed into gpu-evidence.tgz" >&2
+  (cd "$OUT" && tar czf gpu-evidence.tgz $files && rm -f $files)
+fi
 [ "$tests_rc" = 0 ] && [ "$bench_rc" = 0 ]
