@@ -8,7 +8,9 @@ CTAs wrote normed = rms_norm(y_lat) in bf16, so this is one skinny GEMM over two
 segment. At one token GEMM2 (experts.ExpertsGemm2OneToken) writes normed = y * gamma without the RMS, and partial
 sums of y^2 per CTA (`sq_parts`): the finalize sums those and scales its W_up dot by rsqrt(sum / L + eps), a scalar
 per token, so no CTA of GEMM2 has to wait for all the others (NOTES.md v16). Split-K over the CTA's warps as in
-gemv.py; from 2 tokens on the tensor cores (mma.py), where both segments accumulate into the same C fragments.
+gemv.py; from 2 tokens on the tensor cores (mma.py), where both segments accumulate into the same C fragments. At one
+token the block runs FinalizeStreamed: persistent CTAs that stream their row pairs through shared memory (NOTES.md
+v22d, v23); Finalize, holding its weights in registers across the wait, stays the A/B baseline.
 """
 
 from __future__ import annotations
@@ -37,10 +39,10 @@ from .gemv import (
     WARPS_PER_CTA,
     alloc_scratch,
     check_k,
+    in_slice,
     load_slice,
     loaded_words,
     pin_first_words,
-    ragged,
     slice_dot,
     slice_vec,
     split_k_reduce,
@@ -344,16 +346,11 @@ class FinalizeStreamed:
             cute.arch.cp_async_wait_group(self.stages - 1)  # this thread's copies of pair i have landed
             acc = zero_acc(2, 1)
             for st in cutlass.range_constexpr(self.up_steps):
-                words = list(ld_shared_v4(self.slot(stage_base, i, st, tidx)))
-                if cutlass.const_expr(ragged(self.up_vec, st)):
-                    keep = (lane - self.up_vec % WARP) >> 31  # all ones inside the slice
-                    words = [w & keep for w in words]
+                words = in_slice(list(ld_shared_v4(self.slot(stage_base, i, st, tidx))), lane, self.up_vec, st)
                 acc[0, 0] = dot_bf16x8_packed(words, x_up[st], acc[0, 0])
             for st in cutlass.range_constexpr(self.sh_steps):
-                words = list(ld_shared_v4(self.slot(stage_base, i, self.up_steps + st, tidx)))
-                if cutlass.const_expr(ragged(self.sh_vec, st)):
-                    keep = (lane - self.sh_vec % WARP) >> 31
-                    words = [w & keep for w in words]
+                words = in_slice(list(ld_shared_v4(self.slot(stage_base, i, self.up_steps + st, tidx))), lane,
+                                 self.sh_vec, st)
                 acc[1, 0] = dot_bf16x8_packed(words, x_sh[st], acc[1, 0])
             split_k_reduce(acc, scratch, warp, lane, FINALIZE_SPLIT, 2, 1)
             if lane == 0 and part == 0:

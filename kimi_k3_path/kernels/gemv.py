@@ -75,6 +75,15 @@ def slice_vec(first_vec: Int32, lane: Int32, n_vec: int, step: int) -> Int32:
     return vec
 
 
+def in_slice(words: list, lane: Int32, n_vec: int, step: int) -> list:
+    """The words this lane loaded at `step` of a K slice of n_vec vectors, zeroed on a ragged last step for the lanes
+    past the slice (slice_vec had them reread its last vector)."""
+    if not ragged(n_vec, step):
+        return words
+    keep = (lane - n_vec % WARP) >> 31  # all ones for the lanes inside the slice, zero past it
+    return [w & keep for w in words]
+
+
 def load_slice(row_addrs: list, first_vec: Int32, lane: Int32, n_vec: int, steps: range, hint: str) -> list:
     """This lane's weight vectors of the rows at byte addresses row_addrs, at `steps` of a K slice: [step][row] -> 4
     words. Only loads: a launch started early can issue them before griddepcontrol.wait."""
@@ -99,9 +108,7 @@ def slice_dot(acc, acc_row: int, held: list, steps: range, x_addr: Int64, first_
     token m_first + mi (rows of x_elems values; fresh: read as common.load_bf16_tokens says)."""
     for step, rows in zip(steps, held):
         vec = slice_vec(first_vec, lane, n_vec, step)
-        if ragged(n_vec, step):
-            keep = (lane - n_vec % WARP) >> 31  # all ones for the lanes inside the slice, zero past it
-            rows = [[w & keep for w in words] for words in rows]
+        rows = [in_slice(words, lane, n_vec, step) for words in rows]
         tokens = load_bf16_tokens(x_addr, x_elems * 2, m_first, m_count, vec, mt, fresh)
         for r, words in enumerate(rows):
             for mi in range(mt):

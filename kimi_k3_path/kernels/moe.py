@@ -16,7 +16,8 @@ the caller's stream, with no host synchronization and no allocation, so it can b
                       experts' a_sh, whose CTAs need no wait (moe.ONE_TOKEN_SHARED_IN_GEMM2)
   4 finalize        out = normed @ W_up^T + a_sh @ W_sh2^T                                 (W_up, W_sh2)
                       (one token: the W_up term times rsqrt(sum of the partial sums / L + eps))
-                      launched while GEMM2 runs; waits for it before its first load
+                      launched while GEMM2 runs; waits for it before its first activation load, its first
+                      weights already in flight (one token: copied into shared memory, finalize.FinalizeStreamed)
 
 Weights are prepared once (`prepare_weights`); the workspace is allocated once per device (`MoeWorkspace`) for the
 largest batch and sliced per call.
