@@ -297,6 +297,10 @@ class FinalizeStreamed:
             use_pdl=True,
         )
 
+    def row_of(self, cta: Int32, unit_index: Int32, half: Int32) -> Int32:
+        """The output row of warp-half `half` in the unit_index-th row pair of CTA `cta` (pairs c, c + ctas, ...)."""
+        return (cta + unit_index * self.grid) * (WARPS_PER_CTA // FINALIZE_SPLIT) + half
+
     def slot(self, stage_base: Int32, unit_index: Int32, v: int, tidx: Int32) -> Int32:
         """Shared address of this thread's vector v of its unit_index-th row pair (consecutive threads, consecutive
         16 bytes: no bank conflicts)."""
@@ -308,7 +312,7 @@ class FinalizeStreamed:
         """cp.async this thread's weight vectors of its unit_index-th row pair (none past its last), one commit group
         per pair either way, so that cp_async_wait_group counts pairs."""
         if unit_index < units_here:
-            row = (cta + unit_index * self.grid) * (WARPS_PER_CTA // FINALIZE_SPLIT) + half
+            row = self.row_of(cta, unit_index, half)
             up_row = w_up.iterator.toint() + Int64(row) * (self.l * 2)
             sh_row = w_sh2.iterator.toint() + Int64(row) * (self.s * 2)
             for st in cutlass.range_constexpr(self.up_steps):
@@ -354,8 +358,7 @@ class FinalizeStreamed:
                 acc[1, 0] = dot_bf16x8_packed(words, x_sh[st], acc[1, 0])
             split_k_reduce(acc, scratch, warp, lane, FINALIZE_SPLIT, 2, 1)
             if lane == 0 and part == 0:
-                row = (cta + i * self.grid) * (WARPS_PER_CTA // FINALIZE_SPLIT) + half
-                out[0, row] = (acc[0, 0] * rstd + acc[1, 0]).to(BFloat16)
+                out[0, self.row_of(cta, i, half)] = (acc[0, 0] * rstd + acc[1, 0]).to(BFloat16)
         traced(self.trace_addr, cta, tidx, True)
 
 
