@@ -480,6 +480,8 @@ def test_latent_moe_decode_matches_reference(tp, m, same_experts, gen, dims):
     if same_experts:
         assert int(ws.plan[0][0]) == d.top_k and ws.plan[2][: d.top_k].eq(m).all()
     assert rel_err(out, latent_moe(x, ref, d)) < TOL
+    assert not ws.router_sync.any()  # every counter and token mask left zero for the next block
+    assert ws.gemm2_counter.tolist() == [0, 0]
 
 
 @pytest.mark.parametrize("m", [4, 33])
@@ -504,6 +506,34 @@ def test_latent_moe_decode_replays_in_a_cuda_graph(m, gen, dims):
         graph.replay()
         torch.cuda.synchronize()
         assert rel_err(out, latent_moe(x, ref, d)) < TOL
+
+
+@pytest.mark.parametrize("m", [1, 8])
+def test_a_block_reads_the_output_of_the_block_before_it(m, gen, dims):
+    """Two blocks back to back on one stream and one workspace, the second's x the first's output, in a CUDA graph
+    replayed twice: each launch started early (GEMM2, the finalize) must read what the launch before it wrote, the
+    front must start only after the finalize before it has written its x, and the counters one block leaves must be
+    those the next expects."""
+    from kimi_k3_path.kernels.moe import latent_moe_decode
+
+    d, ref, kw, ws = weights(dims, 8, gen)
+    x = torch.randn(m, d.hidden, generator=gen, device="cuda").to(torch.bfloat16)
+    mid, out = poisoned(m, d.hidden, dtype=torch.bfloat16), poisoned(m, d.hidden, dtype=torch.bfloat16)
+    latent_moe_decode(x, kw, ws, mid, stream())  # compile outside the capture
+    latent_moe_decode(mid, kw, ws, out, stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        latent_moe_decode(x, kw, ws, mid, torch.cuda.current_stream())
+        latent_moe_decode(mid, kw, ws, out, torch.cuda.current_stream())
+    for _ in range(2):
+        x.copy_(torch.randn(m, d.hidden, generator=gen, device="cuda").to(torch.bfloat16))
+        mid.fill_(float("nan"))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert rel_err(mid, latent_moe(x, ref, d)) < TOL
+        assert rel_err(out, latent_moe(mid, ref, d)) < TOL
+        assert not ws.router_sync.any()
 
 
 @pytest.mark.parametrize("tp", [8, 16])
