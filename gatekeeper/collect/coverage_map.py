@@ -47,7 +47,9 @@ def from_coverage_data(cov: coverage.Coverage, repo: Path, paths: Iterable[str],
     for path in paths:
         _, statements, excluded, _, _ = cov.analysis2(str(repo / path))
         by_line = data.contexts_by_lineno(measured[path]) if path in measured else {}
-        covered = {line: tuple(sorted({table.index(c) for c in ctxs})) for line, ctxs in by_line.items() if line in statements}
+        # Sorted: the first-seen order of the table must not follow the sets' iteration order (PYTHONHASHSEED).
+        covered = {line: tuple(sorted({table.index(c) for c in sorted(ctxs)}))
+                   for line, ctxs in sorted(by_line.items()) if line in statements}
         files.append(FileCoverage(
             path=path, statements=tuple(statements), excluded=tuple(excluded),
             spans=statement_spans((repo / path).read_text(encoding="utf-8")), covered=covered,
