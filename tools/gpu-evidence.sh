@@ -4,7 +4,8 @@
 #   $OUT/gpu/nodeids.txt                        raw data file (a few MB; its `coverage json --show-contexts`
 #                                               report repeats every test id on every line, 16+ MB) and the
 #                                               collected node ids. Afterwards, on the CPU machine, in a
-#                                               checkout of $SHA (docs/evidence.md, "GPU reports"):
+#                                               checkout of $SHA: tools/gpu-evidence-import.sh <run folder>,
+#                                               which does the following (docs/evidence.md, "GPU reports"):
 #                                                 gatekeeper gpu-report --junit gpu/junit.xml --coverage gpu/.coverage \
 #                                                   --nodeids gpu/nodeids.txt --commit $SHA --repo . \
 #                                                   --out kimi_k3_path/evidence/gpu/gpu-evidence.json

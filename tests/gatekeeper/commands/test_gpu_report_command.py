@@ -282,3 +282,43 @@ def test_the_report_is_the_same_whatever_the_hash_seed(gpu_run, tmp_path):
         reports.append(out.read_bytes())
     assert all(report == reports[0] for report in reports[1:])
 
+
+IMPORT_SCRIPT = Path(__file__).resolve().parents[3] / "tools" / "gpu-evidence-import.sh"
+
+
+def _device_run(gpu_run: GpuRun, folder: Path, measured_at: str) -> Path:
+    """The files tools/gpu-evidence.sh hands back, in its layout, its bench JSON stamped `measured_at`."""
+    (folder / "gpu").mkdir(parents=True)
+    (folder / "perf").mkdir()
+    for name in ("junit.xml", ".coverage", "nodeids.txt"):
+        shutil.copy(gpu_run.out / name, folder / "gpu" / name)
+    (folder / "tests.log").write_text("4 tests\n")
+    (folder / "bench.log").write_text("rows\n")
+    (folder / "perf" / "h200.json").write_text(f'{{"commit": "{measured_at}", "rows": []}}')
+    return folder
+
+
+def _import(gpu_run: GpuRun, tmp_path: Path, measured_at: str) -> tuple[subprocess.CompletedProcess, Path]:
+    checkout = tmp_path / "checkout"
+    subprocess.run(["git", "clone", "-q", str(gpu_run.checkout), str(checkout)], check=True, timeout=60)
+    run = _device_run(gpu_run, tmp_path / "run", measured_at)
+    env = dict(os.environ, GATEKEEPER=str(Path(sys.executable).with_name("gatekeeper")))
+    done = subprocess.run(["bash", str(IMPORT_SCRIPT), str(run)], cwd=checkout, env=env, capture_output=True,
+                          text=True, timeout=120)
+    return done, checkout
+
+
+def test_the_import_script_brings_a_run_at_head_into_the_evidence(gpu_run, tmp_path):
+    done, checkout = _import(gpu_run, tmp_path, gpu_run.sha)
+    assert done.returncode == 0, done.stderr
+    evidence = checkout / "kimi_k3_path" / "evidence"
+    assert load_evidence(evidence / "gpu" / "gpu-evidence.json").head.sha == gpu_run.sha
+    assert (evidence / "perf" / "h200.json").read_text().startswith(f'{{"commit": "{gpu_run.sha}"')
+    assert sorted(p.name for p in (evidence / f"run-{gpu_run.sha[:7]}").iterdir()) == ["bench.log", "tests.log"]
+
+
+def test_the_import_script_refuses_a_run_measured_at_another_commit(gpu_run, tmp_path):
+    done, checkout = _import(gpu_run, tmp_path, "0" * 40)
+    assert done.returncode == 1
+    assert f"was measured at {'0' * 40}, not at HEAD {gpu_run.sha}" in done.stderr
+    assert not (checkout / "kimi_k3_path").exists()  # nothing written
