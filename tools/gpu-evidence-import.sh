@@ -15,7 +15,7 @@ if ! git diff --quiet HEAD -- kimi_k3_path tests; then
   exit 1
 fi
 for f in gpu/junit.xml gpu/.coverage gpu/nodeids.txt tests.log; do
-  [ -f "$run/$f" ] || { echo "gpu-evidence-import: $run/$f is missing (did the run finish?)" >&2; exit 1; }
+  [ -f "$run/$f" ] || { echo "gpu-evidence-import: $run/$f is missing (did the run finish? a run of more than 8 files comes back as gpu-evidence.tgz: unpack it there first)" >&2; exit 1; }
 done
 for f in "$run"/perf/h200.json "$run"/kernels/*.json; do
   [ -f "$f" ] || continue
