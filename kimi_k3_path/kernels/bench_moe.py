@@ -205,10 +205,10 @@ def block_ctas(d, sms: int = H200_SMS) -> dict[str, int]:
     from kimi_k3_path.kernels.experts import ExpertsGemm2OneToken, held_gemm1_ctas
     from kimi_k3_path.kernels.finalize import Finalize, streamed_ctas
     from kimi_k3_path.kernels.gemv import token_tile
-    from kimi_k3_path.kernels.moe import ONE_TOKEN_SHARED_IN_GEMM2, FrontKernel
 
-    in_gemm2 = d.shared_intermediate if ONE_TOKEN_SHARED_IN_GEMM2 else 0
-    front = FrontKernel(d.experts, d.hidden, d.latent, d.shared_intermediate, d.top_k, d.routed_scaling_factor, 1,
+    # The module's knobs as they are now (probes set them), not as they were at import.
+    in_gemm2 = d.shared_intermediate if moe.ONE_TOKEN_SHARED_IN_GEMM2 else 0
+    front = moe.FrontKernel(d.experts, d.hidden, d.latent, d.shared_intermediate, d.top_k, d.routed_scaling_factor, 1,
                         token_tile(1, tensor_cores=False), shared=not in_gemm2)
     return {
         "front": front.ctas(),

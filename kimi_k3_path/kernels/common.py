@@ -183,6 +183,18 @@ def ld_coherent_i32(addr: Int64) -> Int32:
     return cute.arch.inline_ptx("ld.global.cg.b32 {$w0}, [{$r0}];", write_only_types=[Int32], read_only_args=[addr])
 
 
+def ld_relaxed_i32(addr: Int64) -> Int32:
+    """A device-scope relaxed load (strong, from L2): a poll of a word another CTA of the same launch stores with a
+    strong store, which it sees once written."""
+    return cute.arch.inline_ptx(
+        "ld.relaxed.gpu.global.b32 {$w0}, [{$r0}];", write_only_types=[Int32], read_only_args=[addr]
+    )
+
+
+def bits_to_f32(word: Int32) -> Float32:
+    return cute.arch.inline_ptx("mov.b32 {$w0}, {$r0};", write_only_types=[Float32], read_only_args=[word])
+
+
 def ld_acquire_i32(addr: Int64) -> Int32:
     """A device-scope acquire load: what the writers released before their update of addr is visible after it."""
     return cute.arch.inline_ptx(

@@ -62,6 +62,7 @@ from .router import (
     router_part,
     router_smem_bytes,
     router_sync_words,
+    unset_logits,
 )
 from .shared import check_shared, mma_shared_part, shared_ctas, shared_part
 from .trace import trace_address
@@ -316,8 +317,9 @@ class MoeWorkspace:
         f32 = dict(device=device, dtype=torch.float32)
         bf16 = dict(device=device, dtype=torch.bfloat16)
         m, e, k = MAX_TOKENS, w.experts, w.top_k
-        self.logits = torch.empty(m, e, **f32)
-        # Arrival counters (and the router's token masks) for the last CTAs' work; each launch leaves them zero.
+        # The router's state: logits polled for (router.LOGIT_UNSET until stored), arrival counters (and the router's
+        # token masks) for the last CTAs' work; each launch leaves them so.
+        self.logits = unset_logits(m, e, device)
         self.router_sync = torch.zeros(router_sync_words(e), **i32)
         self.gemm2_counter = torch.zeros(2, **i32)  # arrivals, and the norm's CTAs done waiting (experts.norm_tail)
         self.ids = torch.empty(m, k, **i32)

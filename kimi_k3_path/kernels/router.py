@@ -2,11 +2,17 @@
 selection only, top-k, renormalized weights; and the expert plan the grouped expert kernels read.
 
 Every CTA computes the logits of one expert for all tokens (two at one token: router_split; in the block's front from
-16 tokens: of 16 experts, on the tensor cores; moe.FrontKernel); the last n = min(ceil(M / 8), 8) CTAs to finish select the
-top-k once all logits are in (8 tokens at a time each, one warp per token: radix select of the k-th key, then a rank
-sort of the k winners), marking each token in its chosen experts' masks; the last of them to finish groups the
-(token, slot) pairs by expert with all its warps. Device-scope counters and masks in `sync` are left zero for the
-next launch, so CUDA-graph replays need no host work.
+16 tokens: of 16 experts, on the tensor cores; moe.FrontKernel); n = min(ceil(M / 8), 8) CTAs select the top-k once
+all logits are in (8 tokens at a time each, one warp per token: radix select of the k-th key, then a rank sort of the
+k winners), marking each token in its chosen experts' masks; the last of them to finish groups the (token, slot) pairs
+by expert with all its warps. Who selects, and how it knows the logits are in:
+  - CUDA-core logits: the first n CTAs. Every logit word holds LOGIT_UNSET until its CTA stores the logit (a strong
+    store), and a selecting warp polls its token's words until none is unset; it then sets them back to LOGIT_UNSET
+    for the next launch. No CTA counts in: the count-in (barrier, device-scope fence, atomic round trip) held each of
+    the 448 one-token router CTAs ~1-2 us past its last load, 2.4 us of the front alone (NOTES.md v30).
+  - tensor-core logits (plain stores from mma.py's epilogue): every CTA counts in, and the last n select.
+Counters and masks in `sync` are left zero, and the logits LOGIT_UNSET, for the next launch, so CUDA-graph replays need
+no host work.
   - ties: equal keys go to the lower expert index (the reference's stable descending sort);
   - NaN: a NaN key ranks below every number (-inf included) and is taken only when fewer than k numbers remain,
     the lowest indices first;
@@ -25,8 +31,9 @@ from .common import (
     WARP,
     arrival,
     lane_group_sum,
-    ld_coherent_f32,
+    bits_to_f32,
     ld_coherent_i32,
+    ld_relaxed_i32,
     sigmoid,
     wait_for_all,
 )
@@ -52,7 +59,11 @@ CANDIDATES = WARPS_PER_CTA * WARP  # each warp's k <= 32 winners of its current 
 # run): with one CTA selecting for every token the front took 167 us at M=64 (TP8), with 4 or 8 CTAs 125 us; the block
 # 838 -> 795 us at TP8 M=64, 572 -> 530 at TP16, 506 -> 481 at TP8 M=32; M <= 8 needs one CTA anyway.
 ROUTER_TAIL_CTAS = 8
-MASKS = 4  # sync words: [0] arrivals, [1] waiters done, [2] selections done, [3] unused; then the masks
+MASKS = 4  # sync words: [0] arrivals, [1] waiters done (both tensor-core logits only), [2] selections done, [3] unused;
+# then the masks
+# What every logit word holds until its logit is stored: the NaN bit pattern 0xFFFFFFFF, which arithmetic never yields
+# (the GPU's NaN results are 0x7FFFFFFF) and publish_logit never stores.
+LOGIT_UNSET = -1
 
 
 def router_sync_words(experts: int) -> int:
@@ -112,6 +123,22 @@ def check_router(experts: int, hidden: int, top_k: int) -> None:
     check_k(hidden, ROUTER_SPLIT, "RouterTopK")
 
 
+def publish_logit(addr: Int64, logit: Float32) -> None:
+    """Store a CUDA-core logit for the selecting warps that poll for it: a strong store (st.relaxed.gpu), and a NaN
+    with the LOGIT_UNSET pattern stored as the canonical NaN (it ranks the same: below every number)."""
+    cute.arch.inline_ptx(
+        "{\n"
+        ".reg .pred unset;\n"
+        ".reg .b32 b;\n"
+        "mov.b32 b, {$r1};\n"
+        "setp.eq.b32 unset, b, 0xFFFFFFFF;\n"
+        "selp.b32 b, 0x7FFFFFFF, b, unset;\n"
+        "st.relaxed.gpu.global.b32 [{$r0}], b;\n"
+        "}",
+        read_only_args=[addr, logit],
+    )
+
+
 @cute.jit
 def router_part(
     x: cute.Tensor,
@@ -142,8 +169,9 @@ def router_part(
 ):
     """CTA `cta` of the router CTAs: the logits of expert `cta` for every token on the CUDA cores (mt tokens at a
     time), or with mma_mt > 0 those of experts 16*cta .. 16*cta + 15 on the tensor cores (mma.mma_rows_part, token
-    tile mma_mt, mma_scratch its shared memory); the last router CTAs to finish then select (up to tail_ctas of them)
-    and plan (the last of those) for all tokens."""
+    tile mma_mt, mma_scratch its shared memory); up to tail_ctas of the router CTAs then select (the first ones on the
+    CUDA cores, the last to finish on the tensor cores: see the module docstring) and the last of those plans for all
+    tokens."""
     mask_lo, mask_hi, slot_of, flag, cand_key, cand_id, score_rows, chunk_active, bias_s = state
     lane = tidx % WARP
     warp = tidx // WARP
@@ -164,13 +192,20 @@ def router_part(
             if lane == 0 and warp % split == 0:
                 for mi in cutlass.range_constexpr(mt):
                     if m_first + mi < m_count:
-                        logits[m_first + mi, expert] = acc[0, mi]
+                        publish_logit(logits.iterator.toint() + (Int64(m_first + mi) * experts + expert) * 4,
+                                      acc[0, mi])
 
-    # Publish the logits and count in; the last n to arrive select once every CTA has (common.wait_for_all).
     n = cutlass.min((m_count + WARPS_PER_CTA - 1) // WARPS_PER_CTA, tail_ctas)
-    place = arrival(sync.iterator, flag, tidx) - (ctas - n)
+    if cutlass.const_expr(mma_mt > 0):
+        place = arrival(sync.iterator, flag, tidx) - (ctas - n)  # the last n to count in select
+    else:
+        # The first n CTAs select: they poll while the others run beside them (n <= 8 of the GPU's 264+ CTA places).
+        place = Int32(-1)
+        if cta < n:
+            place = cta
     if place >= 0:
-        wait_for_all(sync, tidx, ctas, n)
+        if cutlass.const_expr(mma_mt > 0):
+            wait_for_all(sync, tidx, ctas, n)
         # Unrolled, so that every thread's bias loads are in flight together (one round trip, not four).
         for i in cutlass.range_constexpr((experts + WARPS_PER_CTA * WARP - 1) // (WARPS_PER_CTA * WARP)):
             e = tidx + i * WARPS_PER_CTA * WARP
@@ -178,7 +213,7 @@ def router_part(
                 bias_s[e] = bias[e]
         cute.arch.sync_threads()
         select_top_k(logits, bias_s, ids, weights, sync, cand_key, cand_id, score_rows, lane, warp,
-                     place * WARPS_PER_CTA, n * WARPS_PER_CTA, m_count, experts, top_k, scaling)
+                     place * WARPS_PER_CTA, n * WARPS_PER_CTA, m_count, experts, top_k, scaling, mma_mt == 0)
         if arrival(sync.iterator + 2, flag, tidx) == n - 1:  # every selection is in: plan, and leave sync zero
             cute.arch.fence_acq_rel_gpu()
             # All of a thread's mask words are loaded before any is used: one L2 round trip, not one per word.
@@ -215,6 +250,19 @@ def router_part(
                 slot_pairs[slot_of[e], rank] = p
 
 
+def any_unset(words, n: int):
+    """Whether any of the first n words is still LOGIT_UNSET."""
+    unset = words[0] == LOGIT_UNSET
+    for j in range(1, n):
+        unset = unset | (words[j] == LOGIT_UNSET)
+    return unset
+
+
+def unset_logit(addr: Int64) -> None:
+    """Set a logit word back to LOGIT_UNSET once read (the next launch's stores are ordered after it by the launch)."""
+    cute.arch.inline_ptx("st.global.b32 [{$r0}], 0xFFFFFFFF;", read_only_args=[addr])
+
+
 def order_key(key: Float32) -> Int32:
     """An int32 whose signed order is the order of the fp32 `key` (-0 == +0); NaN maps to INT32_MIN, below the key
     of every number (-inf included). Positive floats keep their bits; negative ones flip all but the sign."""
@@ -246,11 +294,12 @@ def warp_sum_i32(value: Int32) -> Int32:
 @cute.jit
 def select_top_k(
     logits, bias_s, ids, weights, sync, cand_key, cand_id, score_rows, lane, warp, first, step, m_count,
-    experts: cutlass.Constexpr, top_k: cutlass.Constexpr, scaling: cutlass.Constexpr,
+    experts: cutlass.Constexpr, top_k: cutlass.Constexpr, scaling: cutlass.Constexpr, poll: cutlass.Constexpr,
 ):
     """One warp per token (tokens first + warp, then every `step`-th): top-k of sigmoid(logit) + bias over E experts
     (expert lane + 32j in lane `lane`, slot j), ties to the lower index; renormalized weights; the token's bit in each
-    chosen expert's mask in `sync` (device-scope atomics: the selecting CTAs share the masks).
+    chosen expert's mask in `sync` (device-scope atomics: the selecting CTAs share the masks). poll: wait until none
+    of the token's logit words is LOGIT_UNSET; either way they are LOGIT_UNSET again once read (for the next launch).
 
     Radix select instead of k argmax rounds: the k-th largest order key T is found bit by bit (32 rounds of one
     compare per key and one redux.sync), the winners are the keys above T plus the lowest-index keys equal to T
@@ -262,7 +311,7 @@ def select_top_k(
     base = warp * WARP
     score_base = warp * _words(experts)
     per_batch: cutlass.Constexpr = per_lane // LOAD_BATCHES
-    logit_in = cute.make_rmem_tensor(per_batch, Float32)
+    logit_in = cute.make_rmem_tensor(per_batch, Int32)
     for m in cutlass.range(first + warp, m_count, step):
         row_addr = logits.iterator.toint() + Int64(m) * (experts * 4) + Int64(lane) * 4
         # Loads first, then the arithmetic: the sigmoid's IEEE reciprocal expands to a branch, and loads
@@ -270,11 +319,20 @@ def select_top_k(
         # Two batches of per_lane/2 loads keep the registers under the streaming part's (occupancy).
         for half in cutlass.range_constexpr(LOAD_BATCHES):
             for jj in cutlass.range_constexpr(per_batch):
-                logit_in[jj] = ld_coherent_f32(row_addr + (half * per_batch + jj) * WARP * 4)
+                logit_in[jj] = ld_relaxed_i32(row_addr + (half * per_batch + jj) * WARP * 4)
+            if cutlass.const_expr(poll):
+                unset = cute.arch.vote_ballot_sync(any_unset(logit_in, per_batch))
+                while unset != 0:
+                    for jj in cutlass.range_constexpr(per_batch):
+                        if logit_in[jj] == LOGIT_UNSET:
+                            logit_in[jj] = ld_relaxed_i32(row_addr + (half * per_batch + jj) * WARP * 4)
+                    unset = cute.arch.vote_ballot_sync(any_unset(logit_in, per_batch))
+            for jj in cutlass.range_constexpr(per_batch):
+                unset_logit(row_addr + (half * per_batch + jj) * WARP * 4)
             for jj in cutlass.range_constexpr(per_batch):
                 j = half * per_batch + jj
                 e = lane + j * WARP
-                score = sigmoid(logit_in[jj])
+                score = sigmoid(bits_to_f32(logit_in[jj]))
                 score_rows[score_base + e] = score
                 keys[j] = order_key(score + bias_s[e])
         # T = the largest t with #(keys >= t) >= k, built from the top bit down in unsigned space (u = s ^ INT_MIN).
@@ -368,8 +426,8 @@ def number_active(mask_lo, mask_hi, slot_of, n_active, slot_expert, slot_count, 
 
 class RouterTopK:
     """Logits, top-k and expert plan in one launch of E CTAs. Tensors (M dynamic, S = E plan slots):
-    x [M, H] bf16, w [E, H] bf16, bias [E] fp32, logits [M, E] fp32 (scratch), sync [router_sync_words(E)] int32
-    (zero before the first launch; left zero), ids [M, k] int32, weights [M, k] fp32, n_active [1] int32,
+    x [M, H] bf16, w [E, H] bf16, bias [E] fp32, logits [M, E] fp32 (every word LOGIT_UNSET before the first launch;
+    left so), sync [router_sync_words(E)] int32 (zero before the first launch; left zero), ids [M, k] int32, weights [M, k] fp32, n_active [1] int32,
     slot_expert [S] int32, slot_count [S] int32, slot_pairs [S, MAX_TOKENS] int32."""
 
     def __init__(self, experts: int, hidden: int, top_k: int, scaling: float, mt: int,
@@ -402,9 +460,17 @@ class RouterTopK:
                     state, scratch, bidx, tidx, m_count, self.e, self.h, self.k, self.scaling, self.mt, self.tail_ctas)
 
 
+def unset_logits(rows: int, experts: int, device):
+    """A router logits buffer [rows, E] fp32 as the router expects it before its first launch: every word LOGIT_UNSET."""
+    import torch
+
+    return torch.full((rows, experts), LOGIT_UNSET, dtype=torch.int32, device=device).view(torch.float32)
+
+
 def router_topk(x, w, bias, top_k: int, scaling: float, logits, sync, ids, weights, plan, stream) -> None:
-    """Launch the router on `stream`. x [M, H] bf16 (M <= 64), w [E, H] bf16, bias [E] fp32; scratch logits
-    [>=M, E] fp32 and sync [router_sync_words(E)] int32 (zero once; the kernel leaves it zero); outputs ids [M, k]
+    """Launch the router on `stream`. x [M, H] bf16 (M <= 64), w [E, H] bf16, bias [E] fp32; its state, logits
+    [>=M, E] fp32 (every word LOGIT_UNSET once: unset_logits) and sync [router_sync_words(E)] int32 (zero once), which
+    the kernel leaves so; outputs ids [M, k]
     int32, weights [M, k] fp32 and plan = (n_active [1], slot_expert [E], slot_count [E], slot_pairs [E, 64]) int32."""
     from cutlass import BFloat16, Int32
 

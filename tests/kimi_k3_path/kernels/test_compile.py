@@ -413,6 +413,25 @@ def test_front_router_on_tensor_cores_takes_one_cta_per_16_experts(mt, dims):
     assert _front(d, mt, router_mma=True).router_ctas == d.experts // 16
 
 
+def _sass_ops(sass: list[str]) -> list[str]:
+    """The opcode (with its modifiers) of every instruction line of a SASS listing, predicates dropped."""
+    ops = [line.split(";")[0].split("*/")[-1].split() for line in sass if re.search(r"/\*[0-9a-f]{4}\*/", line)]
+    return [op[1] if op[0].startswith("@") else op[0] for op in ops if op]
+
+
+@pytest.mark.parametrize(("mt", "router_mma"), [(1, False), (8, False), (16, True)])
+def test_front_counts_its_router_ctas_in_only_when_the_logits_are_on_the_tensor_cores(mt, router_mma, dims,
+                                                                                     tmp_path):
+    """v30: on the CUDA cores the router CTAs store their logits with a strong store and leave; the selecting warps
+    poll for them. One ATOMG.ADD is left: the selecting CTAs' count-in before the plan. The tensor-core logits are
+    plain stores, fenced by every CTA's count-in (ATOMG.ADD), the waiters' count-out (another) and the plan's."""
+    d = dims(8)
+    ops = _sass_ops(_sass(_front(d, mt, router_mma), _front_args(d), tmp_path))
+    adds = [op for op in ops if op.startswith("ATOMG") and ".ADD" in op]
+    assert len(adds) == (3 if router_mma else 1), adds
+    assert ("STG.E.STRONG.GPU" in ops) != router_mma  # router.publish_logit
+
+
 def test_token_tile_covers_every_batch():
     batches = (1, 2, 3, 4, 5, 8, 9, 16, 17, 33, 64, 65)
     assert [token_tile(m) for m in batches] == [1, 16, 16, 16, 16, 16, 16, 16, 32, 64, 64, 8]
@@ -513,9 +532,7 @@ def test_read_stream_keeps_each_batch_of_loads_in_flight_together(in_flight, wai
     "start" waits for the predecessor before any load, "held" only after its first batch is issued."""
     op = ReadStream(in_flight, wait, trigger=True)
     sass = _sass(op, (fake(Int32, (dyn(),)), fake(Int32, (dyn(),)), Int32(1), fake_stream()), tmp_path)
-    ops = [line.split(";")[0].split("*/")[-1].split() for line in sass if re.search(r"/\*[0-9a-f]{4}\*/", line)]
-    ops = [op[1] if op[0].startswith("@") else op[0] for op in ops if op]
-    ops = [op for op in ops if op.startswith(("LDG", "LOP3", "ACQBULK"))]
+    ops = [op for op in _sass_ops(sass) if op.startswith(("LDG", "LOP3", "ACQBULK"))]
     first_load = ops.index(next(op for op in ops if op.startswith("LDG")))
     batch = ops[first_load:first_load + in_flight + 1]
     assert all(op.startswith("LDG") for op in batch[:in_flight]) and batch[in_flight].startswith("LOP3"), batch
