@@ -47,9 +47,10 @@ def from_coverage_data(cov: coverage.Coverage, repo: Path, paths: Iterable[str],
     for path in paths:
         _, statements, excluded, _, _ = cov.analysis2(str(repo / path))
         by_line = data.contexts_by_lineno(measured[path]) if path in measured else {}
+        executable = set(statements)  # a list: one membership test per measured line would scan it
         # Sorted: the first-seen order of the table must not follow the sets' iteration order (PYTHONHASHSEED).
         covered = {line: tuple(sorted({table.index(c) for c in sorted(ctxs)}))
-                   for line, ctxs in sorted(by_line.items()) if line in statements}
+                   for line, ctxs in sorted(by_line.items()) if line in executable}
         files.append(FileCoverage(
             path=path, statements=tuple(statements), excluded=tuple(excluded),
             spans=statement_spans((repo / path).read_text(encoding="utf-8")), covered=covered,
