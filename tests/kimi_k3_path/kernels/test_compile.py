@@ -51,6 +51,8 @@ from kimi_k3_path.kernels.stream import ReadStream  # noqa: E402
 SM_REGISTERS = 65536  # per SM on the H200 (sm_90)
 CTA_THREADS = WARPS_PER_CTA * 32  # every latent-MoE kernel launches 8 warps per CTA
 SM_SHARED_BYTES = 228 * 1024  # per SM, of which each resident CTA also takes 1 KB
+SM_L1_AND_SHARED_KB = 256  # one array per SM, split between L1 and shared memory at one of these carveouts (sm_90)
+SM_CARVEOUTS_KB = (0, 8, 16, 32, 64, 100, 132, 164, 196, 228)
 
 
 def _compiles(op, *args) -> None:
@@ -505,22 +507,31 @@ def test_front_keeps_one_chunk_in_flight_only_with_its_router_on_the_tensor_core
 
 
 
-@pytest.mark.parametrize(("mt", "router_mma", "ctas_per_sm"),
-                         [(1, False, 2), (16, False, 2), (16, True, 3), (32, True, 2), (64, True, 2)])
+@pytest.mark.parametrize(("mt", "router_mma", "ctas_per_sm", "l1_kb"),
+                         [(1, False, 2, 124), (16, False, 2, 124), (16, True, 3, 60), (32, True, 2, 124),
+                          (64, True, 2, 92)])
 @pytest.mark.parametrize("tp", [8, 16])
-def test_front_fits_the_ctas_per_sm_it_was_measured_at(tp, mt, router_mma, ctas_per_sm, dims, tmp_path):
+def test_front_keeps_the_occupancy_and_l1_it_was_measured_at(tp, mt, router_mma, ctas_per_sm, l1_kb, dims,
+                                                             tmp_path):
     """CTAs per SM of the block's front at each token tile, from the cubin's registers (allocated in units of 8 per
-    thread) and the launch's shared memory. Its occupancy decides how much L1 is left for x, which every CTA rereads
-    (v10g: 4 CTAs per SM at 4 tokens took the front from 41 to 58 us), and v15d saw the front move by 2x with its
-    chunk order; a change that moves these numbers needs a new measurement on the H200 (NOTES.md) and this table."""
+    thread) and the launch's shared memory, and the L1 those CTAs' shared memory leaves: the SM's 256 KB less the
+    smallest carveout that holds them (assumed to be the driver's choice without a preference; not read back).
+    Occupancy decides how much L1 is left for x, which every CTA rereads (v10g: 4 CTAs per SM at 4 tokens took the
+    front from 41 to 58 us), and v15d saw the front move by 2x with its chunk order. L1 matters at one token too:
+    v31a's one-token front at 100 KB of shared memory per CTA (the same 2 CTAs per SM, L1 28 KB) took 21.9 us alone
+    against 18.5, and the M=8 block 183 us against 161. A change that moves these numbers needs a new measurement on
+    the H200 (NOTES.md) and this table."""
     d = dims(tp)
     op = _front(d, mt, router_mma)
     registers = -(-_registers(op, _front_args(d), tmp_path) // 8) * 8
     by_registers = SM_REGISTERS // (registers * CTA_THREADS)
     by_shared = SM_SHARED_BYTES // (op.smem_bytes() + 1024)
-    assert min(by_registers, by_shared) == ctas_per_sm, (
-        f"{registers} registers, {op.smem_bytes()} bytes of smem: the front's occupancy moved (a kernel change, or "
-        f"another CuTe DSL / ptxas version); time it on the H200 (NOTES.md v15d) before updating this table")
+    ctas = min(by_registers, by_shared)
+    shared = ctas * (op.smem_bytes() + 1024)
+    l1 = SM_L1_AND_SHARED_KB - next(kb for kb in SM_CARVEOUTS_KB if kb * 1024 >= shared)
+    assert (ctas, l1) == (ctas_per_sm, l1_kb), (
+        f"{registers} registers, {op.smem_bytes()} bytes of smem: the front's occupancy or L1 moved (a kernel change, "
+        f"or another CuTe DSL / ptxas version); time it on the H200 (NOTES.md v15d, v31a) before updating this table")
 
 
 @pytest.mark.parametrize("in_flight", [2, 4, 8])
