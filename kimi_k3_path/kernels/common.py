@@ -30,6 +30,9 @@ WEIGHT_LOADS = {
     "no_allocate_l2_256": "ld.global.nc.L1::no_allocate.L2::256B.v4.b32",
     "evict_first": "ld.global.nc.L1::evict_first.v4.b32",
     "plain": "ld.global.nc.v4.b32",
+    # Not .nc: ptxas keeps a weak load on its side of a bar.sync (another thread of the CTA could have written the
+    # address before it), so loads issued ahead of a barrier stay there without a pin on their values (v32a).
+    "ordered": "ld.global.L1::no_allocate.v4.b32",
 }
 DEFAULT_WEIGHT_LOAD = "no_allocate"
 
@@ -80,8 +83,10 @@ def batch_zero(m_count: Int32) -> Int32:
     return m_count >> 7
 
 
-def ld_u8(addr: Int64) -> Int32:
-    return cute.arch.inline_ptx("ld.global.nc.u8 {$w0}, [{$r0}];", write_only_types=[Int32], read_only_args=[addr])
+def ld_u8(addr: Int64, ordered: bool = False) -> Int32:
+    """One byte (a scale); ordered: a weak load, kept ahead of a later bar.sync as WEIGHT_LOADS["ordered"]."""
+    op = "ld.global.u8" if ordered else "ld.global.nc.u8"
+    return cute.arch.inline_ptx(op + " {$w0}, [{$r0}];", write_only_types=[Int32], read_only_args=[addr])
 
 
 def prefetch_l1(addr: Int64) -> None:

@@ -322,12 +322,16 @@ class ExpertsGemm1Held:
             packed = []
             scale_bytes = []
             for gi in cutlass.range_constexpr(self.groups_per_lane):
-                packed.append(list(ld_weight_v4(row_addr + Int64(gi * GEMM1_LANES_PER_ROW * VEC_BYTES))))
-                scale_bytes.append(ld_u8(scale_addr + Int64(gi * GEMM1_LANES_PER_ROW)))
+                packed.append(list(ld_weight_v4(row_addr + Int64(gi * GEMM1_LANES_PER_ROW * VEC_BYTES), "ordered")))
+                scale_bytes.append(ld_u8(scale_addr + Int64(gi * GEMM1_LANES_PER_ROW), ordered=True))
+            cute.arch.sync_warp()  # weak loads stay ahead of it: all of them issued before the copy's first wait
             pieces = self.load_row(x_lat, pair, tidx)
-            # Every load above in flight before the first store (ptxas would sink the weights next to their uses).
-            loaded = [w for words in packed for w in words] + scale_bytes + [w for piece in pieces for w in piece]
-            zero = after_all_loads(Int32(0), loaded, slot >> 10)
+            # The row copy and the barrier wait for x_lat only, and each group's math then for its own weights. Before
+            # v32a the weights were pinned with x before the first store, so that the whole CTA's math waited for its
+            # slowest warp's last bytes; the math, issue-bound at 4 CTAs per SM, is GEMM1's excess over its bytes
+            # (NOTES.md v31d). Weak (ordered) loads stay ahead of the barriers without a pin (a CPU test reads the
+            # SASS).
+            zero = after_all_loads(Int32(0), [w for piece in pieces for w in piece], slot >> 10)
             base = cutlass.memory.SmemAllocator().allocate_tensor(
                 Uint8, cute.make_layout(self.l * 2), byte_alignment=16).iterator.toint()
             self.store_row(base, pieces, tidx, zero)

@@ -632,6 +632,20 @@ def test_one_token_gemm2_with_the_shared_gate_up_keeps_its_wave_and_its_wait(tp,
     assert _registers(op, args, tmp_path / "res") <= SM_REGISTERS // (4 * CTA_THREADS)
 
 
+def _reads_before(lines: list[str], loads: list[int], stop: int) -> list[str]:
+    """The instructions between each of the load lines `loads` and line `stop` that read a register it wrote (a
+    128-bit load writes four: R12 stands for R12..R15)."""
+    readers = []
+    for n in loads:
+        dest = int(re.search(r"LDG[.\w]* R(\d+),", lines[n]).group(1))
+        written = set(range(dest, dest + (4 if ".128" in lines[n] else 1)))
+        for line in lines[n + 1:stop]:
+            body = line.split(";")[0].split("*/")[-1]
+            if "," in body and written & {int(r) for r in re.findall(r"\bR(\d+)\b", body.split(",", 1)[1])}:
+                readers.append(body.strip())
+    return readers
+
+
 def _held_gemm1_args(d):
     e, lat, i = d.experts, d.latent, d.intermediate
     return (fake(Float16, (dyn(), lat)), fake(Uint8, (e, 2 * i, lat // 2)), fake(Uint8, (e, 2 * i, lat // 32)),
@@ -643,9 +657,10 @@ def _held_gemm1_args(d):
 def test_held_gemm1_has_every_load_in_flight_before_its_first_store(tp, one_token, dims, tmp_path):
     """GEMM1 holding its weights (v17): the plan's words in one round trip before the inactive slots exit, then
     each lane's weight vectors (L/512 of them) and scale bytes and the CTA's copy of x_lat all issued before the
-    first shared-memory store. One token: at most 64 registers (4 CTAs per SM: measured 10.6 us alone at TP8,
-    against 11.4 at 5 per SM with 48 registers and a 16-byte stack and 18.6 at 6); a batch's form, with its loop over
-    a slot's further tokens: at most 80 (3 per SM, as measured in v17e)."""
+    first shared-memory store, and none of the weights read before the barrier that follows the copy (v32a). One
+    token: at most 64 registers (4 CTAs per SM: measured 10.6 us alone at TP8, against 11.4 at 5 per SM with 48
+    registers and a 16-byte stack and 18.6 at 6); a batch's form, with its loop over a slot's further tokens: at most
+    80 (3 per SM, as measured in v17e)."""
     d = dims(tp)
     op = ExpertsGemm1Held(d.experts, d.latent, d.intermediate, d.top_k, one_token)
     lines = _sass(op, _held_gemm1_args(d), tmp_path / "sass")
@@ -659,6 +674,9 @@ def test_held_gemm1_has_every_load_in_flight_before_its_first_store(tp, one_toke
     assert len(weights) == len(scales) == d.latent // 512 and len(x_copy) == 2
     assert max(weights + scales + x_copy) < first_store
     assert _activations_paired_once(lines)
+    # v32a: the copy and its barrier wait for x_lat only; no weight register is read before the barrier
+    barrier = next(n for n, line in enumerate(lines) if "BAR.SYNC" in line)
+    assert first_store < barrier and not _reads_before(lines, weights + scales, barrier)
     ctas_per_sm = ONE_TOKEN_GEMM1_CTAS_PER_SM if one_token else 3  # moe.gate_up_first counts on the former
     assert _registers(op, _held_gemm1_args(d), tmp_path / "res") <= SM_REGISTERS // (ctas_per_sm * CTA_THREADS)
 
