@@ -525,16 +525,16 @@ class ExpertsGemm2OneToken:
         scale_addr = s2.iterator.toint() + (Int64(expert) * self.l + Int64(row)) * (self.i // FP4_GROUP) + Int64(half)
         packed = []
         scale_bytes = []
-        words = []
         for g in cutlass.range_constexpr(self.groups):
-            packed.append(list(ld_weight_v4(row_addr + Int64(2 * g * VEC_BYTES))))
-            scale_bytes.append(ld_u8(scale_addr + Int64(2 * g)))
-            words.extend(packed[g])
-        # Every weight load in flight before the wait (ptxas would sink them past it, next to their uses).
-        zero = after_all_loads(Int32(0), words + scale_bytes + staged_pairs, active >> 7)
+            packed.append(list(ld_weight_v4(row_addr + Int64(2 * g * VEC_BYTES), "ordered")))
+            scale_bytes.append(ld_u8(scale_addr + Int64(2 * g), ordered=True))
+        # Every weight load in flight before the wait, and the wait not waiting for them (v32b): weak loads stay ahead
+        # of the warp sync (and of the wait), so only the plan's words are pinned; each group's math then waits for
+        # its own load, and a CTA that starts after GEMM1 ended has its copy of a in flight beside its weights.
+        cute.arch.sync_warp()
+        zero = after_all_loads(Int32(0), staged_pairs, active >> 7)
         if zero == 0:
             cute.arch.griddepcontrol_wait()  # a is GEMM1's
-        packed[0][0] = packed[0][0] | zero
         # All k rows of a into shared memory by slot (written by GEMM1: plain loads after the wait), one round trip,
         # paired like the weights' nibbles; rows padded by 16 bytes so that the 8 slots of a quarter-warp, reading
         # the same offset of 8 consecutive rows, fall in different banks.

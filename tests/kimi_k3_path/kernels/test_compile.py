@@ -602,6 +602,8 @@ def test_one_token_gemm2_holds_its_weights_across_the_wait_in_one_wave(tp, dims,
     wait = next(n for n, line in enumerate(lines) if "ACQBULK" in line)
     weights = [n for n, line in enumerate(lines) if "LDG" in line and ".NA" in line]
     assert len(weights) == d.intermediate // 32 // 2 and max(weights) < wait  # half a row per lane
+    scales = [n for n, line in enumerate(lines) if "LDG.E.U8" in line]
+    assert max(scales) < wait and not _reads_before(lines, weights + scales, wait)  # v32b: the wait is not theirs
     after = [n for n, line in enumerate(lines) if "LDG.E.128" in line and n > wait]
     assert after and not any("CONSTANT" in lines[n] for n in after)
     # a in one L2 round trip: every 16-byte load of it before its first shared store. v18b's rewrite of this kernel
