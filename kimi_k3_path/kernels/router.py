@@ -427,8 +427,9 @@ def number_active(mask_lo, mask_hi, slot_of, n_active, slot_expert, slot_count, 
 class RouterTopK:
     """Logits, top-k and expert plan in one launch of E CTAs. Tensors (M dynamic, S = E plan slots):
     x [M, H] bf16, w [E, H] bf16, bias [E] fp32, logits [M, E] fp32 (every word LOGIT_UNSET before the first launch;
-    left so), sync [router_sync_words(E)] int32 (zero before the first launch; left zero), ids [M, k] int32, weights [M, k] fp32, n_active [1] int32,
-    slot_expert [S] int32, slot_count [S] int32, slot_pairs [S, MAX_TOKENS] int32."""
+    left so), sync [router_sync_words(E)] int32 (zero before the first launch; left zero), ids [M, k] int32,
+    weights [M, k] fp32, n_active [1] int32, slot_expert [S] int32, slot_count [S] int32,
+    slot_pairs [S, MAX_TOKENS] int32."""
 
     def __init__(self, experts: int, hidden: int, top_k: int, scaling: float, mt: int,
                  tail_ctas: int = ROUTER_TAIL_CTAS):
