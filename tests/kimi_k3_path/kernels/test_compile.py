@@ -415,9 +415,14 @@ def test_front_router_on_tensor_cores_takes_one_cta_per_16_experts(mt, dims):
     assert _front(d, mt, router_mma=True).router_ctas == d.experts // 16
 
 
+def _instruction(line: str) -> str:
+    """A SASS listing line's instruction text, without its address comment, ';' and encoding."""
+    return line.split(";")[0].split("*/")[-1].strip()
+
+
 def _sass_ops(sass: list[str]) -> list[str]:
     """The opcode (with its modifiers) of every instruction line of a SASS listing, predicates dropped."""
-    ops = [line.split(";")[0].split("*/")[-1].split() for line in sass if re.search(r"/\*[0-9a-f]{4}\*/", line)]
+    ops = [_instruction(line).split() for line in sass if re.search(r"/\*[0-9a-f]{4}\*/", line)]
     return [op[1] if op[0].startswith("@") else op[0] for op in ops if op]
 
 
@@ -642,9 +647,9 @@ def _reads_before(lines: list[str], loads: list[int], stop: int) -> list[str]:
         dest = int(re.search(r"LDG[.\w]* R(\d+),", lines[n]).group(1))
         written = set(range(dest, dest + (4 if ".128" in lines[n] else 1)))
         for line in lines[n + 1:stop]:
-            body = line.split(";")[0].split("*/")[-1]
+            body = _instruction(line)
             if "," in body and written & {int(r) for r in re.findall(r"\bR(\d+)\b", body.split(",", 1)[1])}:
-                readers.append(body.strip())
+                readers.append(body)
     return readers
 
 
