@@ -77,6 +77,12 @@ def after_all_loads(value: Int32, loaded, zero: Int32) -> Int32:
     return value | (folded & zero)
 
 
+def warp_barrier() -> None:
+    """A barrier of this warp alone (named barrier 1 + warp, 32 threads; id 0 is the CTA's). Unlike bar.warp.sync,
+    which ptxas drops, a bar.sync keeps weak loads issued before it on its side without waiting for their data."""
+    cute.arch.barrier(barrier_id=1 + cute.arch.warp_idx(), number_of_threads=32)
+
+
 def batch_zero(m_count: Int32) -> Int32:
     """0 for every decode batch (1 <= m_count <= 64), for after_all_loads, and unknown to the compiler even inside a
     loop over the batch: there LLVM knows m_count > 0, folds m_count >> 31 to 0, and drops the pin with it."""

@@ -22,6 +22,7 @@ from .common import (
     VEC_BYTES,
     WARP,
     after_all_loads,
+    warp_barrier,
     batch_zero,
     dot_bf16x8,
     lane_group_sum,
@@ -116,7 +117,7 @@ def slice_dot(acc, acc_row: int, held: list, steps: range, x_addr: Int64, first_
 
 
 def dot_slice(acc, row_addrs: list, x_addr: Int64, first_vec: Int32, lane: Int32, m_first, m_count, acc_row: int,
-              x_elems: int, n_vec: int, mt: int, hint: str, fresh: bool = False) -> None:
+              x_elems: int, n_vec: int, mt: int, hint: str, fresh: bool = False, pinned: bool | None = None) -> None:
     """acc[acc_row + r, mi] += this lane's share of the dot of weight row r (at byte address row_addrs[r]) with bf16
     token m_first + mi (rows of x_elems values), over the n_vec 16-byte vectors starting at first_vec. The caller
     reduces across lanes and warps. Up to WORDS_IN_FLIGHT weight words are loaded at once, and the first FMA
@@ -126,9 +127,16 @@ def dot_slice(acc, row_addrs: list, x_addr: Int64, first_vec: Int32, lane: Int32
     in_flight = max(1, WORDS_IN_FLIGHT // (4 * len(row_addrs)))
     for first in range(0, steps, in_flight):
         batch = range(first, min(first + in_flight, steps))
-        held = load_slice(row_addrs, first_vec, lane, n_vec, batch, hint)
-        pin_first_words(held, after_all_loads(Int32(0), loaded_words(held), batch_zero(m_count)))
-        slice_dot(acc, acc_row, held, batch, x_addr, first_vec, lane, m_first, m_count, x_elems, n_vec, mt, fresh)
+        if pinned if pinned is not None else mt == 1:
+            held = load_slice(row_addrs, first_vec, lane, n_vec, batch, hint)
+            pin_first_words(held, after_all_loads(Int32(0), loaded_words(held), batch_zero(m_count)))
+            slice_dot(acc, acc_row, held, batch, x_addr, first_vec, lane, m_first, m_count, x_elems, n_vec, mt, fresh)
+        else:
+            # v35: weak weight loads ahead of the warp's own barrier, each FMA waiting for its own words only; x by
+            # weak loads after it (a .nc load, like the FMAs it feeds, could move above the barrier)
+            held = load_slice(row_addrs, first_vec, lane, n_vec, batch, "ordered")
+            warp_barrier()
+            slice_dot(acc, acc_row, held, batch, x_addr, first_vec, lane, m_first, m_count, x_elems, n_vec, mt, True)
 
 
 @cute.jit

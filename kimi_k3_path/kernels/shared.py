@@ -65,7 +65,7 @@ def shared_part(
     for m_first in cutlass.range(0, m_count, mt, unroll=1):
         acc = zero_acc(2, mt)
         dot_slice(acc, [gate_addr, up_addr], x.iterator.toint(), warp * n_vec, lane, m_first, m_count, 0, hidden,
-                  n_vec, mt, DEFAULT_WEIGHT_LOAD)
+                  n_vec, mt, DEFAULT_WEIGHT_LOAD, pinned=False)
         split_k_reduce(acc, scratch, warp, lane, SHARED_SPLIT, 2, mt)
         if warp == 0 and lane == 0:
             for mi in cutlass.range_constexpr(mt):
