@@ -226,20 +226,29 @@ def bf16x2_to_f32(word: Int32):
     )
 
 
-# E2M1 nibbles of {$r0} (element 2i in the low nibble of byte i) -> f16x2 pairs p0..p3 = elements (0, 2), (4, 6),
-# (1, 3), (5, 7), each value times 2^-6. Each nibble s|ee|m is moved into an FP8 E4M3 byte s|0ee|m00, whose value is
-# exactly the E2M1 value times 2^-6 (subnormals included), and Hopper converts E4M3 pairs to f16x2 in one instruction.
+def kernel_fp4_bytes(packed):
+    """Packed E2M1 bytes (an int or a uint8 tensor) from the reference layout (element 2i in the low nibble of byte i,
+    element 2i+1 in the high one; nibbles s|e1|e0|m) to the kernels' (moe.prepare_weights applies it; every kernel
+    decodes through _FP4X8_TO_F16X2_PTX). Element 2i sits at bits 7|4|3|2, which is already the E4M3 byte
+    s|0 0 e1 e0|m 0 0 below (one AND for four of them), and element 2i+1 at bits 5|6|1|0, two shifts from that form:
+    5 bit operations per 8 values instead of 7 (v36; the decode is issue-bound in the one-token experts, NOTES.md v31d,
+    v34)."""
+    return (((packed & 0x08) << 4) | ((packed & 0x07) << 2)  # element 2i: s -> 7, e1 e0 m -> 4 3 2
+            | ((packed & 0x80) >> 2) | (packed & 0x40) | ((packed & 0x30) >> 4))  # 2i+1: s -> 5, e1 -> 6, e0 m -> 1 0
+
+
+# E2M1 nibbles of {$r0} (8 values in kernel_fp4_bytes' layout) -> f16x2 pairs p0..p3 = elements (0, 2), (4, 6),
+# (1, 3), (5, 7), each value times 2^-6. Each nibble s|e1 e0|m becomes an FP8 E4M3 byte s|0 0 e1 e0|m 0 0, whose value
+# is exactly the E2M1 value times 2^-6 (subnormals included), and Hopper converts E4M3 pairs to f16x2 in one
+# instruction.
 _FP4X8_TO_F16X2_PTX = (
     ".reg .b32 lo, hi, t, p0, p1, p2, p3;\n"
     ".reg .b16 a0, a1, a2, a3;\n"
-    "and.b32 lo, {$r0}, 0x08080808;\n"
-    "shl.b32 lo, lo, 4;\n"
-    "and.b32 t, {$r0}, 0x07070707;\n"
-    "shl.b32 t, t, 2;\n"
-    "or.b32 lo, lo, t;\n"
-    "and.b32 hi, {$r0}, 0x80808080;\n"
+    "and.b32 lo, {$r0}, 0x9C9C9C9C;\n"
+    "shl.b32 hi, {$r0}, 2;\n"
+    "and.b32 hi, hi, 0x8C8C8C8C;\n"
     "shr.b32 t, {$r0}, 2;\n"
-    "and.b32 t, t, 0x1C1C1C1C;\n"
+    "and.b32 t, t, 0x10101010;\n"
     "or.b32 hi, hi, t;\n"
     "mov.b32 {a0, a1}, lo;\n"
     "mov.b32 {a2, a3}, hi;\n"
@@ -251,7 +260,7 @@ _FP4X8_TO_F16X2_PTX = (
 
 
 def fp4x8_fma_f16x2_paired(word: Int32, q0: Int32, q1: Int32, q2: Int32, q3: Int32, acc0: Int32, acc1: Int32):
-    """(acc0, acc1) + products of eight E2M1 nibbles (element 2i in the low nibble of byte i) with eight fp16
+    """(acc0, acc1) + products of eight E2M1 values (a word in kernel_fp4_bytes' layout) with eight fp16
     activations already paired as the conversion pairs the nibbles (q0..q3 from pair_like_fp4x8), in packed f16x2
     arithmetic: 4 conversions and 4 HFMA2 for 8 values. Activations reused across many weight words are paired once
     where they are staged (v17c: 14% fewer instructions in the one-token experts). The products carry a 2^-6 that
@@ -281,7 +290,8 @@ def fp4x8_fma_f16x2(word: Int32, x01: Int32, x23: Int32, x45: Int32, x67: Int32,
 
 
 def fp4x8_to_f16x2(word: Int32):
-    """The eight E2M1 nibbles of `word` as four f16x2 pairs, elements (0, 2), (4, 6), (1, 3), (5, 7), times 2^-6."""
+    """The eight E2M1 values of `word` (kernel_fp4_bytes' layout) as four f16x2 pairs, elements (0, 2), (4, 6), (1, 3),
+    (5, 7), times 2^-6."""
     return cute.arch.inline_ptx(
         "{\n" + _FP4X8_TO_F16X2_PTX
         + "mov.b32 {$w0}, p0;\nmov.b32 {$w1}, p1;\nmov.b32 {$w2}, p2;\nmov.b32 {$w3}, p3;\n}",

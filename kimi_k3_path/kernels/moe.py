@@ -34,7 +34,7 @@ import cutlass.cute as cute
 import torch
 from cutlass import BFloat16, Float16, Float32, Int32
 
-from .common import DEFAULT_WEIGHT_LOAD, WARP, traced
+from .common import DEFAULT_WEIGHT_LOAD, WARP, kernel_fp4_bytes, traced
 from .experts import (
     ONE_TOKEN_ROWS,
     experts_gemm1_situ,
@@ -246,9 +246,9 @@ class MoeKernelWeights:
     router: torch.Tensor  # [E, H] bf16
     router_bias: torch.Tensor  # [E] fp32
     down: torch.Tensor  # [L, H] bf16
-    w13_packed: torch.Tensor  # [E, 2I, L/2] uint8
+    w13_packed: torch.Tensor  # [E, 2I, L/2] uint8, E2M1 pairs as common.kernel_fp4_bytes lays them out
     w13_scales: torch.Tensor  # [E, 2I, L/32] uint8
-    w2_packed: torch.Tensor  # [E, L, I/2] uint8
+    w2_packed: torch.Tensor  # [E, L, I/2] uint8, likewise
     w2_scales: torch.Tensor  # [E, L, I/32] uint8
     latent_norm: torch.Tensor  # [L] fp32
     up: torch.Tensor  # [H, L] bf16
@@ -289,7 +289,8 @@ class MoeKernelWeights:
 
 
 def prepare_weights(ref, top_k: int, routed_scaling_factor: float, eps: float, device) -> MoeKernelWeights:
-    """Kernel layout on `device` from a reference `MoeWeights` (any float dtype): bf16 matrices, fp32 bias/gamma."""
+    """Kernel layout on `device` from a reference `MoeWeights` (any float dtype): bf16 matrices, fp32 bias/gamma, the
+    experts' E2M1 bytes rearranged for their decode (common.kernel_fp4_bytes)."""
 
     def bf16(t: torch.Tensor) -> torch.Tensor:
         return t.to(device=device, dtype=torch.bfloat16).contiguous()
@@ -300,10 +301,13 @@ def prepare_weights(ref, top_k: int, routed_scaling_factor: float, eps: float, d
     def u8(t: torch.Tensor) -> torch.Tensor:
         return t.to(device=device).contiguous()
 
+    def fp4(t: torch.Tensor) -> torch.Tensor:
+        return kernel_fp4_bytes(u8(t))
+
     return MoeKernelWeights(
         router=bf16(ref.router), router_bias=f32(ref.router_bias), down=bf16(ref.down),
-        w13_packed=u8(ref.w13_packed), w13_scales=u8(ref.w13_scales),
-        w2_packed=u8(ref.w2_packed), w2_scales=u8(ref.w2_scales),
+        w13_packed=fp4(ref.w13_packed), w13_scales=u8(ref.w13_scales),
+        w2_packed=fp4(ref.w2_packed), w2_scales=u8(ref.w2_scales),
         latent_norm=f32(ref.latent_norm), up=bf16(ref.up), shared13=bf16(ref.shared13), shared2=bf16(ref.shared2),
         top_k=top_k, routed_scaling_factor=routed_scaling_factor, eps=eps,
     )
