@@ -30,8 +30,9 @@ WEIGHT_LOADS = {
     "no_allocate_l2_256": "ld.global.nc.L1::no_allocate.L2::256B.v4.b32",
     "evict_first": "ld.global.nc.L1::evict_first.v4.b32",
     "plain": "ld.global.nc.v4.b32",
-    # Not .nc: ptxas keeps a weak load on its side of a bar.sync (another thread of the CTA could have written the
-    # address before it), so loads issued ahead of a barrier stay there without a pin on their values (v32a).
+    # Not .nc: ptxas keeps a weak load on its side of a bar.sync or griddepcontrol.wait (another thread could have
+    # written the address before it), so loads issued ahead of one stay there without a pin on their values (v32a);
+    # bar.warp.sync does not hold them (v33: common.warp_barrier does).
     "ordered": "ld.global.L1::no_allocate.v4.b32",
 }
 DEFAULT_WEIGHT_LOAD = "no_allocate"

@@ -324,7 +324,9 @@ class ExpertsGemm1Held:
             for gi in cutlass.range_constexpr(self.groups_per_lane):
                 packed.append(list(ld_weight_v4(row_addr + Int64(gi * GEMM1_LANES_PER_ROW * VEC_BYTES), "ordered")))
                 scale_bytes.append(ld_u8(scale_addr + Int64(gi * GEMM1_LANES_PER_ROW), ordered=True))
-            cute.arch.sync_warp()  # weak loads stay ahead of it: all of them issued before the copy's first wait
+            # As measured in v32a; ptxas emits nothing for it at full convergence (v33): the copy's CTA barrier is
+            # what keeps the weak loads ahead (the CPU SASS test checks it).
+            cute.arch.sync_warp()
             pieces = self.load_row(x_lat, pair, tidx)
             # The row copy and the barrier wait for x_lat only, and each group's math then for its own weights. Before
             # v32a the weights were pinned with x before the first store, so that the whole CTA's math waited for its
@@ -529,8 +531,9 @@ class ExpertsGemm2OneToken:
             packed.append(list(ld_weight_v4(row_addr + Int64(2 * g * VEC_BYTES), "ordered")))
             scale_bytes.append(ld_u8(scale_addr + Int64(2 * g), ordered=True))
         # Every weight load in flight before the wait, and the wait not waiting for them (v32b): weak loads stay ahead
-        # of the warp sync (and of the wait), so only the plan's words are pinned; each group's math then waits for
-        # its own load, and a CTA that starts after GEMM1 ended has its copy of a in flight beside its weights.
+        # of griddepcontrol.wait (the CPU SASS test checks it; the warp sync, as measured, compiles to nothing: v33),
+        # so only the plan's words are pinned; each group's math then waits for its own load, and a CTA that starts
+        # after GEMM1 ended has its copy of a in flight beside its weights.
         cute.arch.sync_warp()
         zero = after_all_loads(Int32(0), staged_pairs, active >> 7)
         if zero == 0:

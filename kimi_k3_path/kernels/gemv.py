@@ -19,17 +19,17 @@ from cutlass import BFloat16, Float32, Int32, Int64
 
 from .common import (
     BF16_PER_VEC,
+    DEFAULT_WEIGHT_LOAD,
     VEC_BYTES,
     WARP,
+    WEIGHT_LOADS,
     after_all_loads,
-    warp_barrier,
     batch_zero,
     dot_bf16x8,
     lane_group_sum,
-    DEFAULT_WEIGHT_LOAD,
-    WEIGHT_LOADS,
     ld_weight_v4,
     load_bf16_tokens,
+    warp_barrier,
 )
 from .mma import MAX_MMA_TOKENS, MMA_ROWS, alloc_tile_scratch, check_mma, mma_rows_part, scratch_bytes, uses_tensor_cores
 
