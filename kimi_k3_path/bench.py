@@ -25,6 +25,7 @@ over 4.3e12 B/s, the device-to-device copy bandwidth measured on the H200 (see .
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 import os
 import platform
@@ -499,6 +500,12 @@ def run(args: argparse.Namespace, on_rows: Callable[[Any], None] | None = None) 
     print(f"{'layer':8} {'tp':>3} {'batch':>5} {'baseline us':>12} {'spread%':>8} {'candidate us':>13} {'spread%':>8} {'floor us':>9} {'base/floor':>10}")
     for layer in args.layer:
         for tp in args.tp:
+            if device == "cuda":
+                # Each (layer, tp) allocates its weights from fresh segments, not from blocks the caching allocator
+                # kept from earlier layers: on one H200 in one call, the moe TP8 M=1 row measured 52.6 us (stock-like
+                # 195.3) alone and 53.9 (204.4) after the kda_moe and mla_moe rows (kernels/NOTES.md v37).
+                gc.collect()
+                torch.cuda.empty_cache()
             for case in bench.cases(layer, tp):
                 samples = time_variants({"baseline": case.baseline, "candidate": case.candidate}, args.replays, device)
                 base, cand = measurement_of(samples["baseline"]), measurement_of(samples["candidate"])
