@@ -25,6 +25,12 @@ set -uo pipefail
 . tools/gpu-env.sh
 mkdir -p "$OUT/gpu" "$OUT/perf" "$OUT/kernels"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv | tee "$OUT/tests.log"
+# The GPU's state throughout (every 500 ms), summarized into bench.log at the end: a slower run can then be told
+# from a throttled or hot GPU (kernels/NOTES.md v37a needed a separate call for that).
+state=$(mktemp)
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active \
+  --format=csv,noheader,nounits -lms 500 >"$state" 2>&1 &
+state_pid=$!
 
 # Only the gpu-marked tests: CI runs the rest, and the GPU image's Triton interpreter differs from CI's.
 gpu_tests=$(grep -l "pytest.mark.gpu" -r tests/kimi_k3_path | sort)
@@ -43,6 +49,8 @@ if [ "${BENCH:-1}" = 1 ]; then
 fi
 [ "${KERNEL_BENCH:-0}" = 1 ] && python3 -m kimi_k3_path.kernels.bench_moe --tp 8,16 --batch 1 --replays 50 --commit "$SHA" \
   --out "$OUT/kernels/moe_block_m1.json" --kernels-out "$OUT/kernels/moe_kernels_m1.json" 2>&1 | tee -a "$OUT/bench.log"
+kill "$state_pid" 2>/dev/null
+python3 tools/gpu_state_summary.py "$state" | tee -a "$OUT/bench.log"
 echo "gpu tests rc=$tests_rc bench rc=$bench_rc"
 # The device returns at most 8 files from $OUT and drops the rest without failing the run (it dropped perf/h200.json
 # once, when the caller's own log under $OUT made 9): past 8, pack them all into one archive that does come back.
