@@ -13,9 +13,11 @@
 #   $OUT/perf/h200.json                         per-layer bench, CuTe DSL kernels vs the stock-like path
 #                                               (-> kimi_k3_path/evidence/perf/, the policy's evidence_globs)
 #   $OUT/kernels/*.json                         with KERNEL_BENCH=1: the MoE block and each kernel alone at M=1
-#   $OUT/tests.log, $OUT/bench.log              everything printed (at most 8 files come back from a run:
-#                                               these are 8 with KERNEL_BENCH=1; with more under $OUT, a
-#                                               caller's log say, all go into $OUT/gpu-evidence.tgz instead)
+#   $OUT/tests.log, $OUT/bench.log              everything printed, bench.log ending with a `gpu state:` line
+#                                               (clocks, temperature, power, clock-event reasons). At most 8
+#                                               files come back from a run: these are 8 with KERNEL_BENCH=1;
+#                                               with more under $OUT, a caller's log say, all go into
+#                                               $OUT/gpu-evidence.tgz instead.
 # Usage on the device: SHA=<commit measured> [BENCH=0] bash tools/gpu-evidence.sh
 # Give SHA literally, as `git rev-parse HEAD` prints it here: on the device, git's HEAD in the copied tree was
 # the session's first commit, not the checkout's (it stamped run-86208e9 with 4836d86; corrected by hand).
