@@ -53,6 +53,7 @@ fi
   --out "$OUT/kernels/moe_block_m1.json" --kernels-out "$OUT/kernels/moe_kernels_m1.json" 2>&1 | tee -a "$OUT/bench.log"
 kill "$state_pid" 2>/dev/null
 python3 tools/gpu_state_summary.py "$state" | tee -a "$OUT/bench.log"
+rm -f "$state"
 echo "gpu tests rc=$tests_rc bench rc=$bench_rc"
 # The device returns at most 8 files from $OUT and drops the rest without failing the run (it dropped perf/h200.json
 # once, when the caller's own log under $OUT made 9): past 8, pack them all into one archive that does come back.
