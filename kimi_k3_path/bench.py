@@ -10,7 +10,9 @@ layer steps, so consecutive steps touch disjoint weights and inputs and the L2 (
 serves a step from the previous one, and the graph launch (~9 us between events, more than a small layer) is spread
 over the steps as a decode step's graph spreads it over its layers. Replays alternate variants and are timed with
 CUDA events; a sample is one replay's time per step, and rows report the samples' median, p10-p90 spread and count.
-Before timing, the candidate MoE's output is checked against the fp32 reference.
+Before timing, the candidate MoE's output is checked against the fp32 reference. Each (layer, tp) runs in a fresh
+child process (`--processes per-case`, the GPU default), as a server maps its weights once in a fresh process: in one
+process, a case run after another layer's measured slower in both variants (kernels/NOTES.md v37a).
 
 Variants: `baseline` is `kimi_k3_path.reference.stock` (vLLM's stock op sequence on Hopper). `candidate` is the
 specialized path: the same stock-like layer with its latent MoE replaced by
@@ -25,13 +27,13 @@ over 4.3e12 B/s, the device-to-device copy bandwidth measured on the H200 (see .
 from __future__ import annotations
 
 import argparse
-import gc
 import math
 import os
 import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields, is_dataclass
@@ -88,7 +90,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--breakdown", action="store_true", help="print the baseline's time per kernel (torch profiler) per case")
     p.add_argument("--cpu-smoke", action="store_true", help="run the harness on CPU with the tiny config (CI)")
+    p.add_argument("--processes", choices=("per-case", "one"),
+                   help="per-case: each (layer, tp) in a fresh child process (default on the GPU); one: every case in "
+                        "this process (default with --cpu-smoke)")
     args = p.parse_args(argv)
+    if args.processes is None:
+        args.processes = "one" if args.cpu_smoke else "per-case"
     if args.cpu_smoke:
         args.config, args.replays = "tiny", min(args.replays, 3)
         args.context, args.page = min(args.context, 24), min(args.page, 8)
@@ -477,9 +484,49 @@ def current_commit(explicit: str | None) -> str:
         raise BenchError(f"cannot read the commit with git ({exc}); pass --commit") from exc
 
 
+def case_argv(args: argparse.Namespace, layer: str, tp: int, commit: str) -> list[str]:
+    """The arguments that measure only (layer, tp) of `args`, in the process they start."""
+    argv = ["--layer", layer, "--tp", str(tp), "--batch", ",".join(map(str, args.batch)), "--config", args.config,
+            "--context", str(args.context), "--page", str(args.page), "--replays", str(args.replays),
+            "--candidate", args.candidate, "--commit", commit, "--seed", str(args.seed), "--processes", "one"]
+    return argv + ["--breakdown"] * args.breakdown + ["--cpu-smoke"] * args.cpu_smoke
+
+
+def run_per_case(args: argparse.Namespace, commit: str, command: str, created: datetime,
+                 on_rows: Callable[[Any], None] | None = None) -> Any:
+    """run() with each (layer, tp) in a fresh child process of this module, the rows merged in order into one
+    PerfEvidence (every child must report the same hardware and software); `on_rows` as for run()."""
+    from gatekeeper.evidence import PerfEvidence
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")) if p)}
+    parts: list[Any] = []
+    with tempfile.TemporaryDirectory(prefix="kimi-bench-") as tmp:
+        for layer in args.layer:
+            for tp in args.tp:
+                out = Path(tmp) / f"{layer}-tp{tp}.json"
+                child = [sys.executable, "-m", "kimi_k3_path.bench", *case_argv(args, layer, tp, commit),
+                         "--out", str(out)]
+                rc = subprocess.run(child, env=env).returncode
+                if rc != 0 or not out.is_file():
+                    raise BenchError(f"the {layer} tp={tp} case failed in its own process (exit {rc}; its output is "
+                                     "above)")
+                part = PerfEvidence.model_validate_json(out.read_text())
+                if parts and (part.hardware, part.software) != (parts[0].hardware, parts[0].software):
+                    raise BenchError(f"the {layer} tp={tp} case ran on {part.hardware} / {part.software}, the first "
+                                     f"on {parts[0].hardware} / {parts[0].software}: not one machine")
+                parts.append(part)
+                merged = parts[0].model_copy(update={
+                    "command": command, "created": created, "rows": tuple(row for p in parts for row in p.rows)})
+                if on_rows is not None:
+                    on_rows(merged)
+    return merged
+
+
 def run(args: argparse.Namespace, on_rows: Callable[[Any], None] | None = None) -> Any:
-    """Measure every case; `on_rows` gets the PerfEvidence so far after each row (a long run killed part-way
-    still leaves valid evidence for the rows it finished)."""
+    """Measure every case (each (layer, tp) in its own process with --processes per-case); `on_rows` gets the
+    PerfEvidence so far after each row (a long run killed part-way still leaves valid evidence for the rows it
+    finished)."""
     from gatekeeper.evidence import PerfEvidence
     from kimi_k3_path.support import SUPPORT_MATRIX, spec_label
 
@@ -488,11 +535,13 @@ def run(args: argparse.Namespace, on_rows: Callable[[Any], None] | None = None) 
     device = "cpu" if args.cpu_smoke else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
         raise BenchError("no CUDA GPU here; use --cpu-smoke to exercise the harness on CPU")
-    hw = hardware(device)
+    command = "python -m kimi_k3_path.bench " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("bench.py") else " ".join(sys.argv)
+    commit, created = current_commit(args.commit), datetime.now(timezone.utc)
+    if args.processes == "per-case" and len(args.layer) * len(args.tp) > 1:
+        return run_per_case(args, commit, command, created, on_rows)
+    hw, sw = hardware(device), software()
     bench = Bench(args, device)
     rows: list[dict[str, Any]] = []
-    command = "python -m kimi_k3_path.bench " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("bench.py") else " ".join(sys.argv)
-    commit, sw, created = current_commit(args.commit), software(), datetime.now(timezone.utc)
 
     def evidence(rows_so_far: list[dict[str, Any]]) -> Any:
         return PerfEvidence(commit=commit, command=command, created=created, hardware=hw, software=sw, rows=tuple(rows_so_far))
@@ -500,12 +549,6 @@ def run(args: argparse.Namespace, on_rows: Callable[[Any], None] | None = None) 
     print(f"{'layer':8} {'tp':>3} {'batch':>5} {'baseline us':>12} {'spread%':>8} {'candidate us':>13} {'spread%':>8} {'floor us':>9} {'base/floor':>10}")
     for layer in args.layer:
         for tp in args.tp:
-            if device == "cuda":
-                # Each (layer, tp) allocates its weights from fresh segments, not from blocks the caching allocator
-                # kept from earlier layers: on one H200 in one call, the moe TP8 M=1 row measured 52.6 us (stock-like
-                # 195.3) alone and 53.9 (204.4) after the kda_moe and mla_moe rows (kernels/NOTES.md v37).
-                gc.collect()
-                torch.cuda.empty_cache()
             for case in bench.cases(layer, tp):
                 samples = time_variants({"baseline": case.baseline, "candidate": case.candidate}, args.replays, device)
                 base, cand = measurement_of(samples["baseline"]), measurement_of(samples["candidate"])

@@ -60,6 +60,52 @@ def test_cpu_smoke_limits_itself_to_tiny_work():
     assert args.replays <= 3
 
 
+def test_each_case_gets_its_own_process_on_the_gpu_and_not_in_the_cpu_smoke_run():
+    assert bench.parse_args([]).processes == "per-case"
+    assert bench.parse_args(["--cpu-smoke"]).processes == "one"
+    assert bench.parse_args(["--cpu-smoke", "--processes", "per-case"]).processes == "per-case"
+
+
+@pytest.mark.parametrize("argv", [
+    ["--batch", "1,4", "--context", "100", "--page", "16", "--replays", "7", "--candidate", "stock", "--seed", "3",
+     "--breakdown", "--config", "tiny"],
+    ["--cpu-smoke", "--batch", "2,64", "--replays", "9"],
+])
+def test_a_case_command_line_measures_that_case_with_every_other_setting_kept(argv):
+    args = bench.parse_args(["--layer", "kda_moe,mla_moe", "--tp", "8,16", *argv])
+    case = bench.parse_args(bench.case_argv(args, "mla_moe", 16, "0123abc"))
+    assert (case.layer, case.tp, case.commit, case.processes) == (("mla_moe",), (16,), "0123abc", "one")
+    kept = {"layer", "tp", "commit", "processes", "out"}
+    assert {k: v for k, v in vars(case).items() if k not in kept} == \
+        {k: v for k, v in vars(args).items() if k not in kept}
+
+
+@pytest.mark.slow
+def test_cases_in_their_own_processes_merge_into_one_perf_evidence(tmp_path):
+    out = tmp_path / "cases.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "kimi_k3_path.bench", "--cpu-smoke", "--processes", "per-case", "--layer", "moe",
+         "--tp", "8,16", "--batch", "1", "--replays", "1", "--commit", "0123abc", "--out", str(out)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("baseline us") == 2  # each child printed its own table
+    evidence = PerfEvidence.model_validate_json(out.read_text())
+    assert [(row.axes["layer"], row.axes["tp"]) for row in evidence.rows] == [("moe", 8), ("moe", 16)]
+    assert evidence.commit == "0123abc"
+    assert evidence.command.startswith("python -m kimi_k3_path.bench --cpu-smoke --processes per-case")
+
+
+def test_a_case_that_fails_in_its_process_is_a_clear_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench.sys, "executable", "/bin/false")  # every child process exits 1 and writes nothing
+    out = tmp_path / "cases.json"
+    rc = bench.main(["--cpu-smoke", "--processes", "per-case", "--layer", "moe", "--tp", "8,16", "--batch", "1",
+                     "--commit", "0123abc", "--out", str(out)])
+    assert rc == 2 and not out.exists()
+    assert "the moe tp=8 case failed in its own process (exit 1" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_cpu_smoke_writes_valid_perf_evidence(tmp_path):
     out = tmp_path / "smoke.json"

@@ -15,8 +15,9 @@ pytestmark = pytest.mark.gpu
 
 def test_a_short_kernel_bench_writes_plausible_perf_evidence(tmp_path):
     out = tmp_path / "perf.json"
+    # In this process, so that the GPU report's coverage includes the cases' code (the CPU tests cover the children).
     rc = bench.main(["--layer", "kda_moe,mla_moe,moe", "--tp", "8", "--batch", "1", "--candidate", "kernels",
-                     "--replays", "5", "--commit", "0123abc", "--out", str(out)])
+                     "--processes", "one", "--replays", "5", "--commit", "0123abc", "--out", str(out)])
     assert rc == 0
     evidence = PerfEvidence.model_validate_json(out.read_text())
     assert [row.axes["layer"] for row in evidence.rows] == ["kda_moe", "mla_moe", "moe"]
