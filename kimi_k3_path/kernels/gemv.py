@@ -120,14 +120,16 @@ def dot_slice(acc, row_addrs: list, x_addr: Int64, first_vec: Int32, lane: Int32
               x_elems: int, n_vec: int, mt: int, hint: str, fresh: bool = False, pinned: bool | None = None) -> None:
     """acc[acc_row + r, mi] += this lane's share of the dot of weight row r (at byte address row_addrs[r]) with bf16
     token m_first + mi (rows of x_elems values), over the n_vec 16-byte vectors starting at first_vec. The caller
-    reduces across lanes and warps. Up to WORDS_IN_FLIGHT weight words are loaded at once, and the first FMA
-    waits for all of them (common.after_all_loads): left to itself ptxas sank loads next to their uses, one DRAM
-    round trip per step (the shared experts' SASS, v14)."""
+    reduces across lanes and warps. Up to WORDS_IN_FLIGHT weight words are loaded at once. pinned (default: one
+    token per tile, mt == 1): the first FMA waits for all of them (common.after_all_loads), since left to itself
+    ptxas sank loads next to their uses, one DRAM round trip per step (the shared experts' SASS, v14); unpinned: weak
+    loads ahead of the warp's own barrier, which holds them there while each FMA waits for its own words (v35: faster
+    from 4 tokens and in the shared gate_up, slower in the one-token front, v33)."""
     steps = -(-n_vec // WARP)
     in_flight = max(1, WORDS_IN_FLIGHT // (4 * len(row_addrs)))
     for first in range(0, steps, in_flight):
         batch = range(first, min(first + in_flight, steps))
-        if pinned if pinned is not None else mt == 1:
+        if (mt == 1) if pinned is None else pinned:
             held = load_slice(row_addrs, first_vec, lane, n_vec, batch, hint)
             pin_first_words(held, after_all_loads(Int32(0), loaded_words(held), batch_zero(m_count)))
             slice_dot(acc, acc_row, held, batch, x_addr, first_vec, lane, m_first, m_count, x_elems, n_vec, mt, fresh)
