@@ -515,7 +515,9 @@ def run_per_case(args: argparse.Namespace, commit: str, command: str, created: d
                 if parts and (part.hardware, part.software) != (parts[0].hardware, parts[0].software):
                     raise BenchError(f"the {layer} tp={tp} case ran on {part.hardware} / {part.software}, the first "
                                      f"on {parts[0].hardware} / {parts[0].software}: not one machine")
-                parts.append(part)
+                parts.append(part.model_copy(update={"rows": tuple(
+                    row.model_copy(update={"note": f"{row.note}; measured in a process of its own"})
+                    for row in part.rows)}))
                 merged = parts[0].model_copy(update={
                     "command": command, "created": created, "rows": tuple(row for p in parts for row in p.rows)})
                 if on_rows is not None:

@@ -93,6 +93,7 @@ def test_cases_in_their_own_processes_merge_into_one_perf_evidence(tmp_path):
     assert proc.stdout.count("baseline us") == 2  # each child printed its own table
     evidence = PerfEvidence.model_validate_json(out.read_text())
     assert [(row.axes["layer"], row.axes["tp"]) for row in evidence.rows] == [("moe", 8), ("moe", 16)]
+    assert all(row.note.endswith("; measured in a process of its own") for row in evidence.rows)
     assert evidence.commit == "0123abc"
     assert evidence.command.startswith("python -m kimi_k3_path.bench --cpu-smoke --processes per-case")
 
