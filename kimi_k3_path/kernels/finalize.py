@@ -278,7 +278,14 @@ class FinalizeStreamed:
         self.sh_vec = shared_inter // BF16_PER_VEC // FINALIZE_SPLIT
         self.up_steps = -(-self.up_vec // WARP)
         self.sh_steps = -(-self.sh_vec // WARP)
-        self.vecs = self.up_steps + self.sh_steps  # per thread and row pair
+        # Fused: a warp's up and shared vectors as one slice of fused_vec vectors (up first), wherever the shared part
+        # then fills the up part's ragged last step. Measured on the H200 (NOTES.md v38d; same process, 3 rounds,
+        # M=1): at TP16 (112 + 12 vectors per warp: 4 steps instead of 4 + 1) the finalize alone 16.8 -> 15.5 us and
+        # the block 45.2 -> 43.9; at TP8 (112 + 24: 5 steps either way) the block +0.2-0.3 us, so apart there.
+        self.fused_vec = self.up_vec + self.sh_vec
+        self.fused_steps = -(-self.fused_vec // WARP)
+        self.fused = self.fused_steps < self.up_steps + self.sh_steps
+        self.vecs = self.fused_steps if self.fused else self.up_steps + self.sh_steps  # per thread and row pair
 
     def ctas(self) -> int:
         return self.grid
@@ -306,6 +313,30 @@ class FinalizeStreamed:
         16 bytes: no bank conflicts)."""
         return stage_base + (((unit_index % self.stages) * self.vecs + v) * (WARPS_PER_CTA * WARP) + tidx) * VEC_BYTES
 
+    def step_kind(self, st: int) -> str:
+        """In the fused slice, whether every lane's vector at step st is an up one, a shared one, or either."""
+        if (st + 1) * WARP <= self.up_vec:
+            return "up"
+        return "shared" if st * WARP >= self.up_vec else "mixed"
+
+    def lane_is_up(self, lane: Int32, st: int) -> Int32:
+        """1 where this lane's vector at fused step st is an up-projection one, else 0."""
+        return ((lane + st * WARP - self.up_vec) >> 31) & 1
+
+    def fused_address(self, up_base: Int64, sh_base: Int64, part: Int32, lane: Int32, st: int) -> Int64:
+        """This lane's vector at fused step st of rows starting at up_base (latent wide) and sh_base (shared_inter
+        wide): vector j of the warp's slice is up vector part * up_vec + j below up_vec, else shared vector
+        part * sh_vec + j - up_vec (j clamped to the slice on a ragged last step, as slice_vec does)."""
+        j = slice_vec(Int32(0), lane, self.fused_vec, st)
+        up = up_base + Int64(part * self.up_vec + j) * VEC_BYTES
+        sh = sh_base + Int64(part * self.sh_vec + j - self.up_vec) * VEC_BYTES
+        kind = self.step_kind(st)
+        if kind == "up":
+            return up
+        if kind == "shared":
+            return sh
+        return sh + Int64(self.lane_is_up(lane, st)) * (up - sh)
+
     @cute.jit
     def issue(self, w_up, w_sh2, stage_base: Int32, unit_index: Int32, units_here: Int32, cta: Int32, half: Int32,
               part: Int32, lane: Int32, tidx: Int32):
@@ -315,10 +346,14 @@ class FinalizeStreamed:
             row = self.row_of(cta, unit_index, half)
             up_row = w_up.iterator.toint() + Int64(row) * (self.l * 2)
             sh_row = w_sh2.iterator.toint() + Int64(row) * (self.s * 2)
-            for st in cutlass.range_constexpr(self.up_steps):
+            if cutlass.const_expr(self.fused):
+                for st in cutlass.range_constexpr(self.fused_steps):
+                    cp_async_16(self.slot(stage_base, unit_index, st, tidx),
+                                self.fused_address(up_row, sh_row, part, lane, st), True)
+            for st in cutlass.range_constexpr(0 if self.fused else self.up_steps):
                 cp_async_16(self.slot(stage_base, unit_index, st, tidx),
                             up_row + Int64(slice_vec(part * self.up_vec, lane, self.up_vec, st)) * VEC_BYTES, True)
-            for st in cutlass.range_constexpr(self.sh_steps):
+            for st in cutlass.range_constexpr(0 if self.fused else self.sh_steps):
                 cp_async_16(self.slot(stage_base, unit_index, self.up_steps + st, tidx),
                             sh_row + Int64(slice_vec(part * self.sh_vec, lane, self.sh_vec, st)) * VEC_BYTES, True)
         cute.arch.cp_async_commit_group()
@@ -338,21 +373,39 @@ class FinalizeStreamed:
         for i in cutlass.range_constexpr(self.stages - 1):
             self.issue(w_up, w_sh2, stage_base, Int32(i), units_here, cta, half, part, lane, tidx)
         cute.arch.griddepcontrol_wait()  # GEMM2 has written normed, sq_parts and a_sh
-        x_up = [list(ld_fresh_v4(normed.iterator.toint() + Int64(slice_vec(part * self.up_vec, lane, self.up_vec,
-                                                                             st)) * VEC_BYTES))
-                for st in range(self.up_steps)]
-        x_sh = [list(ld_fresh_v4(a_sh.iterator.toint() + Int64(slice_vec(part * self.sh_vec, lane, self.sh_vec,
-                                                                          st)) * VEC_BYTES))
-                for st in range(self.sh_steps)]
+        if cutlass.const_expr(self.fused):
+            x_fused = [list(ld_fresh_v4(self.fused_address(normed.iterator.toint(), a_sh.iterator.toint(), part,
+                                                           lane, st))) for st in range(self.fused_steps)]
+            x_up, x_sh = [], []
+        else:
+            x_fused = []
+            x_up = [list(ld_fresh_v4(normed.iterator.toint() + Int64(slice_vec(part * self.up_vec, lane, self.up_vec,
+                                                                                 st)) * VEC_BYTES))
+                    for st in range(self.up_steps)]
+            x_sh = [list(ld_fresh_v4(a_sh.iterator.toint() + Int64(slice_vec(part * self.sh_vec, lane, self.sh_vec,
+                                                                              st)) * VEC_BYTES))
+                    for st in range(self.sh_steps)]
         rstd = rms_scale(sq_parts, lane, self.rms_parts, self.l, self.eps)
         for i in cutlass.range(units_here, unroll=1):
             self.issue(w_up, w_sh2, stage_base, i + self.stages - 1, units_here, cta, half, part, lane, tidx)
             cute.arch.cp_async_wait_group(self.stages - 1)  # this thread's copies of pair i have landed
             acc = zero_acc(2, 1)
-            for st in cutlass.range_constexpr(self.up_steps):
+            for st in cutlass.range_constexpr(self.fused_steps if self.fused else 0):
+                words = in_slice(list(ld_shared_v4(self.slot(stage_base, i, st, tidx))), lane, self.fused_vec, st)
+                kind = self.step_kind(st)
+                if cutlass.const_expr(kind == "up"):
+                    acc[0, 0] = dot_bf16x8_packed(words, x_fused[st], acc[0, 0])
+                elif cutlass.const_expr(kind == "shared"):
+                    acc[1, 0] = dot_bf16x8_packed(words, x_fused[st], acc[1, 0])
+                else:
+                    part_sum = dot_bf16x8_packed(words, x_fused[st], Float32(0.0))
+                    up_part = part_sum * Float32(self.lane_is_up(lane, st))  # exact: times 1 or 0
+                    acc[0, 0] = acc[0, 0] + up_part
+                    acc[1, 0] = acc[1, 0] + (part_sum - up_part)
+            for st in cutlass.range_constexpr(0 if self.fused else self.up_steps):
                 words = in_slice(list(ld_shared_v4(self.slot(stage_base, i, st, tidx))), lane, self.up_vec, st)
                 acc[0, 0] = dot_bf16x8_packed(words, x_up[st], acc[0, 0])
-            for st in cutlass.range_constexpr(self.sh_steps):
+            for st in cutlass.range_constexpr(0 if self.fused else self.sh_steps):
                 words = in_slice(list(ld_shared_v4(self.slot(stage_base, i, self.up_steps + st, tidx))), lane,
                                  self.sh_vec, st)
                 acc[1, 0] = dot_bf16x8_packed(words, x_sh[st], acc[1, 0])
