@@ -71,9 +71,17 @@ def parse_trailers(message: str, known_tokens: Iterable[str] = ()) -> tuple[tupl
 
     the block is the last paragraph, and never the first one (the title); it counts when every line is a
     trailer (or a continuation line, which starts with a blank), or when at least 25% are trailers and one
-    of them is git-generated or a configured token (`known_tokens`, compared case-insensitively).
+    of them is git-generated or a configured token (`known_tokens`, compared case-insensitively). Comment lines
+    (`#`) are left out, but a continuation line continues a trailer only if the trailer (or its continuation)
+    comes right before it: after a comment line, a non-trailer line or nothing, git counts it as a non-trailer line.
     """
-    lines = [line for line in message.replace("\r\n", "\n").split("\n") if not line.startswith("#")]
+    lines: list[str] = []
+    after_comment: set[int] = set()  # indexes in `lines` of the lines that came right after a comment line
+    for line in message.replace("\r\n", "\n").split("\n"):
+        if line.startswith("#"):
+            after_comment.add(len(lines))
+        else:
+            lines.append(line)
     while lines and not lines[-1].strip():
         lines.pop()
     start = len(lines)
@@ -89,16 +97,22 @@ def parse_trailers(message: str, known_tokens: Iterable[str] = ()) -> tuple[tupl
     trailers: list[list[str]] = []
     trailer_lines = other_lines = 0
     recognized = False
-    for line in block:
-        if line[0] in " \t" and trailers:
-            trailers[-1][1] += " " + line.strip()  # a continuation of the previous trailer's value
+    continuing = False  # whether the line before is a trailer or its continuation, with no comment line between
+    for index, line in enumerate(block, start):
+        continuing = continuing and index not in after_comment
+        if line[0] in " \t":
+            if continuing:
+                trailers[-1][1] += " " + line.strip()  # a continuation of the previous trailer's value
+            else:
+                other_lines += 1
             continue
         match = _TRAILER_LINE.match(line)
         generated = line.casefold().startswith(_GIT_GENERATED_PREFIXES)
         if match is None and not generated:
             other_lines += 1
-            trailers.append(["", ""])  # a non-trailer line ends any continuation
+            continuing = False
             continue
+        continuing = True
         # A line git generates counts as a trailer line for the 25% rule, even "(cherry picked from commit ...)",
         # which has no "token: value" and so is never reported as a trailer.
         trailer_lines += 1

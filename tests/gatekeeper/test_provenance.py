@@ -101,6 +101,11 @@ MESSAGES_FOR_GIT = [
     # A cherry-pick line counts as a trailer line for git's 25% rule (found by hypothesis in CI).
     "\nSubject line\nSubject line\nSubject line\nAssisted-by: Claude\n"
     "(cherry picked from commit 0123456789abcdef0123456789abcdef01234567)\n",
+    # A continuation line after a comment line continues nothing: git counts it as a non-trailer line (found by
+    # hypothesis in a local run), as it does one after a non-trailer line (those four lines outweigh the trailer).
+    "\nAssisted-by: Claude\n#comment line\n  folded continuation\n",
+    "Subject\n\nSigned-off-by: A <a@b.c>\n  continued\n#comment\n  not continued\nKey: value\n",
+    "Subject\n\nSigned-off-by: A <a@b.c>\nprose\n  one\n  two\n  three\n",
 ]
 
 
