@@ -18,10 +18,13 @@
 #                                               files come back from a run: these are 8 with KERNEL_BENCH=1;
 #                                               with more under $OUT, a caller's log say, all go into
 #                                               $OUT/gpu-evidence.tgz instead.
-# Usage on the device: SHA=<commit measured> [BENCH=0] bash tools/gpu-evidence.sh
+# Usage on the device: SHA=<commit measured> [BENCH=0 | TESTS=0] bash tools/gpu-evidence.sh
 # Give SHA literally, as `git rev-parse HEAD` prints it here: on the device, git's HEAD in the copied tree was
 # the session's first commit, not the checkout's (it stamped run-86208e9 with 4836d86; corrected by hand).
-# (BENCH=0: the tests only, when the perf matrix of an ancestor within the policy's commit window still holds)
+# (BENCH=0: the tests only, when the perf matrix of an ancestor within the policy's commit window still holds.
+# TESTS=0: the benches only. The whole run took 521 s of a call's 600 at 6918563: split it into a BENCH=0 call and a
+# TESTS=0 call at the same SHA, then copy the second folder's perf/, kernels/ and bench.log into the first before
+# tools/gpu-evidence-import.sh.)
 set -uo pipefail
 : "${SHA:?set SHA to the commit being measured}" "${OUT:?}"
 . tools/gpu-env.sh
@@ -35,13 +38,16 @@ nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,temperature.gpu,power.draw
 state_pid=$!
 
 # Only the gpu-marked tests: CI runs the rest, and the GPU image's Triton interpreter differs from CI's.
-gpu_tests=$(grep -l "pytest.mark.gpu" -r tests/kimi_k3_path | sort)
-PYTHONPATH="$PYTHONPATH:gatekeeper/collect/plugin" GATEKEEPER_NODEIDS="$OUT/gpu/nodeids.txt" \
-  python3 -m coverage run --source=kimi_k3_path --data-file="$OUT/gpu/.coverage" \
-  -m pytest $gpu_tests -m gpu -q -p no:cacheprovider -p gatekeeper_pytest_contexts \
-  --junitxml="$OUT/gpu/junit.xml" 2>&1 | tee -a "$OUT/tests.log"
-tests_rc=${PIPESTATUS[0]}
-ls -l "$OUT/gpu" | tee -a "$OUT/tests.log"
+tests_rc=0
+if [ "${TESTS:-1}" = 1 ]; then
+  gpu_tests=$(grep -l "pytest.mark.gpu" -r tests/kimi_k3_path | sort)
+  PYTHONPATH="$PYTHONPATH:gatekeeper/collect/plugin" GATEKEEPER_NODEIDS="$OUT/gpu/nodeids.txt" \
+    python3 -m coverage run --source=kimi_k3_path --data-file="$OUT/gpu/.coverage" \
+    -m pytest $gpu_tests -m gpu -q -p no:cacheprovider -p gatekeeper_pytest_contexts \
+    --junitxml="$OUT/gpu/junit.xml" 2>&1 | tee -a "$OUT/tests.log"
+  tests_rc=${PIPESTATUS[0]}
+  ls -l "$OUT/gpu" | tee -a "$OUT/tests.log"
+fi
 
 bench_rc=0
 if [ "${BENCH:-1}" = 1 ]; then
