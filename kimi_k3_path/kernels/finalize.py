@@ -285,7 +285,13 @@ class FinalizeStreamed:
         self.fused_vec = self.up_vec + self.sh_vec
         self.fused_steps = -(-self.fused_vec // WARP)
         self.fused = self.fused_steps < self.up_steps + self.sh_steps
-        self.vecs = self.fused_steps if self.fused else self.up_steps + self.sh_steps  # per thread and row pair
+        # A thread's 16-byte steps of a row pair, in order, as (kind, step): kind "up" or "shared" says which row
+        # and sum the step's vector belongs to ("mixed": either, by lane, in the fused slice's boundary step).
+        if self.fused:
+            self.plan = [(self.fused_kind(st), st) for st in range(self.fused_steps)]
+        else:
+            self.plan = [("up", st) for st in range(self.up_steps)] + [("shared", st) for st in range(self.sh_steps)]
+        self.vecs = len(self.plan)  # per thread and row pair
 
     def ctas(self) -> int:
         return self.grid
@@ -313,7 +319,7 @@ class FinalizeStreamed:
         16 bytes: no bank conflicts)."""
         return stage_base + (((unit_index % self.stages) * self.vecs + v) * (WARPS_PER_CTA * WARP) + tidx) * VEC_BYTES
 
-    def step_kind(self, st: int) -> str:
+    def fused_kind(self, st: int) -> str:
         """In the fused slice, whether every lane's vector at step st is an up one, a shared one, or either."""
         if (st + 1) * WARP <= self.up_vec:
             return "up"
@@ -323,19 +329,41 @@ class FinalizeStreamed:
         """1 where this lane's vector at fused step st is an up-projection one, else 0."""
         return ((lane + st * WARP - self.up_vec) >> 31) & 1
 
-    def fused_address(self, up_base: Int64, sh_base: Int64, part: Int32, lane: Int32, st: int) -> Int64:
-        """This lane's vector at fused step st of rows starting at up_base (latent wide) and sh_base (shared_inter
-        wide): vector j of the warp's slice is up vector part * up_vec + j below up_vec, else shared vector
-        part * sh_vec + j - up_vec (j clamped to the slice on a ragged last step, as slice_vec does)."""
+    def vector_address(self, up_base: Int64, sh_base: Int64, part: Int32, lane: Int32, kind: str, st: int) -> Int64:
+        """This lane's vector at plan step (kind, st) of rows starting at up_base (latent wide) and sh_base
+        (shared_inter wide). Apart, each row's slice has its own steps; fused, vector j of the warp's slice is up
+        vector part * up_vec + j below up_vec, else shared vector part * sh_vec + j - up_vec. A ragged last step
+        rereads its slice's last vector (slice_vec; `masked` drops it)."""
+        if not self.fused:
+            if kind == "up":
+                return up_base + Int64(slice_vec(part * self.up_vec, lane, self.up_vec, st)) * VEC_BYTES
+            return sh_base + Int64(slice_vec(part * self.sh_vec, lane, self.sh_vec, st)) * VEC_BYTES
         j = slice_vec(Int32(0), lane, self.fused_vec, st)
         up = up_base + Int64(part * self.up_vec + j) * VEC_BYTES
         sh = sh_base + Int64(part * self.sh_vec + j - self.up_vec) * VEC_BYTES
-        kind = self.step_kind(st)
         if kind == "up":
             return up
         if kind == "shared":
             return sh
         return sh + Int64(self.lane_is_up(lane, st)) * (up - sh)
+
+    def masked(self, words: list, lane: Int32, kind: str, st: int) -> list:
+        """The words of plan step (kind, st), zero for the lanes past their slice on a ragged last step."""
+        if self.fused:
+            return in_slice(words, lane, self.fused_vec, st)
+        return in_slice(words, lane, self.up_vec if kind == "up" else self.sh_vec, st)
+
+    def accumulate(self, acc, words: list, x_words: list, lane: Int32, kind: str, st: int) -> None:
+        """acc[0, 0] (up) or acc[1, 0] (shared) += this step's dot; a mixed step's lanes add to their own row's."""
+        if kind == "up":
+            acc[0, 0] = dot_bf16x8_packed(words, x_words, acc[0, 0])
+        elif kind == "shared":
+            acc[1, 0] = dot_bf16x8_packed(words, x_words, acc[1, 0])
+        else:
+            part_sum = dot_bf16x8_packed(words, x_words, Float32(0.0))
+            up_part = part_sum * Float32(self.lane_is_up(lane, st))  # exact: times 1 or 0
+            acc[0, 0] = acc[0, 0] + up_part
+            acc[1, 0] = acc[1, 0] + (part_sum - up_part)
 
     @cute.jit
     def issue(self, w_up, w_sh2, stage_base: Int32, unit_index: Int32, units_here: Int32, cta: Int32, half: Int32,
@@ -346,16 +374,9 @@ class FinalizeStreamed:
             row = self.row_of(cta, unit_index, half)
             up_row = w_up.iterator.toint() + Int64(row) * (self.l * 2)
             sh_row = w_sh2.iterator.toint() + Int64(row) * (self.s * 2)
-            if cutlass.const_expr(self.fused):
-                for st in cutlass.range_constexpr(self.fused_steps):
-                    cp_async_16(self.slot(stage_base, unit_index, st, tidx),
-                                self.fused_address(up_row, sh_row, part, lane, st), True)
-            for st in cutlass.range_constexpr(0 if self.fused else self.up_steps):
-                cp_async_16(self.slot(stage_base, unit_index, st, tidx),
-                            up_row + Int64(slice_vec(part * self.up_vec, lane, self.up_vec, st)) * VEC_BYTES, True)
-            for st in cutlass.range_constexpr(0 if self.fused else self.sh_steps):
-                cp_async_16(self.slot(stage_base, unit_index, self.up_steps + st, tidx),
-                            sh_row + Int64(slice_vec(part * self.sh_vec, lane, self.sh_vec, st)) * VEC_BYTES, True)
+            for v, (kind, st) in enumerate(self.plan):
+                cp_async_16(self.slot(stage_base, unit_index, v, tidx),
+                            self.vector_address(up_row, sh_row, part, lane, kind, st), True)
         cute.arch.cp_async_commit_group()
 
     @cute.kernel
@@ -373,42 +394,16 @@ class FinalizeStreamed:
         for i in cutlass.range_constexpr(self.stages - 1):
             self.issue(w_up, w_sh2, stage_base, Int32(i), units_here, cta, half, part, lane, tidx)
         cute.arch.griddepcontrol_wait()  # GEMM2 has written normed, sq_parts and a_sh
-        if cutlass.const_expr(self.fused):
-            x_fused = [list(ld_fresh_v4(self.fused_address(normed.iterator.toint(), a_sh.iterator.toint(), part,
-                                                           lane, st))) for st in range(self.fused_steps)]
-            x_up, x_sh = [], []
-        else:
-            x_fused = []
-            x_up = [list(ld_fresh_v4(normed.iterator.toint() + Int64(slice_vec(part * self.up_vec, lane, self.up_vec,
-                                                                                 st)) * VEC_BYTES))
-                    for st in range(self.up_steps)]
-            x_sh = [list(ld_fresh_v4(a_sh.iterator.toint() + Int64(slice_vec(part * self.sh_vec, lane, self.sh_vec,
-                                                                              st)) * VEC_BYTES))
-                    for st in range(self.sh_steps)]
+        xs = [list(ld_fresh_v4(self.vector_address(normed.iterator.toint(), a_sh.iterator.toint(), part, lane, kind,
+                                                   st))) for kind, st in self.plan]
         rstd = rms_scale(sq_parts, lane, self.rms_parts, self.l, self.eps)
         for i in cutlass.range(units_here, unroll=1):
             self.issue(w_up, w_sh2, stage_base, i + self.stages - 1, units_here, cta, half, part, lane, tidx)
             cute.arch.cp_async_wait_group(self.stages - 1)  # this thread's copies of pair i have landed
             acc = zero_acc(2, 1)
-            for st in cutlass.range_constexpr(self.fused_steps if self.fused else 0):
-                words = in_slice(list(ld_shared_v4(self.slot(stage_base, i, st, tidx))), lane, self.fused_vec, st)
-                kind = self.step_kind(st)
-                if cutlass.const_expr(kind == "up"):
-                    acc[0, 0] = dot_bf16x8_packed(words, x_fused[st], acc[0, 0])
-                elif cutlass.const_expr(kind == "shared"):
-                    acc[1, 0] = dot_bf16x8_packed(words, x_fused[st], acc[1, 0])
-                else:
-                    part_sum = dot_bf16x8_packed(words, x_fused[st], Float32(0.0))
-                    up_part = part_sum * Float32(self.lane_is_up(lane, st))  # exact: times 1 or 0
-                    acc[0, 0] = acc[0, 0] + up_part
-                    acc[1, 0] = acc[1, 0] + (part_sum - up_part)
-            for st in cutlass.range_constexpr(0 if self.fused else self.up_steps):
-                words = in_slice(list(ld_shared_v4(self.slot(stage_base, i, st, tidx))), lane, self.up_vec, st)
-                acc[0, 0] = dot_bf16x8_packed(words, x_up[st], acc[0, 0])
-            for st in cutlass.range_constexpr(0 if self.fused else self.sh_steps):
-                words = in_slice(list(ld_shared_v4(self.slot(stage_base, i, self.up_steps + st, tidx))), lane,
-                                 self.sh_vec, st)
-                acc[1, 0] = dot_bf16x8_packed(words, x_sh[st], acc[1, 0])
+            for v, (kind, st) in enumerate(self.plan):
+                words = self.masked(list(ld_shared_v4(self.slot(stage_base, i, v, tidx))), lane, kind, st)
+                self.accumulate(acc, words, xs[v], lane, kind, st)
             split_k_reduce(acc, scratch, warp, lane, FINALIZE_SPLIT, 2, 1)
             if lane == 0 and part == 0:
                 out[0, self.row_of(cta, i, half)] = (acc[0, 0] * rstd + acc[1, 0]).to(BFloat16)
