@@ -6,15 +6,19 @@ rotated beyond L2, byte floors from the measured copy bandwidth, launch counts f
 
 Writes `gatekeeper.evidence.PerfEvidence` (one row per TP and batch, axes as the support matrix names them plus
 layer=latent_moe) and, with --kernels-out, the per-kernel M=1 timings with their bytes and effective bandwidth.
+Each TP runs in a fresh child process by default (`--processes per-tp`), as kimi_k3_path.bench runs each case: in one
+process a TP measured after another ran slower (kernels/NOTES.md v38, "Not done" 25).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 from contextlib import nullcontext
 from datetime import datetime, timezone
 from pathlib import Path
@@ -246,11 +250,57 @@ def git_commit() -> str:
         return "0000000"
 
 
+def tp_argv(args, tp: int, standalone: bool) -> list[str]:
+    """The arguments that measure only `tp` of `args`, in one process (the standalone kernels only if asked)."""
+    def csv(values):
+        return ",".join(map(str, values))
+
+    return (["--tp", str(tp), "--batch", csv(args.batch), "--replays", str(args.replays), "--seed", str(args.seed),
+             "--steps-at", csv(args.steps_at), "--processes", "one", "--standalone-at", str(tp if standalone else 0)]
+            + ["--compare-cuda-cores"] * args.compare_cuda_cores)
+
+
+def merge_tp_runs(parts: list[tuple[dict, list[dict]]], commit: str, command: str) -> tuple[dict, list[dict]]:
+    """One evidence record and one list of kernel rows from the per-TP runs `parts` (in TP order): the rows in order,
+    each noting its own process, and each run's measured copy bandwidth (every row's floor uses its own run's)."""
+    first = parts[0][0]
+    for evidence, _ in parts[1:]:
+        if evidence["hardware"] != first["hardware"]:
+            raise SystemExit(f"bench_moe: the TP runs report different hardware ({evidence['hardware']} and "
+                             f"{first['hardware']}): not one machine")
+    bandwidths = ", ".join(f"tp{e['rows'][0]['axes']['tp']} {e['software']['copy_bandwidth_tb_s']}" for e, _ in parts)
+    return ({**first, "commit": commit, "command": command,
+             "software": {**first["software"], "copy_bandwidth_tb_s": bandwidths},
+             "rows": [{**row, "note": row["note"] + "; measured in a process of its own"}
+                      for evidence, _ in parts for row in evidence["rows"]]},
+            [row for _, kernel_rows in parts for row in kernel_rows])
+
+
+def run_per_tp(args) -> tuple[dict, list[dict]]:
+    """run() with each TP in a fresh child process of this module (the standalone kernels in the first TP's)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")) if p)}
+    commit = args.commit or git_commit()
+    parts = []
+    with tempfile.TemporaryDirectory(prefix="kimi-bench-moe-") as tmp:
+        for tp in args.tp:
+            out, kernels_out = Path(tmp) / f"tp{tp}.json", Path(tmp) / f"tp{tp}-kernels.json"
+            child = [sys.executable, "-m", "kimi_k3_path.kernels.bench_moe", *tp_argv(args, tp, tp == args.tp[0]),
+                     "--commit", commit, "--out", str(out), "--kernels-out", str(kernels_out)]
+            rc = subprocess.run(child, env=env).returncode
+            if rc != 0 or not out.is_file() or not kernels_out.is_file():
+                raise SystemExit(f"bench_moe: the tp={tp} run failed in its own process (exit {rc}; its output is "
+                                 "above)")
+            parts.append((json.loads(out.read_text()), json.loads(kernels_out.read_text())))
+    return merge_tp_runs(parts, commit, "python -m kimi_k3_path.kernels.bench_moe " + " ".join(sys.argv[1:]))
+
+
 def run(args) -> tuple[dict, list[dict]]:
     from kimi_k3_path.kernels.experts import on_tensor_cores
     from kimi_k3_path.kernels.moe import decode_steps
     from kimi_k3_path.reference import rel_err, stock
 
+    standalone_at = args.tp[0] if args.standalone_at is None else args.standalone_at
     bandwidth = copy_bandwidth()
     print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + write)", flush=True)
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
@@ -294,7 +344,7 @@ def run(args) -> tuple[dict, list[dict]]:
                          f"({int(spaces[0].plan[0][0])} active experts); launches {launches} vs stock-like "
                          f"{stock_launches}; rel err vs stock-like {err:.1e}"),
             })
-            if m == 1 and tp == args.tp[0]:  # router and down-projection shapes do not depend on TP
+            if m == 1 and tp == standalone_at:  # router and down-projection shapes do not depend on TP
                 standalone = standalone_steps(xs, ours, spaces, d)
                 for name, one in standalone:
                     t = measurement_of(time_graph(one, args.replays, len(refs)))
@@ -373,6 +423,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="batches at which each launch of the block is also timed alone (default: 1)")
     p.add_argument("--compare-cuda-cores", action="store_true",
                    help="also time the block with every kernel on the CUDA cores (same run)")
+    p.add_argument("--processes", choices=("per-tp", "one"), default="per-tp",
+                   help="per-tp: each TP in a fresh child process (default); one: every TP in this process")
+    p.add_argument("--standalone-at", type=int, default=None,
+                   help="the TP at which the front's parts are also timed as their own launches (default: the first; "
+                        "0: none)")
     p.add_argument("--profile-once", action="store_true", help="one eager pass for ncu, then exit")
     p.add_argument("--trace-out", type=Path, default=None,
                    help="instead of timing: per-CTA timelines of the M=1 block at each --tp (kernels/trace.py), JSON")
@@ -395,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.out is None:
         p.error("--out is required unless --profile-once")
-    evidence, kernel_rows = run(args)
+    evidence, kernel_rows = run_per_tp(args) if args.processes == "per-tp" and len(args.tp) > 1 else run(args)
     from gatekeeper.evidence import PerfEvidence
 
     PerfEvidence.model_validate(evidence)  # what the gatekeeper will read

@@ -1,9 +1,13 @@
-"""The MoE block benchmark's host side on CPU: its arguments, and what it records when tools are missing. The
+"""The MoE block benchmark's host side on CPU: its arguments, its runs of each TP in a child process, and what it
+records when tools are missing. The
 measurements themselves run on the H200 (test_bench_moe_gpu.py)."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -47,3 +51,73 @@ def test_median_summary_takes_each_figure_s_median_over_the_replays_and_skips_mi
                                                            "end_us": {"last": 20.0}}}
     assert bench_moe.median_summary([{"gemm1": {"sm_mhz": None}}]) == {"gemm1": {"sm_mhz": None}}
 
+
+
+def test_each_tp_runs_alone_with_the_parent_s_settings_and_the_front_parts_only_in_the_first():
+    args = argparse.Namespace(tp=[8, 16], batch=[1, 2], replays=50, seed=3, steps_at=[1], compare_cuda_cores=True)
+    assert bench_moe.tp_argv(args, 16, standalone=False) == [
+        "--tp", "16", "--batch", "1,2", "--replays", "50", "--seed", "3", "--steps-at", "1", "--processes", "one",
+        "--standalone-at", "0", "--compare-cuda-cores"]
+    assert bench_moe.tp_argv(args, 8, standalone=True)[-3:] == ["--standalone-at", "8", "--compare-cuda-cores"]
+
+
+def _part(tp: int, bandwidth: str, kernels: list[str], gpu: str = "NVIDIA H200"):
+    evidence = {"schema_version": 1, "kind": "perf_matrix", "commit": "child", "command": f"child {tp}",
+                "created": "2026-12-02T00:00:00+00:00", "hardware": {"gpu": gpu, "count": 1},
+                "software": {"torch": "2.11", "copy_bandwidth_tb_s": bandwidth},
+                "rows": [{"axes": {"tp": tp, "batch": m}, "note": f"tp{tp} m{m}"} for m in (1, 2)]}
+    return evidence, [{"tp": tp, "kernel": k} for k in kernels]
+
+
+def test_the_tp_runs_merge_in_order_each_row_noting_its_process_and_each_run_its_copy_bandwidth():
+    parts = [_part(8, "4.231", ["front", "router alone"]), _part(16, "4.225", ["front"])]
+    evidence, kernels = bench_moe.merge_tp_runs(parts, "abc123", "python -m kimi_k3_path.kernels.bench_moe --tp 8,16")
+    assert (evidence["commit"], evidence["command"]) == ("abc123", "python -m kimi_k3_path.kernels.bench_moe --tp 8,16")
+    assert [(r["axes"]["tp"], r["axes"]["batch"]) for r in evidence["rows"]] == [(8, 1), (8, 2), (16, 1), (16, 2)]
+    assert all(r["note"].endswith("; measured in a process of its own") for r in evidence["rows"])
+    assert evidence["software"] == {"torch": "2.11", "copy_bandwidth_tb_s": "tp8 4.231, tp16 4.225"}
+    assert [(k["tp"], k["kernel"]) for k in kernels] == [(8, "front"), (8, "router alone"), (16, "front")]
+
+
+def test_tp_runs_on_different_hardware_are_refused():
+    with pytest.raises(SystemExit, match="not one machine"):
+        bench_moe.merge_tp_runs([_part(8, "4.2", []), _part(16, "4.2", [], gpu="NVIDIA H100")], "abc", "cmd")
+
+
+class _FakeChildren:
+    """Stands in for subprocess.run in run_per_tp: records each child's command and writes what a child would."""
+
+    def __init__(self, fail_tp: int | None = None):
+        self.commands, self.fail_tp = [], fail_tp
+
+    def __call__(self, command, env):
+        self.commands.append(command)
+        tp = int(command[command.index("--tp") + 1])
+        if tp == self.fail_tp:
+            return subprocess.CompletedProcess(command, 1)
+        evidence, kernels = _part(tp, "4.2", ["front"])
+        Path(command[command.index("--out") + 1]).write_text(json.dumps(evidence))
+        Path(command[command.index("--kernels-out") + 1]).write_text(json.dumps(kernels))
+        return subprocess.CompletedProcess(command, 0)
+
+
+def _per_tp_args():
+    return argparse.Namespace(tp=[8, 16], batch=[1], replays=5, seed=0, steps_at=[1], compare_cuda_cores=False,
+                              commit="abc123")
+
+
+def test_run_per_tp_starts_one_child_per_tp_and_merges_what_they_wrote(monkeypatch):
+    children = _FakeChildren()
+    monkeypatch.setattr(bench_moe.subprocess, "run", children)
+    evidence, kernels = bench_moe.run_per_tp(_per_tp_args())
+    assert [c[c.index("--tp") + 1] for c in children.commands] == ["8", "16"]
+    assert all(c[1:3] == ["-m", "kimi_k3_path.kernels.bench_moe"] and "--commit" in c for c in children.commands)
+    assert [c[c.index("--standalone-at") + 1] for c in children.commands] == ["8", "0"]
+    assert evidence["commit"] == "abc123" and [r["axes"]["tp"] for r in evidence["rows"]] == [8, 8, 16, 16]
+    assert [k["tp"] for k in kernels] == [8, 16]
+
+
+def test_run_per_tp_stops_at_a_failing_child(monkeypatch):
+    monkeypatch.setattr(bench_moe.subprocess, "run", _FakeChildren(fail_tp=16))
+    with pytest.raises(SystemExit, match="tp=16 run failed in its own process"):
+        bench_moe.run_per_tp(_per_tp_args())
