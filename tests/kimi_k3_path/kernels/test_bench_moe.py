@@ -1,6 +1,5 @@
 """The MoE block benchmark's host side on CPU: its arguments, its runs of each TP in a child process, and what it
-records when tools are missing. The
-measurements themselves run on the H200 (test_bench_moe_gpu.py)."""
+records when tools are missing. The measurements themselves run on the H200 (test_bench_moe_gpu.py)."""
 
 from __future__ import annotations
 
