@@ -492,14 +492,20 @@ def case_argv(args: argparse.Namespace, layer: str, tp: int, commit: str) -> lis
     return argv + ["--breakdown"] * args.breakdown + ["--cpu-smoke"] * args.cpu_smoke
 
 
+def child_env() -> dict[str, str]:
+    """This process's environment with the repository first on PYTHONPATH, for a child that imports kimi_k3_path
+    (kimi_k3_path.bench here, kernels.bench_moe) however this one was started."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")) if p)}
+
+
 def run_per_case(args: argparse.Namespace, commit: str, command: str, created: datetime,
                  on_rows: Callable[[Any], None] | None = None) -> Any:
     """run() with each (layer, tp) in a fresh child process of this module, the rows merged in order into one
     PerfEvidence (every child must report the same hardware and software); `on_rows` as for run()."""
     from gatekeeper.evidence import PerfEvidence
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")) if p)}
+    env = child_env()
     parts: list[Any] = []
     with tempfile.TemporaryDirectory(prefix="kimi-bench-") as tmp:
         for layer in args.layer:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from pathlib import Path
 import torch
 
 # The same median and p10-p90 spread, and the same amortization of the graph launch, as the per-layer bench.
-from kimi_k3_path.bench import MIN_STEPS_PER_GRAPH, measurement_of
+from kimi_k3_path.bench import MIN_STEPS_PER_GRAPH, child_env, measurement_of
 
 L2_ROTATION_SETS = 3  # each weight set is > 100 MB, so three in a row never hit the 50 MB L2
 H200_SMS = 132
@@ -278,8 +277,7 @@ def merge_tp_runs(parts: list[tuple[dict, list[dict]]], commit: str, command: st
 
 def run_per_tp(args) -> tuple[dict, list[dict]]:
     """run() with each TP in a fresh child process of this module (the standalone kernels in the first TP's)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")) if p)}
+    env = child_env()
     commit = args.commit or git_commit()
     parts = []
     with tempfile.TemporaryDirectory(prefix="kimi-bench-moe-") as tmp:
