@@ -51,7 +51,7 @@ from .common import (
     wait_for_all,
 )
 from .gemv import SCRATCH_BYTES, alloc_scratch
-from .shared import check_shared, shared_part
+from .shared import ONE_TOKEN_SHARED_SPLIT, check_shared, shared_ctas, shared_part
 from .trace import trace_address
 
 WARPS_PER_CTA = 8
@@ -437,21 +437,21 @@ class ExpertsGemm2OneToken:
     Launched early (programmatic dependent launch) while GEMM1 drains: each thread loads its weights, then waits
     for GEMM1, then the CTA copies all k rows of a into shared memory by slot in one round trip; it lets the
     finalize start at once.
-    With shared_inter (moe.decode_steps at one token), Ish more CTAs compute the shared experts' a_sh [1, Ish] =
-    situ_glu(x @ w_sh13^T) as the front's shared CTAs would (shared.shared_part): they need neither the plan nor the
-    wait, so their 11-22 MB stream while GEMM1 drains instead of ahead of it in the front, and the finalize still reads
-    a_sh only after its wait for this grid. shared_first puts them before GEMM2's CTAs, which pays only where GEMM1
-    leaves SMs idle (moe.gate_up_first). Measured on the H200 (NOTES.md v20a; block medians of 3 rounds, M=1): TP8
-    58.7 -> 58.2 us with them last (58.7 first), TP16 50.8 -> 49.7 first (50.7 last); the front without them at all
-    would give 54.1 and 48.4.
+    With shared_inter (moe.decode_steps at one token), Ish / 2 more CTAs (two columns each: shared_split 4, not the
+    front's 8) compute the shared experts' a_sh [1, Ish] = situ_glu(x @ w_sh13^T) as the front's shared CTAs would
+    (shared.shared_part): they need neither the plan nor the wait, so their 11-22 MB stream while GEMM1 drains
+    instead of ahead of it in the front, and the finalize still reads a_sh only after its wait for this grid.
+    shared_first puts them before GEMM2's CTAs, which pays only where GEMM1 leaves SMs idle (moe.gate_up_first).
+    Measured on the H200 (NOTES.md v20a; block medians of 3 rounds, M=1): TP8 58.7 -> 58.2 us with them last (58.7
+    first), TP16 50.8 -> 49.7 first (50.7 last); the front without them at all would give 54.1 and 48.4.
     Tensors: a [k, I] fp16, w2 [E, L, I/2] uint8, s2 [E, L, I/32] uint8, plan, topk_w [1, k] fp32, gamma [L] fp32,
     y_lat [1, L] fp32, normed [1, L] bf16, sq_parts [L/8] fp32, x [1, H] bf16, w_sh13 [2*Ish, H] bf16, a_sh [1, Ish]
     bf16 (without shared_inter: placeholders, never read)."""
 
     def __init__(self, experts: int, latent: int, inter: int, top_k: int, shared_inter: int = 0, hidden: int = 0,
-                 shared_first: bool = False, trace_addr: int = 0):
+                 shared_first: bool = False, trace_addr: int = 0, shared_split: int = ONE_TOKEN_SHARED_SPLIT):
         if shared_inter:
-            check_shared(shared_inter, hidden, 1)
+            check_shared(shared_inter, hidden, 1, shared_split)
         if top_k != WARP // ONE_TOKEN_SPLIT:
             raise ValueError(f"ExpertsGemm2OneToken: top_k={top_k} must be {WARP // ONE_TOKEN_SPLIT} (a row's slots "
                              f"in a warp, {ONE_TOKEN_SPLIT} lanes each)")
@@ -461,6 +461,8 @@ class ExpertsGemm2OneToken:
         self.e, self.l, self.i, self.k = experts, latent, inter, top_k
         self.groups = inter // FP4_GROUP // ONE_TOKEN_SPLIT  # per lane
         self.s, self.h, self.shared_first, self.trace_addr = shared_inter, hidden, shared_first, trace_addr
+        self.shared_split = shared_split
+        self.shared_ctas = shared_ctas(shared_inter, 1, shared_split) if shared_inter else 0
 
     def gemm2_ctas(self) -> int:
         """The CTAs that compute y_lat's rows (the shared experts' CTAs, if any, come on top)."""
@@ -468,7 +470,7 @@ class ExpertsGemm2OneToken:
 
     def ctas(self) -> int:
         """The launch's grid: GEMM2's CTAs and the shared experts'."""
-        return self.gemm2_ctas() + self.s
+        return self.gemm2_ctas() + self.shared_ctas
 
     def smem_bytes(self) -> int:
         # The DSL lays out every allocation of the kernel one after another, the shared branch's scratch included.
@@ -495,10 +497,10 @@ class ExpertsGemm2OneToken:
                             tidx, bidx)
         else:
             first_shared = 0 if cutlass.const_expr(self.shared_first) else self.gemm2_ctas()
-            first_gemm2 = self.s if cutlass.const_expr(self.shared_first) else 0
-            if bidx >= first_shared and bidx < first_shared + self.s:
+            first_gemm2 = self.shared_ctas if cutlass.const_expr(self.shared_first) else 0
+            if bidx >= first_shared and bidx < first_shared + self.shared_ctas:
                 shared_part(x, w_sh13, a_sh, alloc_scratch(cutlass.memory.SmemAllocator()), bidx - first_shared,
-                            tidx // WARP, tidx % WARP, Int32(1), self.s, self.h, 1)
+                            tidx // WARP, tidx % WARP, Int32(1), self.s, self.h, 1, self.shared_split)
             else:
                 self.gemm2_part(a, w2, s2, n_active, slot_expert, slot_pairs, topk_w, gamma, y_lat, normed, sq_parts,
                                 tidx, bidx - first_gemm2)

@@ -1,7 +1,8 @@
 """Shared experts' first half: a[M, Ish] = situ_glu(x @ W_sh13[:Ish]^T, x @ W_sh13[Ish:]^T) for this rank's
-shard. One CTA per output column j; its 8 warps split K and each reads gate row j and up row Ish + j in the same
-pass over x, so the pair meets in registers / shared memory, never in device memory. From 2 tokens (tensor cores,
-mma.py) a CTA owns 8 columns: its 16 MMA rows are gate rows j..j+7 and up rows Ish+j..Ish+j+7. The second half
+shard. On the CUDA cores a CTA owns 8 / split output columns: the `split` warps of column j split K and each
+reads gate row j and up row Ish + j in the same pass over x, so the pair meets in registers / shared memory, never
+in device memory (split 8 in the front; 4 in GEMM2's one-token grid, ONE_TOKEN_SHARED_SPLIT). From 2 tokens (tensor
+cores, mma.py) a CTA owns 8 columns: its 16 MMA rows are gate rows j..j+7 and up rows Ish+j..Ish+j+7. The second half
 (a @ W_sh2^T) is fused into the finalize kernel's up-projection; `SkinnyGemm` runs it alone where it is needed
 alone."""
 
@@ -26,22 +27,32 @@ from .mma import (
     zero_tiles,
 )
 
-SHARED_SPLIT = 8  # one (gate, up) row pair per CTA, K split over its 8 warps
+SHARED_SPLIT = 8  # warps sharing one (gate, up) row pair's K; a CTA owns WARPS_PER_CTA / split pairs
+# The split of the shared gate_up's one-token CTAs in GEMM2's grid (experts.ExpertsGemm2OneToken): 4, two row pairs
+# per CTA, gives a warp 224 of a row's 896 vectors, 7 full 16-byte steps, where 8 leaves the last of 4 steps half
+# empty. Measured on the H200 (NOTES.md v39a; one process, 3 rounds, block medians at M=1): TP8 53.08 us with 8,
+# 52.23 with 4, 53.09 with 2, 53.79 with 1; TP16 43.77, 43.60, 43.80, 44.84.
+ONE_TOKEN_SHARED_SPLIT = 4
 
 
 MMA_COLUMNS = MMA_ROWS // 2  # columns of a per tensor-core CTA: its gate rows, then the matching up rows
 
 
-def check_shared(inter: int, hidden: int, mt: int) -> None:
+def check_shared(inter: int, hidden: int, mt: int, split: int = SHARED_SPLIT) -> None:
     if inter < 1:
         raise ValueError(f"SharedGateUpSitu: shared intermediate={inter} must be positive")
-    check_k(hidden, SHARED_SPLIT, "SharedGateUpSitu")
+    if WARPS_PER_CTA % split:
+        raise ValueError(f"SharedGateUpSitu: split={split} must divide the CTA's {WARPS_PER_CTA} warps")
+    if inter % (WARPS_PER_CTA // split):
+        raise ValueError(f"SharedGateUpSitu: shared intermediate={inter} is not a multiple of "
+                         f"{WARPS_PER_CTA // split} (row pairs per CTA at split {split})")
+    check_k(hidden, split, "SharedGateUpSitu")
     if uses_tensor_cores(mt):
         check_mma(2 * inter, hidden, "SharedGateUpSitu")
 
 
-def shared_ctas(inter: int, mt: int) -> int:
-    return inter // MMA_COLUMNS if uses_tensor_cores(mt) else inter
+def shared_ctas(inter: int, mt: int, split: int = SHARED_SPLIT) -> int:
+    return inter // MMA_COLUMNS if uses_tensor_cores(mt) else inter // (WARPS_PER_CTA // split)
 
 
 @cute.jit
@@ -57,20 +68,24 @@ def shared_part(
     inter: cutlass.Constexpr,
     hidden: cutlass.Constexpr,
     mt: cutlass.Constexpr,
+    split: cutlass.Constexpr = SHARED_SPLIT,
 ):
-    """CTA `cta` computes column j = cta of a: gate row j and up row inter + j in one pass over x."""
-    n_vec: cutlass.Constexpr = hidden // BF16_PER_VEC // SHARED_SPLIT
-    gate_addr = w13.iterator.toint() + Int64(cta) * (hidden * 2)
-    up_addr = w13.iterator.toint() + Int64(inter + cta) * (hidden * 2)
+    """CTA `cta` computes columns j = cta * pairs + p of a (pairs = WARPS_PER_CTA / split): gate row j and up row
+    inter + j in one pass over x by the split warps p * split .. p * split + split - 1."""
+    n_vec: cutlass.Constexpr = hidden // BF16_PER_VEC // split
+    pairs: cutlass.Constexpr = WARPS_PER_CTA // split
+    j = cta * pairs + warp // split
+    gate_addr = w13.iterator.toint() + Int64(j) * (hidden * 2)
+    up_addr = w13.iterator.toint() + Int64(inter + j) * (hidden * 2)
     for m_first in cutlass.range(0, m_count, mt, unroll=1):
         acc = zero_acc(2, mt)
-        dot_slice(acc, [gate_addr, up_addr], x.iterator.toint(), warp * n_vec, lane, m_first, m_count, 0, hidden,
-                  n_vec, mt, DEFAULT_WEIGHT_LOAD, pinned=False)
-        split_k_reduce(acc, scratch, warp, lane, SHARED_SPLIT, 2, mt)
-        if warp == 0 and lane == 0:
+        dot_slice(acc, [gate_addr, up_addr], x.iterator.toint(), (warp % split) * n_vec, lane, m_first, m_count, 0,
+                  hidden, n_vec, mt, DEFAULT_WEIGHT_LOAD, pinned=False)
+        split_k_reduce(acc, scratch, warp, lane, split, 2, mt)
+        if warp % split == 0 and lane == 0:
             for mi in cutlass.range_constexpr(mt):
                 if m_first + mi < m_count:
-                    a[m_first + mi, cta] = situ_glu(acc[0, mi], acc[1, mi]).to(BFloat16)
+                    a[m_first + mi, j] = situ_glu(acc[0, mi], acc[1, mi]).to(BFloat16)
 
 
 @cute.jit

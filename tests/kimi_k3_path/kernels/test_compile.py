@@ -44,7 +44,7 @@ from kimi_k3_path.kernels.gemv import WARPS_PER_CTA, SkinnyGemm, token_tile  # n
 from kimi_k3_path.kernels.moe import FRONT_DOWN_SPLIT, ONE_TOKEN_GEMM1_CTAS_PER_SM, FrontKernel  # noqa: E402
 from kimi_k3_path.kernels.router import MAX_TOKENS, RouterTopK, router_sync_words  # noqa: E402
 from kimi_k3_path.kernels.runtime import dyn, fake, fake_stream  # noqa: E402
-from kimi_k3_path.kernels.shared import SharedGateUpSitu  # noqa: E402
+from kimi_k3_path.kernels.shared import ONE_TOKEN_SHARED_SPLIT, SharedGateUpSitu  # noqa: E402
 from kimi_k3_path.kernels.stream import ReadStream  # noqa: E402
 
 
@@ -478,6 +478,9 @@ def test_lanes_per_row_divides_the_groups():
         (lambda: Finalize(7168, 3584, 768, 2, rms_parts=448), "needs token tile 1"),
         (lambda: ExpertsGemm2OneToken(896, 3584, 384, 8), "top_k=8 must be 16"),
         (lambda: ExpertsGemm2OneToken(896, 3584, 100, 16), "intermediate=100"),
+        (lambda: ExpertsGemm2OneToken(896, 3584, 384, 16, 768, 7168, shared_split=3), "split=3 must divide"),
+        (lambda: ExpertsGemm2OneToken(896, 3584, 384, 16, 767, 7168, shared_split=4),
+         "intermediate=767 is not a multiple of 2 \\(row pairs per CTA at split 4\\)"),
         (lambda: ExpertsGemm1Held(896, 3000, 384, 16, True), "latent=3000 must be a multiple of 512"),
         (lambda: ExpertsGemm1Held(896, 3584, 100, 16, False), "intermediate=100 is not a multiple of 8"),
         (lambda: ReadStream(2, via="tma"), "via='tma' is not one of"),
@@ -634,7 +637,8 @@ def test_one_token_gemm2_holds_its_weights_across_the_wait_in_one_wave(tp, dims,
 def test_one_token_gemm2_with_the_shared_gate_up_keeps_its_wave_and_its_wait(tp, shared_first, dims, tmp_path):
     """The one-token GEMM2 with the shared experts' gate_up CTAs in its grid (v20a): still at most 64 registers (4
     CTAs per SM, as GEMM1: the gate_up's CTAs take the places GEMM1 frees), one wait, and every weight load (GEMM2's
-    and the gate_up's) laid out before it."""
+    and the gate_up's) laid out before it. The gate_up's warps (split 4, v39a) each take 7 full 16-byte steps of
+    their gate and up rows: 14 loads, where split 8 left the last of 4 steps half empty (8 loads)."""
     d = dims(tp)
     h, s = d.hidden, d.shared_intermediate
     op = ExpertsGemm2OneToken(d.experts, d.latent, d.intermediate, d.top_k, s, h, shared_first)
@@ -644,7 +648,11 @@ def test_one_token_gemm2_with_the_shared_gate_up_keeps_its_wave_and_its_wait(tp,
     wait = next(n for n, line in enumerate(lines) if "ACQBULK" in line)
     weights = [n for n, line in enumerate(lines) if "LDG" in line and ".NA" in line]
     assert sum("ACQBULK" in line for line in lines) == 1
-    assert len(weights) > d.intermediate // 32 // 2 and max(weights) < wait  # GEMM2's and the gate_up's
+    gemm2_loads = d.intermediate // 32 // 2  # a lane's w2 groups (ExpertsGemm2OneToken.groups)
+    steps = h // 8 // ONE_TOKEN_SHARED_SPLIT // 32
+    assert (ONE_TOKEN_SHARED_SPLIT, steps) == (4, 7)
+    assert len(weights) == gemm2_loads + 2 * steps and max(weights) < wait  # GEMM2's and the gate_up's
+    assert op.ctas() == d.latent // ONE_TOKEN_ROWS + s // 2
     assert _registers(op, args, tmp_path / "res") <= SM_REGISTERS // (4 * CTA_THREADS)
 
 
