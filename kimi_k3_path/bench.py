@@ -12,7 +12,8 @@ over the steps as a decode step's graph spreads it over its layers. Replays alte
 CUDA events; a sample is one replay's time per step, and rows report the samples' median, p10-p90 spread and count.
 Before timing, the candidate MoE's output is checked against the fp32 reference. Each (layer, tp) runs in a fresh
 child process (`--processes per-case`, the GPU default), as a server maps its weights once in a fresh process: in one
-process, a case run after another layer's measured slower in both variants (kernels/NOTES.md v37a).
+process, a case run after another layer's measured slower in both variants (kernels/NOTES.md v37a), and running the
+stock-like kda_moe case once was enough to slow the next, not the memory it mapped (v38a).
 
 Variants: `baseline` is `kimi_k3_path.reference.stock` (vLLM's stock op sequence on Hopper). `candidate` is the
 specialized path: the same stock-like layer with its latent MoE replaced by
