@@ -32,9 +32,10 @@ def test_missing_tools_are_recorded_as_unknown(monkeypatch):
 
 @pytest.mark.parametrize("tp, expected", [
     # what the traced launches themselves recorded on the H200's 132 SMs (evidence/kernels-v20/cta_trace/trace_m1.json;
-    # the streamed finalize's 3 per SM: evidence/kernels-v23/l2_policy/, form 3x3ef)
-    (8, {"front": 2240, "gemm1": 768, "gemm2": 1216, "finalize": 396}),
-    (16, {"front": 2240, "gemm1": 384, "gemm2": 832, "finalize": 396}),
+    # the streamed finalize's 3 per SM: evidence/kernels-v23/l2_policy/, form 3x3ef); GEMM2's grid since v39a: its 448
+    # CTAs and the shared gate_up's Ish / 2 (two row pairs each), which the GPU trace test checked at b1cb368
+    (8, {"front": 2240, "gemm1": 768, "gemm2": 448 + 384, "finalize": 396}),
+    (16, {"front": 2240, "gemm1": 384, "gemm2": 448 + 192, "finalize": 396}),
 ])
 def test_block_ctas_are_the_grids_the_traced_launches_recorded(tp, expected, dims):
     assert bench_moe.block_ctas(dims(tp)) == expected
