@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Bring one device run of tools/gpu-evidence.sh into the repository, here on the CPU machine, in a clean checkout of
 # the commit it measured (the run's SHA must be this checkout's HEAD):
-#   tools/gpu-evidence-import.sh <folder the device run's files came back to>
+#   tools/gpu-evidence-import.sh <folder the device run's files came back to> [<the benches' folder>]
+# The second folder is for a run split into a BENCH=0 and a TESTS=0 call at one SHA (tools/gpu-evidence.sh): the
+# tests come from the first folder, the bench JSON, kernel JSON and bench.log from the second.
 # Writes kimi_k3_path/evidence/gpu/gpu-evidence.json (gatekeeper gpu-report), kimi_k3_path/evidence/perf/h200.json
 # (when the run benched) and kimi_k3_path/evidence/run-<sha7>/ (its logs and kernel JSON); then update
 # kimi_k3_path/evidence/README.md and commit. Refuses a run whose bench JSON names another commit (a mistyped SHA on
 # the device stamped 361ba39's matrix with a commit that does not exist; the dogfood caught it only later).
 set -euo pipefail
-run=${1:?usage: tools/gpu-evidence-import.sh <device run folder>}
+run=${1:?usage: tools/gpu-evidence-import.sh <device run folder> [<bench run folder>]}
+bench=${2:-$run}
 cd "$(git rev-parse --show-toplevel)"
 sha=$(git rev-parse HEAD)
 if ! git diff --quiet HEAD -- kimi_k3_path tests; then
@@ -17,7 +20,7 @@ fi
 for f in gpu/junit.xml gpu/.coverage gpu/nodeids.txt tests.log; do
   [ -f "$run/$f" ] || { echo "gpu-evidence-import: $run/$f is missing (did the run finish? a run of more than 8 files comes back as gpu-evidence.tgz: unpack it there first)" >&2; exit 1; }
 done
-for f in "$run"/perf/h200.json "$run"/kernels/*.json; do
+for f in "$bench"/perf/h200.json "$bench"/kernels/*.json; do
   [ -f "$f" ] || continue
   measured=$(python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); print(isinstance(d, dict) and d.get("commit") or "")' "$f")
   if [ -n "$measured" ] && [ "$measured" != "$sha" ]; then
@@ -31,13 +34,13 @@ mkdir -p kimi_k3_path/evidence/gpu kimi_k3_path/evidence/perf "$logs"
 "$gatekeeper" gpu-report --junit "$run/gpu/junit.xml" --coverage "$run/gpu/.coverage" \
   --nodeids "$run/gpu/nodeids.txt" --commit "$sha" --repo . --out kimi_k3_path/evidence/gpu/gpu-evidence.json
 cp "$run/tests.log" "$logs/"
-if [ -f "$run/perf/h200.json" ]; then
-  cp "$run/perf/h200.json" kimi_k3_path/evidence/perf/h200.json
-  cp "$run/bench.log" "$logs/"
+if [ -f "$bench/perf/h200.json" ]; then
+  cp "$bench/perf/h200.json" kimi_k3_path/evidence/perf/h200.json
+  cp "$bench/bench.log" "$logs/"
 fi
-for f in "$run"/kernels/*.json; do
+for f in "$bench"/kernels/*.json; do
   [ -f "$f" ] && cp "$f" "$logs/"
 done
 chmod -R u+w kimi_k3_path/evidence
 echo "imported the run at ${sha:0:7}: kimi_k3_path/evidence/gpu/gpu-evidence.json, $logs/" \
-  "$([ -f "$run/perf/h200.json" ] && echo "and perf/h200.json")"
+  "$([ -f "$bench/perf/h200.json" ] && echo "and perf/h200.json")"

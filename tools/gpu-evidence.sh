@@ -23,8 +23,7 @@
 # the session's first commit, not the checkout's (it stamped run-86208e9 with 4836d86; corrected by hand).
 # (BENCH=0: the tests only, when the perf matrix of an ancestor within the policy's commit window still holds.
 # TESTS=0: the benches only. The whole run took 521 s of a call's 600 at 6918563: split it into a BENCH=0 call and a
-# TESTS=0 call at the same SHA, then copy the second folder's perf/, kernels/ and bench.log into the first before
-# tools/gpu-evidence-import.sh.)
+# TESTS=0 call at the same SHA, then tools/gpu-evidence-import.sh <the first folder> <the second>.)
 set -uo pipefail
 : "${SHA:?set SHA to the commit being measured}" "${OUT:?}"
 . tools/gpu-env.sh

@@ -298,13 +298,22 @@ def _device_run(gpu_run: GpuRun, folder: Path, measured_at: str) -> Path:
     return folder
 
 
-def _import(gpu_run: GpuRun, tmp_path: Path, measured_at: str) -> tuple[subprocess.CompletedProcess, Path]:
+def _import(gpu_run: GpuRun, tmp_path: Path, measured_at: str, split: bool = False
+            ) -> tuple[subprocess.CompletedProcess, Path]:
+    """Import a device run into a fresh clone; split: as a BENCH=0 folder (the tests) and a TESTS=0 one (the bench)."""
     checkout = tmp_path / "checkout"
     subprocess.run(["git", "clone", "-q", str(gpu_run.checkout), str(checkout)], check=True, timeout=60)
     run = _device_run(gpu_run, tmp_path / "run", measured_at)
+    folders = [run]
+    if split:
+        bench = tmp_path / "bench"
+        bench.mkdir()
+        shutil.move(run / "perf", bench / "perf")
+        shutil.move(run / "bench.log", bench / "bench.log")
+        folders.append(bench)
     env = dict(os.environ, GATEKEEPER=str(Path(sys.executable).with_name("gatekeeper")))
-    done = subprocess.run(["bash", str(IMPORT_SCRIPT), str(run)], cwd=checkout, env=env, capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(["bash", str(IMPORT_SCRIPT), *map(str, folders)], cwd=checkout, env=env,
+                          capture_output=True, text=True, timeout=120)
     return done, checkout
 
 
@@ -317,8 +326,18 @@ def test_the_import_script_brings_a_run_at_head_into_the_evidence(gpu_run, tmp_p
     assert sorted(p.name for p in (evidence / f"run-{gpu_run.sha[:7]}").iterdir()) == ["bench.log", "tests.log"]
 
 
-def test_the_import_script_refuses_a_run_measured_at_another_commit(gpu_run, tmp_path):
-    done, checkout = _import(gpu_run, tmp_path, "0" * 40)
+def test_the_import_script_takes_a_run_split_into_a_tests_call_and_a_bench_call(gpu_run, tmp_path):
+    done, checkout = _import(gpu_run, tmp_path, gpu_run.sha, split=True)
+    assert done.returncode == 0, done.stderr
+    evidence = checkout / "kimi_k3_path" / "evidence"
+    assert load_evidence(evidence / "gpu" / "gpu-evidence.json").head.sha == gpu_run.sha
+    assert (evidence / "perf" / "h200.json").read_text().startswith(f'{{"commit": "{gpu_run.sha}"')
+    assert sorted(p.name for p in (evidence / f"run-{gpu_run.sha[:7]}").iterdir()) == ["bench.log", "tests.log"]
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_the_import_script_refuses_a_run_measured_at_another_commit(gpu_run, tmp_path, split):
+    done, checkout = _import(gpu_run, tmp_path, "0" * 40, split)
     assert done.returncode == 1
     assert f"was measured at {'0' * 40}, not at HEAD {gpu_run.sha}" in done.stderr
     assert not (checkout / "kimi_k3_path").exists()  # nothing written
