@@ -35,11 +35,11 @@ from .mma import MAX_MMA_TOKENS, MMA_ROWS, alloc_tile_scratch, check_mma, mma_ro
 
 WARPS_PER_CTA = 8
 MAX_TILE = 8  # largest token tile; shared-memory scratch holds WARPS_PER_CTA x 2 rows x MAX_TILE partials
-# Warps of a CTA sharing one weight row in the standalone one-token GEMV (one row per CTA). Measured on the H200
-# (NOTES.md v14e; 7168 -> 3584, 51.4 MB, same run): 14.4 / 14.5 us with 8 against 15.0 / 15.4 with 4 and 15.0 / 15.3
-# with 1, level with the best plain Triton GEMV (14.2 / 14.4) and ahead of cuBLAS (17.4 / 17.6). The front keeps 4
-# (moe.FRONT_DOWN_SPLIT).
-GEMV_SPLIT = 8
+# Warps of a CTA sharing one weight row in the standalone one-token GEMV (8 / split rows per CTA). Measured on the
+# H200 (NOTES.md v40; 7168 -> 3584, 51.4 MB, same process, 3 rounds): 14.03-14.19 us with 4 against 14.22-14.34 with
+# 8, once the weight words stay packed (in_tile: 64 and 48 registers); before that 8 won (v14e: 14.4 against 15.0 at
+# 112 registers with 4), and it ran 14.42-14.48 in v40's rounds. The front uses 4 as well (moe.FRONT_DOWN_SPLIT).
+GEMV_SPLIT = 4
 
 
 def token_tile(m: int, tensor_cores: bool = True) -> int:
@@ -116,6 +116,17 @@ def slice_dot(acc, acc_row: int, held: list, steps: range, x_addr: Int64, first_
                 acc[acc_row + r, mi] = dot_bf16x8(words, tokens[mi], acc[acc_row + r, mi])
 
 
+def in_tile(addr: Int64, m_first) -> Int64:
+    """addr, made to depend on the token tile that starts at m_first: plus (m_first >> 30) << 4, which is 0 for any
+    batch, 16-byte aligned in any case, and unknown to the compiler. A one-token kernel's tile loop runs once, and LLVM
+    would otherwise hoist a slice's loop-invariant weight loads out of it together with their bf16 -> fp32
+    conversions, holding two fp32 registers per weight word across the loop: 110 registers in the one-token front
+    instead of 78, 112 in the standalone GEMV at split 4 instead of 64 (NOTES.md v40)."""
+    if isinstance(m_first, int):
+        return addr
+    return addr + (Int64(m_first >> 30) << 4)
+
+
 def dot_slice(acc, row_addrs: list, x_addr: Int64, first_vec: Int32, lane: Int32, m_first, m_count, acc_row: int,
               x_elems: int, n_vec: int, mt: int, hint: str, fresh: bool = False, pinned: bool | None = None) -> None:
     """acc[acc_row + r, mi] += this lane's share of the dot of weight row r (at byte address row_addrs[r]) with bf16
@@ -124,9 +135,12 @@ def dot_slice(acc, row_addrs: list, x_addr: Int64, first_vec: Int32, lane: Int32
     token per tile, mt == 1): the first FMA waits for all of them (common.after_all_loads), since left to itself
     ptxas sank loads next to their uses, one DRAM round trip per step (the shared experts' SASS, v14); unpinned: weak
     loads ahead of the warp's own barrier, which holds them there while each FMA waits for its own words (v35: faster
-    from 4 tokens and in the shared gate_up, slower in the one-token front, v33)."""
+    from 4 tokens and in the shared gate_up, slower in the one-token front, v33). At one token the weight loads stay
+    in the caller's tile loop (in_tile) and x's loads go out beside them."""
     steps = -(-n_vec // WARP)
     in_flight = max(1, WORDS_IN_FLIGHT // (4 * len(row_addrs)))
+    if mt == 1:
+        row_addrs = [in_tile(addr, m_first) for addr in row_addrs]
     for first in range(0, steps, in_flight):
         batch = range(first, min(first + in_flight, steps))
         if (mt == 1) if pinned is None else pinned:

@@ -73,9 +73,15 @@ from .trace import trace_address
 # per SM (v10, after the router's smem shrank by 4 KB) L1 kept ~28 KB for 57 KB of x: the front took 58 us at M = 4
 # against 41 at M = 8 (TP8, NOTES.md v10g).
 FRONT_MIN_SMEM_BYTES = 57 * 1024
+# At one token, at least this much, so that no more than 2 share an SM (3 x (80 + 1) KB > 228 KB): with its weight words
+# packed (gemv.in_tile) the one-token front needs 78 registers, which would let 3 share one. Measured on the H200
+# (NOTES.md v40; the front alone, same process, 3 rounds): 18.0-18.1 us at 2 CTAs per SM (this floor; L1 92 KB),
+# 19.0-19.1 at 3 with L1 92 KB (no floor) and 19.2-19.4 at 3 with L1 60 KB (57 KB), against 18.1-18.3 for the
+# former 110-register front (2 CTAs, L1 124 KB).
+FRONT_ONE_TOKEN_MIN_SMEM_BYTES = 80 * 1024
 # Warps sharing a down-projection row in the one-token front (4 rows per CTA). Measured on the H200 (NOTES.md v14e;
 # same run, TP8 / TP16): the front alone 27.1 / 27.2 and 24.9 / 24.9 us with 4 against 29.1 / 28.9 and 26.4 / 26.4
-# with 8, although 8 is faster in the standalone GEMV (gemv.GEMV_SPLIT).
+# with 8 (gemv.GEMV_SPLIT, the standalone GEMV's, was 8 until v40).
 FRONT_DOWN_SPLIT = 4
 # From this many tokens the front's router logits run on the tensor cores (FrontKernel, router_mma). Measured on the
 # H200 (NOTES.md v15c; same run, block medians TP8 / TP16, CUDA cores -> tensor cores): M=16 281.2 -> 279.2 and 189.4
@@ -144,7 +150,7 @@ class FrontKernel:
 
     def smem_bytes(self) -> int:
         needed = router_smem_bytes(self.e, self.k) + (scratch_bytes(self.mt) if uses_tensor_cores(self.mt) else 0)
-        return max(needed, FRONT_MIN_SMEM_BYTES)
+        return max(needed, FRONT_ONE_TOKEN_MIN_SMEM_BYTES if self.mt == 1 else FRONT_MIN_SMEM_BYTES)
 
     @cute.jit
     def __call__(self, x, w_router, bias, logits, sync, ids, weights, n_active, slot_expert, slot_count,
