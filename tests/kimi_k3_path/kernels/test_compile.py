@@ -542,8 +542,8 @@ def test_front_keeps_the_occupancy_and_l1_it_was_measured_at(tp, mt, router_mma,
     front from 41 to 58 us), and v15d saw the front move by 2x with its chunk order. L1 matters at one token too:
     v31a's one-token front at 100 KB of shared memory per CTA (the same 2 CTAs per SM, L1 28 KB) took 21.9 us alone
     against 18.5, and the M=8 block 183 us against 161; and so does occupancy itself: with 78 registers (v40) 3 CTAs
-    per SM took it to 19.1 us alone at L1 92 KB against 18.0 at 2 (held there by shared memory). A change that moves these numbers needs a new measurement on
-    the H200 (NOTES.md) and this table."""
+    per SM took it to 19.1 us alone at L1 92 KB against 18.0 at 2 (held there by shared memory). A change that moves
+    these numbers needs a new measurement on the H200 (NOTES.md) and this table."""
     d = dims(tp)
     op = _front(d, mt, router_mma)
     registers = -(-_registers(op, _front_args(d), tmp_path) // 8) * 8
