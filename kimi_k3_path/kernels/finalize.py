@@ -22,6 +22,7 @@ from cutlass import BFloat16, Float32, Int32, Int64, Uint8
 
 from .common import (
     DEFAULT_WEIGHT_LOAD,
+    ctas_per_sm_bound,
     VEC_BYTES,
     WARP,
     after_all_loads,
@@ -67,7 +68,6 @@ FINALIZE_SPLIT = 4
 # TP8 / TP16 M=1 block): 70.1 / 70.7 and 57.6 / 57.7 us against 70.7 / 70.6 and 58.7 / 58.9 at 3; with 5 (48
 # registers, 104 bytes of stack) 91.2 and 76.9.
 SIMT_MIN_CTAS_PER_SM = 4
-SMEM_CARVEOUT_DEFAULT = -1  # CU_SHAREDMEM_CARVEOUT_DEFAULT: no preference
 
 
 # The streamed one-token finalize (FinalizeStreamed): persistent CTAs per SM and row pairs in flight per CTA.
@@ -218,12 +218,10 @@ class Finalize:
         return scratch_bytes(self.mt) if uses_tensor_cores(self.mt) else SCRATCH_BYTES
 
     def occupancy_bound(self) -> dict:
-        """Launch options of the CUDA-core finalize: SIMT_MIN_CTAS_PER_SM, with an explicit (default) carveout, since
-        with a CTA-per-SM bound the DSL would otherwise query the device for it while compiling, which fails on a
-        machine without a GPU (CI)."""
+        """Launch options of the CUDA-core finalize: SIMT_MIN_CTAS_PER_SM."""
         if uses_tensor_cores(self.mt):
             return {}
-        return {"min_blocks_per_mp": SIMT_MIN_CTAS_PER_SM, "preferred_smem_carveout": SMEM_CARVEOUT_DEFAULT}
+        return ctas_per_sm_bound(SIMT_MIN_CTAS_PER_SM)
 
     @cute.jit
     def __call__(self, normed, w_up, a_sh, w_sh2, sq_parts, out, stream: cuda.CUstream):

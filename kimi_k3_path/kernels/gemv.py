@@ -37,8 +37,8 @@ WARPS_PER_CTA = 8
 MAX_TILE = 8  # largest token tile; shared-memory scratch holds WARPS_PER_CTA x 2 rows x MAX_TILE partials
 # Warps of a CTA sharing one weight row in the standalone one-token GEMV (8 / split rows per CTA). Measured on the
 # H200 (NOTES.md v40; 7168 -> 3584, 51.4 MB, same process, 3 rounds): 14.03-14.19 us with 4 against 14.22-14.34 with
-# 8, once the weight words stay packed (in_tile: 64 and 48 registers); before that 8 won (v14e: 14.4 against 15.0 at
-# 112 registers with 4), and it ran 14.42-14.48 in v40's rounds. The front uses 4 as well (moe.FRONT_DOWN_SPLIT).
+# 8, once the weight words stay packed (in_tile: 64 and 48 registers); before that 8 won (v14e: 14.4 against 15.0 with
+# 4), and it ran 14.42-14.48 in v40's rounds. The front uses 4 as well (moe.FRONT_DOWN_SPLIT).
 GEMV_SPLIT = 4
 
 
@@ -121,9 +121,7 @@ def in_tile(addr: Int64, m_first) -> Int64:
     batch, 16-byte aligned in any case, and unknown to the compiler. A one-token kernel's tile loop runs once, and LLVM
     would otherwise hoist a slice's loop-invariant weight loads out of it together with their bf16 -> fp32
     conversions, holding two fp32 registers per weight word across the loop: 110 registers in the one-token front
-    instead of 78, 112 in the standalone GEMV at split 4 instead of 64 (NOTES.md v40)."""
-    if isinstance(m_first, int):
-        return addr
+    instead of 78, 94 in the standalone GEMV at split 4 instead of 64 (NOTES.md v40)."""
     return addr + (Int64(m_first >> 30) << 4)
 
 

@@ -34,7 +34,7 @@ import cutlass.cute as cute
 import torch
 from cutlass import BFloat16, Float16, Float32, Int32
 
-from .common import DEFAULT_WEIGHT_LOAD, WARP, kernel_fp4_bytes, traced
+from .common import DEFAULT_WEIGHT_LOAD, WARP, ctas_per_sm_bound, kernel_fp4_bytes, traced
 from .experts import (
     ONE_TOKEN_ROWS,
     experts_gemm1_situ,
@@ -58,6 +58,7 @@ from .router import (
     ROUTER_TAIL_CTAS,
     alloc_router_smem,
     check_router,
+    one_token_select,
     router_ctas,
     router_part,
     router_smem_bytes,
@@ -73,12 +74,14 @@ from .trace import trace_address
 # per SM (v10, after the router's smem shrank by 4 KB) L1 kept ~28 KB for 57 KB of x: the front took 58 us at M = 4
 # against 41 at M = 8 (TP8, NOTES.md v10g).
 FRONT_MIN_SMEM_BYTES = 57 * 1024
-# At one token, at least this much, so that no more than 2 share an SM (3 x (80 + 1) KB > 228 KB): with its weight words
-# packed (gemv.in_tile) the one-token front needs 78 registers, which would let 3 share one. Measured on the H200
-# (NOTES.md v40; the front alone, same process, 3 rounds): 18.0-18.1 us at 2 CTAs per SM (this floor; L1 92 KB),
-# 19.0-19.1 at 3 with L1 92 KB (no floor) and 19.2-19.4 at 3 with L1 60 KB (57 KB), against 18.1-18.3 for the
-# former 110-register front (2 CTAs, L1 124 KB).
-FRONT_ONE_TOKEN_MIN_SMEM_BYTES = 80 * 1024
+# At one token, CTAs per SM: the launch bounds the front's registers to 64 (the down-projection needs 64, v40's
+# selection took the front to 78) and its CTAs carry only the one-token selection's 9.8 KB of shared memory
+# (router.one_token_select), so 4 share an SM with L1 192 KB. Measured on the H200 (NOTES.md v41g; same process, 3
+# rounds, TP8 / TP16): the front alone 17.14-17.23 / 17.17-17.24 us against 18.29-18.55 / 18.23-18.31 for v40's form
+# (2 CTAs, L1 92 KB), the block 50.95-51.09 / 42.23-42.31 against 51.71-52.16 / 43.37-43.41. At 4 CTAs the selection
+# had to become parallel too (v41d-f): one warp through all 896 experts ended ~0.9 us after the last down-projection
+# CTA; and 4 CTAs beside v40's 45.7 KB of state (L1 ~60 KB) took 21.1-21.5 us.
+ONE_TOKEN_FRONT_CTAS_PER_SM = 4
 # Warps sharing a down-projection row in the one-token front (4 rows per CTA). Measured on the H200 (NOTES.md v14e;
 # same run, TP8 / TP16): the front alone 27.1 / 27.2 and 24.9 / 24.9 us with 4 against 29.1 / 28.9 and 26.4 / 26.4
 # with 8 (gemv.GEMV_SPLIT, the standalone GEMV's, was 8 until v40).
@@ -148,9 +151,18 @@ class FrontKernel:
     def ctas(self) -> int:
         return self.router_ctas + self.down_ctas + self.shared_ctas
 
+    def one_token(self) -> bool:
+        return one_token_select(self.router_mt, self.router_mma_mt)
+
     def smem_bytes(self) -> int:
+        if self.one_token():
+            return router_smem_bytes(self.e, self.k, one_token=True)
         needed = router_smem_bytes(self.e, self.k) + (scratch_bytes(self.mt) if uses_tensor_cores(self.mt) else 0)
-        return max(needed, FRONT_ONE_TOKEN_MIN_SMEM_BYTES if self.mt == 1 else FRONT_MIN_SMEM_BYTES)
+        return max(needed, FRONT_MIN_SMEM_BYTES)
+
+    def occupancy_bound(self) -> dict:
+        """Launch options: at one token ONE_TOKEN_FRONT_CTAS_PER_SM."""
+        return ctas_per_sm_bound(ONE_TOKEN_FRONT_CTAS_PER_SM) if self.one_token() else {}
 
     @cute.jit
     def __call__(self, x, w_router, bias, logits, sync, ids, weights, n_active, slot_expert, slot_count,
@@ -158,7 +170,7 @@ class FrontKernel:
         self.kernel(x, w_router, bias, logits, sync, ids, weights, n_active, slot_expert, slot_count, slot_pairs,
                     w_down, x_lat, w_sh13, a_sh, x.shape[0]).launch(
             grid=[self.ctas(), 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1],
-            smem=self.smem_bytes(), stream=stream,
+            smem=self.smem_bytes(), stream=stream, **self.occupancy_bound(),
         )
 
     @cute.kernel
@@ -168,7 +180,7 @@ class FrontKernel:
         bidx, _, _ = cute.arch.block_idx()
         traced(self.trace_addr, bidx, tidx, False)
         smem = cutlass.memory.SmemAllocator()
-        state = alloc_router_smem(smem, self.e, self.k)
+        state = alloc_router_smem(smem, self.e, self.k, self.one_token())
         scratch = alloc_scratch(smem)
         tiles_scratch = alloc_tile_scratch(smem, self.mt) if cutlass.const_expr(uses_tensor_cores(self.mt)) else None
         warp, lane = tidx // WARP, tidx % WARP

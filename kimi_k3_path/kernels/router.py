@@ -5,7 +5,8 @@ Every CTA computes the logits of one expert for all tokens (two at one token: ro
 16 tokens: of 16 experts, on the tensor cores; moe.FrontKernel); n = min(ceil(M / 8), 8) CTAs select the top-k once
 all logits are in (8 tokens at a time each, one warp per token: radix select of the k-th key, then a rank sort of the
 k winners), marking each token in its chosen experts' masks; the last of them to finish groups the (token, slot) pairs
-by expert with all its warps. Who selects, and how it knows the logits are in:
+by expert with all its warps. One token (one_token_select): the first CTA's warps select together and write the plan
+themselves, without masks or counters. Who selects, and how it knows the logits are in:
   - CUDA-core logits: the first n CTAs. Every logit word holds LOGIT_UNSET until its CTA stores the logit (a strong
     store), and a selecting warp polls its token's words until none is unset; it then sets them back to LOGIT_UNSET
     for the next launch. No CTA counts in: the count-in (barrier, device-scope fence, atomic round trip) held each of
@@ -28,8 +29,10 @@ from cutlass import Float32, Int32, Int64
 
 from .common import (
     DEFAULT_WEIGHT_LOAD,
+    VEC_BYTES,
     WARP,
     arrival,
+    cp_async_16,
     lane_group_sum,
     bits_to_f32,
     ld_coherent_i32,
@@ -55,6 +58,7 @@ MAX_TOKENS = 64  # the plan stores token sets as 64-bit masks (two 32-bit words)
 ROUTER_SPLIT = 8  # at most 8 warps share an expert row (K split over them)
 LOAD_BATCHES = 2  # a selecting CTA reads a token's E logits in this many batches of E/32/LOAD_BATCHES loads per lane
 CANDIDATES = WARPS_PER_CTA * WARP  # each warp's k <= 32 winners of its current token, in index order
+ONE_TOKEN_CANDIDATES = CANDIDATES + WARP  # one token: each warp's k candidates, then the final k (select_one_token)
 # At most this many of the last router CTAs select, 8 tokens at a time each. Measured on the H200 (NOTES.md, v10f; same
 # run): with one CTA selecting for every token the front took 167 us at M=64 (TP8), with 4 or 8 CTAs 125 us; the block
 # 838 -> 795 us at TP8 M=64, 572 -> 530 at TP16, 506 -> 481 at TP8 M=32; M <= 8 needs one CTA anyway.
@@ -76,24 +80,40 @@ def _words(n: int) -> int:
     return (n + 3) // 4 * 4  # every array starts 16-byte aligned
 
 
-def router_smem_bytes(experts: int, top_k: int) -> int:
-    words = 4 * _words(experts) + 4 + 2 * CANDIDATES + WARPS_PER_CTA * _words(experts)
-    return (words + _words(experts // WARP)) * 4 + SCRATCH_BYTES
+def router_smem_bytes(experts: int, top_k: int, one_token: bool = False) -> int:
+    """Shared memory of a router CTA (every CTA of a launch gets the same): the selecting state, and the split-K
+    scratch. One token (one_token_select): 9.8 KB at E = 896, else 45.7 KB."""
+    if one_token:
+        words = 2 * _words(experts) + 2 * ONE_TOKEN_CANDIDATES
+    else:
+        words = 4 * _words(experts) + 4 + 2 * CANDIDATES + WARPS_PER_CTA * _words(experts) + _words(experts // WARP)
+    return words * 4 + SCRATCH_BYTES
 
 
-def alloc_router_smem(smem, experts: int, top_k: int):
-    """(mask_lo, mask_hi, slot_of, flag, cand_key, cand_id, score_rows, chunk_active, bias_s): the selecting and
-    planning CTAs' state; score_rows holds each warp's sigmoid scores of its current token (in shared memory rather
-    than 28 more registers per thread, which would cost the streaming CTAs occupancy)."""
+def alloc_router_smem(smem, experts: int, top_k: int, one_token: bool = False):
+    """The selecting CTAs' state: (bias_s, score_rows, cand_key, cand_id), and for a batch (mask_lo, mask_hi, slot_of,
+    flag, chunk_active). score_rows holds each selecting warp's sigmoid scores of its current token (in shared memory
+    rather than 28 more registers per thread, which would cost the streaming CTAs occupancy); one token: the token's
+    row, and the candidates of every picking warp and of the final round (select_one_token). (One token with the
+    bias read from global memory instead: 4.4 KB less, but 32 bytes of spills in the streaming parts under the
+    front's 64-register bound.)"""
     def words(dtype, n):
         return smem.allocate_tensor(dtype, cute.make_layout(n), byte_alignment=16)
 
-    return (
-        words(Int32, experts), words(Int32, experts), words(Int32, experts),
-        words(Int32, 4), words(Int32, CANDIDATES), words(Int32, CANDIDATES),
-        words(Float32, WARPS_PER_CTA * _words(experts)),
-        words(Int32, experts // WARP), words(Float32, experts),
-    )
+    rows, candidates = (1, ONE_TOKEN_CANDIDATES) if one_token else (WARPS_PER_CTA, CANDIDATES)
+    selecting = (words(Float32, experts), words(Float32, rows * _words(experts)), words(Int32, candidates),
+                 words(Int32, candidates))
+    if one_token:
+        return selecting
+    return selecting + (words(Int32, experts), words(Int32, experts), words(Int32, experts), words(Int32, 4),
+                        words(Int32, experts // WARP))
+
+
+def one_token_select(mt: int, mma_mt: int) -> bool:
+    """Whether a router at token tile mt selects in its one-token form: the first CTA's warps select and write the
+    plan themselves (select_one_token: no token masks, counters or planning pass), with 9.8 KB of shared memory. Token tile 1 on the CUDA cores
+    only ever serves a batch of one token (gemv.token_tile)."""
+    return mt == 1 and mma_mt == 0
 
 
 def router_split(mt: int) -> int:
@@ -171,11 +191,15 @@ def router_part(
     time), or with mma_mt > 0 those of experts 16*cta .. 16*cta + 15 on the tensor cores (mma.mma_rows_part, token
     tile mma_mt, mma_scratch its shared memory); up to tail_ctas of the router CTAs then select (the first ones on the
     CUDA cores, the last to finish on the tensor cores: see the module docstring) and the last of those plans for all
-    tokens."""
-    mask_lo, mask_hi, slot_of, flag, cand_key, cand_id, score_rows, chunk_active, bias_s = state
+    tokens (one token: one_token_select)."""
+    one_token: cutlass.Constexpr = one_token_select(mt, mma_mt)
+    bias_s, score_rows, cand_key, cand_id = state[:4]
     lane = tidx % WARP
     warp = tidx // WARP
     ctas: cutlass.Constexpr = router_ctas(experts, mma_mt, mt)
+    if cutlass.const_expr(one_token):
+        if cta == 0:
+            copy_bias(bias, bias_s, tidx, experts)  # lands while the CTA computes its logits
     if cutlass.const_expr(mma_mt > 0):
         mma_rows_part(x, w, logits, mma_scratch, cta, tidx, m_count, hidden, mma_mt, DEFAULT_WEIGHT_LOAD,
                       mma_in_flight)
@@ -195,6 +219,50 @@ def router_part(
                         publish_logit(logits.iterator.toint() + (Int64(m_first + mi) * experts + expert) * 4,
                                       acc[0, mi])
 
+    if cutlass.const_expr(one_token):
+        if cta == 0:
+            cute.arch.cp_async_wait_group(0)
+            cute.arch.sync_threads()
+            select_one_token(logits, bias_s, ids, weights, cand_key, cand_id, score_rows,
+                             (n_active, slot_expert, slot_count, slot_pairs), lane, warp, experts, top_k, scaling)
+    else:
+        select_and_plan(bias, logits, sync, ids, weights, n_active, slot_expert, slot_count, slot_pairs, state, cta,
+                        tidx, m_count, experts, top_k, scaling, tail_ctas, mma_mt, ctas)
+
+
+@cute.jit
+def copy_bias(bias: cute.Tensor, bias_s: cute.Tensor, tidx: Int32, experts: cutlass.Constexpr):
+    """All threads of the one-token selecting CTA: the correction bias into shared memory by cp.async, 16 bytes per
+    thread and no registers, issued before the CTA's own logits so that it has landed when the selection starts
+    (loaded after them it cost the selection a round trip, microseconds under the front's streaming: v41d). The
+    caller waits for the group (cp_async_wait_group) and synchronizes before reading it."""
+    for i in cutlass.range_constexpr((experts // 4 + WARPS_PER_CTA * WARP - 1) // (WARPS_PER_CTA * WARP)):
+        v = tidx + i * WARPS_PER_CTA * WARP
+        if v < experts // 4:
+            cp_async_16(bias_s.iterator.toint() + v * VEC_BYTES, bias.iterator.toint() + Int64(v) * VEC_BYTES)
+    cute.arch.cp_async_commit_group()
+
+
+@cute.jit
+def load_bias(bias: cute.Tensor, bias_s: cute.Tensor, tidx: Int32, experts: cutlass.Constexpr):
+    """All threads of a selecting CTA: the correction bias into shared memory, unrolled so that every thread's loads
+    are in flight together (one round trip, not four)."""
+    for i in cutlass.range_constexpr((experts + WARPS_PER_CTA * WARP - 1) // (WARPS_PER_CTA * WARP)):
+        e = tidx + i * WARPS_PER_CTA * WARP
+        if e < experts:
+            bias_s[e] = bias[e]
+    cute.arch.sync_threads()
+
+
+@cute.jit
+def select_and_plan(bias, logits, sync, ids, weights, n_active, slot_expert, slot_count, slot_pairs, state, cta,
+                    tidx, m_count, experts: cutlass.Constexpr, top_k: cutlass.Constexpr, scaling: cutlass.Constexpr,
+                    tail_ctas: cutlass.Constexpr, mma_mt: cutlass.Constexpr, ctas: cutlass.Constexpr):
+    """A batch's selection and plan, after a router CTA's logits: up to tail_ctas CTAs select 8 tokens at a time each
+    and mark each token in its chosen experts' masks; the last of them to finish plans for all tokens."""
+    bias_s, score_rows, cand_key, cand_id, mask_lo, mask_hi, slot_of, flag, chunk_active = state
+    lane = tidx % WARP
+    warp = tidx // WARP
     n = cutlass.min((m_count + WARPS_PER_CTA - 1) // WARPS_PER_CTA, tail_ctas)
     if cutlass.const_expr(mma_mt > 0):
         place = arrival(sync.iterator, flag, tidx) - (ctas - n)  # the last n to count in select
@@ -206,12 +274,7 @@ def router_part(
     if place >= 0:
         if cutlass.const_expr(mma_mt > 0):
             wait_for_all(sync, tidx, ctas, n)
-        # Unrolled, so that every thread's bias loads are in flight together (one round trip, not four).
-        for i in cutlass.range_constexpr((experts + WARPS_PER_CTA * WARP - 1) // (WARPS_PER_CTA * WARP)):
-            e = tidx + i * WARPS_PER_CTA * WARP
-            if e < experts:
-                bias_s[e] = bias[e]
-        cute.arch.sync_threads()
+        load_bias(bias, bias_s, tidx, experts)
         select_top_k(logits, bias_s, ids, weights, sync, cand_key, cand_id, score_rows, lane, warp,
                      place * WARPS_PER_CTA, n * WARPS_PER_CTA, m_count, experts, top_k, scaling, mma_mt == 0)
         if arrival(sync.iterator + 2, flag, tidx) == n - 1:  # every selection is in: plan, and leave sync zero
@@ -250,10 +313,10 @@ def router_part(
                 slot_pairs[slot_of[e], rank] = p
 
 
-def any_unset(words, n: int):
-    """Whether any of the first n words is still LOGIT_UNSET."""
-    unset = words[0] == LOGIT_UNSET
-    for j in range(1, n):
+def any_unset(words, first: int, n: int):
+    """Whether any of the n words from words[first] on is still LOGIT_UNSET."""
+    unset = words[first] == LOGIT_UNSET
+    for j in range(first + 1, first + n):
         unset = unset | (words[j] == LOGIT_UNSET)
     return unset
 
@@ -300,96 +363,184 @@ def select_top_k(
     (expert lane + 32j in lane `lane`, slot j), ties to the lower index; renormalized weights; the token's bit in each
     chosen expert's mask in `sync` (device-scope atomics: the selecting CTAs share the masks). poll: wait until none
     of the token's logit words is LOGIT_UNSET; either way they are LOGIT_UNSET again once read (for the next launch).
-
-    Radix select instead of k argmax rounds: the k-th largest order key T is found bit by bit (32 rounds of one
-    compare per key and one redux.sync), the winners are the keys above T plus the lowest-index keys equal to T
-    (ballots in index order), compacted into shared memory in index order, and each of the k winners' slot is its
-    rank among the k: the number of winners with a larger key, or an equal key and a lower index."""
+    (One token: select_one_token, with every warp of the CTA.)"""
     per_lane: cutlass.Constexpr = experts // WARP
     keys = cute.make_rmem_tensor(per_lane, Int32)
-    lane_below = cute.arch.lanemask_lt()
     base = warp * WARP
     score_base = warp * _words(experts)
-    per_batch: cutlass.Constexpr = per_lane // LOAD_BATCHES
-    logit_in = cute.make_rmem_tensor(per_batch, Int32)
     for m in cutlass.range(first + warp, m_count, step):
         row_addr = logits.iterator.toint() + Int64(m) * (experts * 4) + Int64(lane) * 4
-        # Loads first, then the arithmetic: the sigmoid's IEEE reciprocal expands to a branch, and loads
-        # interleaved with it were issued one L2 round trip at a time (v3 and v4's first try: ~14 us per token).
-        # Two batches of per_lane/2 loads keep the registers under the streaming part's (occupancy).
-        for half in cutlass.range_constexpr(LOAD_BATCHES):
-            for jj in cutlass.range_constexpr(per_batch):
-                logit_in[jj] = ld_relaxed_i32(row_addr + (half * per_batch + jj) * WARP * 4)
-            if cutlass.const_expr(poll):
-                unset = cute.arch.vote_ballot_sync(any_unset(logit_in, per_batch))
-                while unset != 0:
-                    for jj in cutlass.range_constexpr(per_batch):
-                        if logit_in[jj] == LOGIT_UNSET:
-                            logit_in[jj] = ld_relaxed_i32(row_addr + (half * per_batch + jj) * WARP * 4)
-                    unset = cute.arch.vote_ballot_sync(any_unset(logit_in, per_batch))
-            for jj in cutlass.range_constexpr(per_batch):
-                unset_logit(row_addr + (half * per_batch + jj) * WARP * 4)
-            for jj in cutlass.range_constexpr(per_batch):
-                j = half * per_batch + jj
-                e = lane + j * WARP
-                score = sigmoid(bits_to_f32(logit_in[jj]))
-                score_rows[score_base + e] = score
-                keys[j] = order_key(score + bias_s[e])
-        # T = the largest t with #(keys >= t) >= k, built from the top bit down in unsigned space (u = s ^ INT_MIN).
-        threshold_u = Int32(0)
-        for b in cutlass.range(32, unroll=1):
-            cand_u = threshold_u | (Int32(1) << (Int32(31) - b))
-            cand = cand_u ^ Int32(INT32_MIN)
-            count = Int32(0)
-            for j in cutlass.range_constexpr(per_lane):
-                if keys[j] >= cand:
-                    count = count + 1
-            if warp_sum_i32(count) >= top_k:
-                threshold_u = cand_u
-        threshold = threshold_u ^ Int32(INT32_MIN)
-        above = Int32(0)
-        for j in cutlass.range_constexpr(per_lane):
-            if keys[j] > threshold:
-                above = above + 1
-        need = top_k - warp_sum_i32(above)  # >= 1 keys equal to T are taken, the lowest indices first
-        equal_before = Int32(0)
-        taken_before = Int32(0)
-        for j in cutlass.range_constexpr(per_lane):
-            equal = keys[j] == threshold
-            equal_ballot = cute.arch.vote_ballot_sync(equal)
-            take = keys[j] > threshold
-            if equal:
-                if equal_before + cute.arch.popc(equal_ballot & lane_below) < need:
-                    take = True
-            take_ballot = cute.arch.vote_ballot_sync(take)
-            if take:
-                at = base + taken_before + cute.arch.popc(take_ballot & lane_below)
-                cand_key[at] = keys[j]
-                cand_id[at] = lane + j * WARP
-            equal_before = equal_before + cute.arch.popc(equal_ballot)
-            taken_before = taken_before + cute.arch.popc(take_ballot)
+        token_keys(keys, row_addr, bias_s, score_rows, score_base, lane, 0, per_lane, LOAD_BATCHES, poll)
+        warp_top_k(keys, keys, lane, cand_key, cand_id, base, per_lane, top_k, 0, False)
         cute.arch.sync_warp()
-        my_key = Int32(INT32_MIN)
-        my_id = Int32(0)
-        my_score = Float32(0.0)
+        rank, my_id = rank_and_weigh(ids, weights, cand_key, cand_id, score_rows, score_base, base, lane, m, top_k,
+                                     scaling)
         if lane < top_k:
-            my_key = cand_key[base + lane]
-            my_id = cand_id[base + lane]
-            my_score = score_rows[score_base + my_id]
-        total = lane_group_sum(my_score, WARP)  # lanes >= k add 0
-        if lane < top_k:
-            rank = Int32(0)
-            for i in cutlass.range_constexpr(top_k):
-                other = cand_key[base + i]  # the same word for every lane: a shared-memory broadcast
-                if other > my_key or (other == my_key and i < lane):
-                    rank = rank + 1
-            ids[m, rank] = my_id
-            weights[m, rank] = my_score / total * Float32(scaling)
             if m < 32:
                 cute.arch.atomic_or(sync.iterator + (MASKS + my_id), Int32(1) << m, scope="gpu")
             else:
                 cute.arch.atomic_or(sync.iterator + (MASKS + experts + my_id), Int32(1) << (m - 32), scope="gpu")
         cute.arch.sync_warp()  # the next token reuses this warp's candidate slots
+
+
+def one_token_warps(experts: int) -> int:
+    """Warps that pick candidates in select_one_token: the most (<= 8) that split the E / 32 slots of a lane evenly
+    (7 at E = 896: 4 slots, 128 experts each)."""
+    per_lane = experts // WARP
+    return max(w for w in range(1, WARPS_PER_CTA + 1) if per_lane % w == 0)
+
+
+@cute.jit
+def select_one_token(
+    logits, bias_s, ids, weights, cand_key, cand_id, score_rows, plan, lane, warp,
+    experts: cutlass.Constexpr, top_k: cutlass.Constexpr, scaling: cutlass.Constexpr,
+):
+    """Every thread of the selecting CTA, for a batch of one token: select_top_k's selection (the same keys, order,
+    ties and weights), in two rounds so that one warp's serial work is short. Each of one_token_warps(E) warps takes
+    its own E/32/w slots (a contiguous run of experts), polls for their logits and picks its k candidates; warp 0
+    then picks the k among the w * k candidates (the top k of the whole is among them, by the same order), and writes
+    the plan itself: the token's k experts in index order, one pair each (no masks or planning pass). One warp
+    through all 896 experts spent ~8 us of the front's time in its sigmoids and 32 rounds over 28 keys a lane (v41f,
+    at 4 CTAs per SM), past the last down-projection CTA."""
+    per_lane: cutlass.Constexpr = experts // WARP
+    pickers: cutlass.Constexpr = one_token_warps(experts)
+    slots: cutlass.Constexpr = per_lane // pickers
+    keys = cute.make_rmem_tensor(slots, Int32)
+    if warp < pickers:
+        row_addr = logits.iterator.toint() + Int64(lane) * 4
+        token_keys(keys, row_addr, bias_s, score_rows, 0, lane, warp * slots, slots, 1, True)
+        warp_top_k(keys, keys, lane, cand_key, cand_id, warp * WARP, slots, top_k, warp * slots, False)
+    cute.arch.sync_threads()
+    if warp == 0:
+        # Candidate c of picker p sits at p * WARP + c; lane l's slot i holds candidate l + 32 i of the p * k in a
+        # row (ascending expert order), and the slots past them a key no expert's key loses to.
+        finals: cutlass.Constexpr = (pickers * top_k + WARP - 1) // WARP
+        keys2 = cute.make_rmem_tensor(finals, Int32)
+        ids2 = cute.make_rmem_tensor(finals, Int32)
+        for i in cutlass.range_constexpr(finals):
+            c = lane + i * WARP
+            at = (c // top_k) * WARP + c % top_k
+            keys2[i] = Int32(INT32_MIN)
+            ids2[i] = Int32(experts)
+            if c < pickers * top_k:
+                keys2[i] = cand_key[at]
+                ids2[i] = cand_id[at]
+        final_base = pickers * WARP
+        warp_top_k(keys2, ids2, lane, cand_key, cand_id, final_base, finals, top_k, 0, True)
+        cute.arch.sync_warp()
+        rank, my_id = rank_and_weigh(ids, weights, cand_key, cand_id, score_rows, 0, final_base, lane, 0, top_k,
+                                     scaling)
+        if lane < top_k:
+            n_active, slot_expert, slot_count, slot_pairs = plan
+            slot_expert[lane] = my_id  # lane l holds the l-th winner in index order: plan slot l
+            slot_count[lane] = 1
+            slot_pairs[lane, 0] = rank  # pair p = token * k + rank, token 0
+            if lane == 0:
+                n_active[0] = top_k
+
+
+@cute.jit
+def token_keys(keys, row_addr, bias_s, score_rows, score_base, lane, first_j, n: cutlass.Constexpr,
+               batches: cutlass.Constexpr, poll: cutlass.Constexpr):
+    """keys[i] = the order key of sigmoid(logit) + bias of expert lane + 32 (first_j + i), i < n, from the token's
+    logit row at row_addr (+ lane * 4); its score into score_rows[score_base + expert]; its logit word LOGIT_UNSET
+    again. Loads first, then the arithmetic: the sigmoid's IEEE reciprocal expands to a branch, and loads interleaved
+    with it were issued one L2 round trip at a time (v3 and v4's first try: ~14 us per token). The words land in
+    keys, which take their order keys in place; in `batches` batches of loads (two keep the 28-slot selection's
+    registers under the streaming part's)."""
+    per_batch: cutlass.Constexpr = n // batches
+    for batch in cutlass.range_constexpr(batches):
+        b0: cutlass.Constexpr = batch * per_batch
+        for i in cutlass.range_constexpr(b0, b0 + per_batch):
+            keys[i] = ld_relaxed_i32(row_addr + (first_j + i) * WARP * 4)
+        if cutlass.const_expr(poll):
+            unset = cute.arch.vote_ballot_sync(any_unset(keys, b0, per_batch))
+            while unset != 0:
+                for i in cutlass.range_constexpr(b0, b0 + per_batch):
+                    if keys[i] == LOGIT_UNSET:
+                        keys[i] = ld_relaxed_i32(row_addr + (first_j + i) * WARP * 4)
+                unset = cute.arch.vote_ballot_sync(any_unset(keys, b0, per_batch))
+        for i in cutlass.range_constexpr(b0, b0 + per_batch):
+            unset_logit(row_addr + (first_j + i) * WARP * 4)
+        for i in cutlass.range_constexpr(b0, b0 + per_batch):
+            e = lane + (first_j + i) * WARP
+            score = sigmoid(bits_to_f32(keys[i]))
+            score_rows[score_base + e] = score
+            keys[i] = order_key(score + bias_s[e])
+
+
+@cute.jit
+def warp_top_k(keys, key_ids, lane, cand_key, cand_id, base, n: cutlass.Constexpr, top_k: cutlass.Constexpr,
+               first_j, given_ids: cutlass.Constexpr):
+    """The k largest of the warp's keys (keys[i] in lane l at position l + 32 i, i < n), ties to the lower position,
+    into cand_key / cand_id[base ..] in position order. The id of position l + 32 i: the expert lane + 32 (first_j +
+    i), or with given_ids key_ids[i].
+
+    Radix select instead of k argmax rounds: the k-th largest order key T is found bit by bit (32 rounds of one
+    compare per key and one redux.sync), the winners are the keys above T plus the lowest-position keys equal to T
+    (ballots in position order), compacted in position order."""
+    lane_below = cute.arch.lanemask_lt()
+    # T = the largest t with #(keys >= t) >= k, built from the top bit down in unsigned space (u = s ^ INT_MIN).
+    threshold_u = Int32(0)
+    for b in cutlass.range(32, unroll=1):
+        cand_u = threshold_u | (Int32(1) << (Int32(31) - b))
+        cand = cand_u ^ Int32(INT32_MIN)
+        count = Int32(0)
+        for i in cutlass.range_constexpr(n):
+            if keys[i] >= cand:
+                count = count + 1
+        if warp_sum_i32(count) >= top_k:
+            threshold_u = cand_u
+    threshold = threshold_u ^ Int32(INT32_MIN)
+    above = Int32(0)
+    for i in cutlass.range_constexpr(n):
+        if keys[i] > threshold:
+            above = above + 1
+    need = top_k - warp_sum_i32(above)  # >= 1 keys equal to T are taken, the lowest positions first
+    equal_before = Int32(0)
+    taken_before = Int32(0)
+    for i in cutlass.range_constexpr(n):
+        equal = keys[i] == threshold
+        equal_ballot = cute.arch.vote_ballot_sync(equal)
+        take = keys[i] > threshold
+        if equal:
+            if equal_before + cute.arch.popc(equal_ballot & lane_below) < need:
+                take = True
+        take_ballot = cute.arch.vote_ballot_sync(take)
+        if take:
+            at = base + taken_before + cute.arch.popc(take_ballot & lane_below)
+            cand_key[at] = keys[i]
+            if cutlass.const_expr(given_ids):
+                cand_id[at] = key_ids[i]
+            else:
+                cand_id[at] = lane + (first_j + i) * WARP
+        equal_before = equal_before + cute.arch.popc(equal_ballot)
+        taken_before = taken_before + cute.arch.popc(take_ballot)
+
+
+@cute.jit
+def rank_and_weigh(ids, weights, cand_key, cand_id, score_rows, score_base, base, lane, m,
+                   top_k: cutlass.Constexpr, scaling: cutlass.Constexpr):
+    """Lanes < k, winner `lane` of token m (cand_key / cand_id[base + lane], in index order): its slot is its rank
+    among the k, the number of winners with a larger key, or an equal key and a lower index; ids[m, rank] and its
+    renormalized weight. Returns (rank, expert) (meaningful in lanes < k)."""
+    my_key = Int32(INT32_MIN)
+    my_id = Int32(0)
+    my_score = Float32(0.0)
+    if lane < top_k:
+        my_key = cand_key[base + lane]
+        my_id = cand_id[base + lane]
+        my_score = score_rows[score_base + my_id]
+    total = lane_group_sum(my_score, WARP)  # lanes >= k add 0
+    rank = Int32(0)
+    if lane < top_k:
+        for i in cutlass.range_constexpr(top_k):
+            other = cand_key[base + i]  # the same word for every lane: a shared-memory broadcast
+            if other > my_key or (other == my_key and i < lane):
+                rank = rank + 1
+        ids[m, rank] = my_id
+        weights[m, rank] = my_score / total * Float32(scaling)
+    return rank, my_id
 
 
 @cute.jit
@@ -445,7 +596,7 @@ class RouterTopK:
             x, w, bias, logits, sync, ids, weights, n_active, slot_expert, slot_count, slot_pairs, x.shape[0]
         ).launch(
             grid=[router_ctas(self.e, 0, self.mt), 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1],
-            smem=router_smem_bytes(self.e, self.k),
+            smem=router_smem_bytes(self.e, self.k, one_token_select(self.mt, 0)),
             stream=stream,
         )
 
@@ -455,7 +606,7 @@ class RouterTopK:
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         smem = cutlass.memory.SmemAllocator()
-        state = alloc_router_smem(smem, self.e, self.k)
+        state = alloc_router_smem(smem, self.e, self.k, one_token_select(self.mt, 0))
         scratch = alloc_scratch(smem)
         router_part(x, w, bias, logits, sync, ids, weights, n_active, slot_expert, slot_count, slot_pairs,
                     state, scratch, bidx, tidx, m_count, self.e, self.h, self.k, self.scaling, self.mt, self.tail_ctas)

@@ -443,13 +443,25 @@ def _sass_ops(sass: list[str]) -> list[str]:
 def test_front_counts_its_router_ctas_in_only_when_the_logits_are_on_the_tensor_cores(mt, router_mma, dims,
                                                                                      tmp_path):
     """v30: on the CUDA cores the router CTAs store their logits with a strong store and leave; the selecting warps
-    poll for them. One ATOMG.ADD is left: the selecting CTAs' count-in before the plan. The tensor-core logits are
-    plain stores, fenced by every CTA's count-in (ATOMG.ADD), the waiters' count-out (another) and the plan's."""
+    poll for them. One ATOMG.ADD is left: the selecting CTAs' count-in before the plan; at one token none, nor any
+    other atomic (v41: one warp selects and writes the plan itself). The tensor-core logits are plain stores, fenced
+    by every CTA's count-in (ATOMG.ADD), the waiters' count-out (another) and the plan's."""
     d = dims(8)
     ops = _sass_ops(_sass(_front(d, mt, router_mma), _front_args(d), tmp_path))
     adds = [op for op in ops if op.startswith("ATOMG") and ".ADD" in op]
-    assert len(adds) == (3 if router_mma else 1), adds
+    assert len(adds) == (3 if router_mma else 0 if mt == 1 else 1), adds
+    if mt == 1:
+        assert not [op for op in ops if op.startswith(("ATOM", "RED."))]
     assert ("STG.E.STRONG.GPU" in ops) != router_mma  # router.publish_logit
+
+
+def test_one_token_selection_splits_the_experts_evenly_over_at_most_8_warps():
+    """router.select_one_token: each picking warp takes E / 32 / w slots a lane (a run of 32 * slots experts) and
+    picks k candidates; the final warp's w * k candidates fit its lanes' slots."""
+    from kimi_k3_path.kernels.router import ONE_TOKEN_CANDIDATES, one_token_warps
+
+    assert {e: one_token_warps(e) for e in (64, 384, 896, 1024)} == {64: 2, 384: 6, 896: 7, 1024: 8}
+    assert one_token_warps(896) * 32 + 32 <= ONE_TOKEN_CANDIDATES  # each picker's k <= 32, then the final k
 
 
 def test_token_tile_covers_every_batch():
@@ -529,7 +541,7 @@ def test_front_keeps_one_chunk_in_flight_only_with_its_router_on_the_tensor_core
 
 
 @pytest.mark.parametrize(("mt", "router_mma", "ctas_per_sm", "l1_kb"),
-                         [(1, False, 2, 92), (16, False, 2, 124), (16, True, 3, 60), (32, True, 2, 124),
+                         [(1, False, 4, 192), (16, False, 2, 124), (16, True, 3, 60), (32, True, 2, 124),
                           (64, True, 2, 92)])
 @pytest.mark.parametrize("tp", [8, 16])
 def test_front_keeps_the_occupancy_and_l1_it_was_measured_at(tp, mt, router_mma, ctas_per_sm, l1_kb, dims,
@@ -542,8 +554,9 @@ def test_front_keeps_the_occupancy_and_l1_it_was_measured_at(tp, mt, router_mma,
     front from 41 to 58 us), and v15d saw the front move by 2x with its chunk order. L1 matters at one token too:
     v31a's one-token front at 100 KB of shared memory per CTA (the same 2 CTAs per SM, L1 28 KB) took 21.9 us alone
     against 18.5, and the M=8 block 183 us against 161; and so does occupancy itself: with 78 registers (v40) 3 CTAs
-    per SM took it to 19.1 us alone at L1 92 KB against 18.0 at 2 (held there by shared memory). A change that moves
-    these numbers needs a new measurement on the H200 (NOTES.md) and this table."""
+    per SM took it to 19.1 us alone at L1 92 KB against 18.0 at 2, and 4 at L1 ~60 KB to 21.1-21.5 (v41a), but 4 with
+    the one-token selection's 9.8 KB of shared memory (L1 192 KB, bounded to 64 registers) to 17.1-17.2 against 18.2-18.6
+    (v41g). A change that moves these numbers needs a new measurement on the H200 (NOTES.md) and this table."""
     d = dims(tp)
     op = _front(d, mt, router_mma)
     registers = -(-_registers(op, _front_args(d), tmp_path) // 8) * 8

@@ -167,9 +167,10 @@ def check_router(m, gen, dims, run, tp: int = 8):
     return d, ref, kw, ws, x
 
 
-def test_router_ties_go_to_the_lower_index_and_nan_is_never_preferred(gen, dims):
+@pytest.mark.parametrize("m", [1, 7])
+def test_router_ties_go_to_the_lower_index_and_nan_is_never_preferred(m, gen, dims):
+    """M=1 takes the one-token selection (router.one_token_select: the plan without masks), 7 the batch's."""
     d, ref, kw, ws = weights(dims, 8, gen)
-    m = 7
     x = torch.randn(m, d.hidden, generator=gen, device="cuda").to(torch.bfloat16)
     favourites = list(range(100, 100 + d.top_k - 1))  # 15 sure picks
     low, high, nan_row = 40, 700, 3  # low and high tie exactly for the 16th place
@@ -220,11 +221,11 @@ def test_router_keys_of_both_signs_match_reference(m, gen, dims):
     assert_plan_matches(ids, ws, m)
 
 
-def test_router_nan_keys_rank_below_every_number_including_minus_infinity(gen, dims):
+@pytest.mark.parametrize("m", [1, 3])
+def test_router_nan_keys_rank_below_every_number_including_minus_infinity(m, gen, dims):
     """10 finite keys, 2 keys of -inf, NaN keys elsewhere: the 10 in key order, then the two -inf experts (lower index
     first), then the lowest-index NaN-key experts; the weights stay finite (a NaN bias selects, it never weighs)."""
     d, ref, kw, ws = weights(dims, 8, gen)
-    m = 3
     finite = [5, 17, 64, 100, 333, 334, 500, 640, 777, 895]
     minus_inf = [900 - 12, 12]
     bias = torch.full((d.experts,), float("nan"), device="cuda")
@@ -506,7 +507,7 @@ def test_one_workspace_serves_each_router_form_in_turn(gen, dims):
         assert_router_state_left_for_the_next_launch(ws)
 
 
-@pytest.mark.parametrize("m", [4, 33])
+@pytest.mark.parametrize("m", [1, 4, 33])
 def test_latent_moe_decode_replays_in_a_cuda_graph(m, gen, dims):
     """Captured once, replayed on new inputs in the same buffers: each replay matches the reference."""
     from kimi_k3_path.kernels.moe import latent_moe_decode
