@@ -567,6 +567,7 @@ def test_cta_trace_of_the_one_token_block_records_every_cta_in_launch_order(tp, 
     holds more CTAs of a launch than its registers allow, and each launch's SM clock is one an H200 runs at."""
     from kimi_k3_path.kernels.bench_moe import block_ctas, trace_one_token_block
     from kimi_k3_path.kernels.finalize import STREAMED_CTAS_PER_SM
+    from kimi_k3_path.kernels.moe import ONE_TOKEN_FRONT_CTAS_PER_SM
 
     t = trace_one_token_block(tp, replays=2, seed=seed)
     launches = t["launches"]
@@ -576,9 +577,10 @@ def test_cta_trace_of_the_one_token_block_records_every_cta_in_launch_order(tp, 
     assert launches["gemm1"]["start_us"]["first"] >= launches["front"]["end_us"]["last"]
     assert launches["gemm2"]["start_us"]["first"] < launches["gemm1"]["end_us"]["last"]
     assert launches["finalize"]["start_us"]["first"] < launches["gemm2"]["end_us"]["last"]
-    # CTAs per SM the registers allow (test_compile.py): GEMM2 with its gate_up has 60 registers at TP8, 48 at TP16;
-    # the streamed finalize is persistent, STREAMED_CTAS_PER_SM of them on every SM.
-    for name, ctas_per_sm in {"front": 2, "gemm1": 4, "gemm2": 4 if tp == 8 else 5,
+    # CTAs per SM the registers allow (test_compile.py): the front is bounded to ONE_TOKEN_FRONT_CTAS_PER_SM; GEMM2
+    # with its gate_up has 60 registers at TP8, 48 at TP16; the streamed finalize is persistent, STREAMED_CTAS_PER_SM
+    # of them on every SM.
+    for name, ctas_per_sm in {"front": ONE_TOKEN_FRONT_CTAS_PER_SM, "gemm1": 4, "gemm2": 4 if tp == 8 else 5,
                               "finalize": STREAMED_CTAS_PER_SM}.items():
         assert 1 <= launches[name]["max_resident_per_sm"] <= ctas_per_sm, name
         assert 500 <= launches[name]["sm_mhz"] <= 2100, (name, launches[name]["sm_mhz"])  # the H200 boosts to 1980
