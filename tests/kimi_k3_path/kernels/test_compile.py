@@ -444,7 +444,7 @@ def test_front_counts_its_router_ctas_in_only_when_the_logits_are_on_the_tensor_
                                                                                      tmp_path):
     """v30: on the CUDA cores the router CTAs store their logits with a strong store and leave; the selecting warps
     poll for them. One ATOMG.ADD is left: the selecting CTAs' count-in before the plan; at one token none, nor any
-    other atomic (v41: one warp selects and writes the plan itself). The tensor-core logits are plain stores, fenced
+    other atomic (v41: the selecting CTA's warps write the plan themselves). The tensor-core logits are plain stores, fenced
     by every CTA's count-in (ATOMG.ADD), the waiters' count-out (another) and the plan's."""
     d = dims(8)
     ops = _sass_ops(_sass(_front(d, mt, router_mma), _front_args(d), tmp_path))
@@ -554,9 +554,10 @@ def test_front_keeps_the_occupancy_and_l1_it_was_measured_at(tp, mt, router_mma,
     front from 41 to 58 us), and v15d saw the front move by 2x with its chunk order. L1 matters at one token too:
     v31a's one-token front at 100 KB of shared memory per CTA (the same 2 CTAs per SM, L1 28 KB) took 21.9 us alone
     against 18.5, and the M=8 block 183 us against 161; and so does occupancy itself: with 78 registers (v40) 3 CTAs
-    per SM took it to 19.1 us alone at L1 92 KB against 18.0 at 2, and 4 at L1 ~60 KB to 21.1-21.5 (v41a), but 4 with
-    the one-token selection's 9.8 KB of shared memory (L1 192 KB, bounded to 64 registers) to 17.1-17.2 against 18.2-18.6
-    (v41g). A change that moves these numbers needs a new measurement on the H200 (NOTES.md) and this table."""
+    per SM took it to 19.1 us alone at L1 92 KB against 18.0 at 2, and 4 at L1 ~60 KB to 21.1-21.5 (v41a), but 4
+    with the one-token selection's 9.8 KB of shared memory (L1 192 KB, bounded to 64 registers) to 17.1-17.2 against
+    18.2-18.6 (v41g). A change that moves these numbers needs a new measurement on the H200 (NOTES.md) and this
+    table."""
     d = dims(tp)
     op = _front(d, mt, router_mma)
     registers = -(-_registers(op, _front_args(d), tmp_path) // 8) * 8
