@@ -77,11 +77,20 @@ def run(ctx: CheckContext) -> CheckResult:
             continue
         if head is None:
             undecided.append("the PR head is unknown, so the evidence commit cannot be verified")
-        elif not any(sha.startswith(sub.evidence.commit) for sha in allowed):
+            continue
+        age = next((age for sha, age in allowed.items() if sha.startswith(sub.evidence.commit)), None)
+        if age is None:
             window = _window_words(settings) if settings.commit_window else ""
             findings.append(Finding(message=(
                 f"perf evidence from {sub.origin.source} was measured at {sub.evidence.commit}, "
                 f"not at the PR head {head[:12]}{window}"
+            )))
+        elif age:
+            # Passing, but aging: say how much of the window is left before the evidence must be measured again.
+            findings.append(Finding(severity=Severity.notice, message=(
+                f"perf evidence from {sub.origin.source} was measured at {sub.evidence.commit[:12]}, "
+                f"{_age_words(age, settings)} behind the PR head {head[:12]}; the policy allows "
+                f"{settings.commit_window}, so it holds for {settings.commit_window - age} more"
             )))
     for verdict in verdicts:
         for problem in verdict.problems:
@@ -241,24 +250,25 @@ def _head_sha(ctx: CheckContext) -> str | None:
     return ctx.pull_request.head_sha if ctx.pull_request is not None else None
 
 
-def _allowed_commits(ctx: CheckContext, head: str | None, settings: PerfMatrixSettings) -> list[str]:
-    """The head and, where the collector recorded the head's ancestry, the ancestors within the commit window: the
-    `commit_window` nearest ones, or (commit_window_counts: owned) those with at most `commit_window` commits
-    changing the owned paths after them (the head included)."""
+def _allowed_commits(ctx: CheckContext, head: str | None, settings: PerfMatrixSettings) -> dict[str, int]:
+    """The head and, where the collector recorded the head's ancestry, the ancestors within the commit window, each
+    with its age in the window's unit (the head's is 0): the `commit_window` nearest ones, aged by position, or
+    (commit_window_counts: owned) those with at most `commit_window` commits changing the owned paths after them
+    (the head included), aged by that count."""
     if head is None:
-        return []
+        return {}
     recorded = ctx.evidence.head if ctx.evidence is not None else None
     if recorded is None or not recorded.sha.startswith(head):
-        return [head]
+        return {head: 0}
     if settings.commit_window_counts == "all":
-        return [head, *recorded.ancestors[: settings.commit_window]]
+        return {head: 0, **{sha: i for i, sha in enumerate(recorded.ancestors[: settings.commit_window], start=1)}}
     if recorded.owned_changes is None:
-        return [head]  # the collector did not record which commits changed the owned paths
-    owned, changes, allowed = set(recorded.owned_changes), 0, []
+        return {head: 0}  # the collector did not record which commits changed the owned paths
+    owned, changes, allowed = set(recorded.owned_changes), 0, {}
     for sha in (recorded.sha, *recorded.ancestors):
         if changes > settings.commit_window:
             break
-        allowed.append(sha)
+        allowed[sha] = changes
         changes += sha in owned
     return allowed
 
@@ -267,6 +277,10 @@ def _window_words(settings: PerfMatrixSettings) -> str:
     if settings.commit_window_counts == "owned":
         return f" or an ancestor at most {settings.commit_window} owned-path change(s) behind it"
     return f" or one of its {settings.commit_window} nearest ancestors"
+
+
+def _age_words(age: int, settings: PerfMatrixSettings) -> str:
+    return f"{age} owned-path change(s)" if settings.commit_window_counts == "owned" else f"{age} commit(s)"
 
 
 # --- report -------------------------------------------------------------------------------------------

@@ -107,6 +107,27 @@ def test_with_owned_counting_only_commits_changing_the_owned_paths_age_the_evide
     assert check(perf(commit=GRANDPARENT), window=1).status is Status.failed
 
 
+def notices(result):
+    return [f.message for f in result.findings if f.severity is Severity.notice]
+
+
+def test_evidence_at_an_ancestor_passes_with_a_notice_of_the_window_left():
+    owned = (HEAD, PARENT, GREAT_GRANDPARENT)
+    aged = check(perf(commit=GRANDPARENT), window=3, counts="owned", owned_changes=owned)
+    assert aged.status is Status.passed, errors(aged)
+    assert notices(aged) == [f"perf evidence from CI artifact perf.json was measured at {GRANDPARENT[:12]}, 2 "
+                             f"owned-path change(s) behind the PR head {HEAD[:12]}; the policy allows 3, so it holds "
+                             f"for 1 more"]
+    # At the edge of the window: it holds for none more.
+    assert notices(check(perf(commit=GRANDPARENT), window=2, counts="owned", owned_changes=owned))[0].endswith(
+        "the policy allows 2, so it holds for 0 more")
+    counted = check(perf(commit=PARENT), window=2)
+    assert notices(counted) == [f"perf evidence from CI artifact perf.json was measured at {PARENT[:12]}, 1 commit(s) "
+                                f"behind the PR head {HEAD[:12]}; the policy allows 2, so it holds for 1 more"]
+    # Evidence measured at the head itself needs no notice.
+    assert notices(check(perf(), window=2)) == []
+
+
 def test_owned_counting_without_the_recorded_changes_accepts_only_the_head():
     result = check(perf(commit=PARENT), window=5, counts="owned", owned_changes=None)
     assert result.status is Status.failed
