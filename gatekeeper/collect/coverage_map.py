@@ -142,6 +142,13 @@ def from_coverage_json(report: Path, repo: Path, paths: Iterable[str] | None, ta
     return tuple(files)
 
 
+def file_statements(path: Path) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """coverage.py's statements and excluded lines of a Python file under its default configuration, as a report
+    made elsewhere is analysed (from_coverage_data_file)."""
+    _, statements, excluded, _, _ = coverage.Coverage(data_file=None, config_file=False).analysis2(str(path))
+    return tuple(statements), tuple(excluded)
+
+
 def statement_spans(source: str) -> tuple[tuple[int, int], ...]:
     """(first, last) line of every statement written over several lines; for a compound statement only its
     header (`def f(\\n a,\\n b):`). coverage.py counts a statement at its first line, so a change to any of its

@@ -25,6 +25,11 @@ def changed_since(repo: Path, sha: str, head: str) -> set[str] | None:
     return None if listing is None else {p for p in listing.split("\0") if p}
 
 
+def file_at(repo: Path, sha: str, path: str) -> str | None:
+    """The text of `path` at commit `sha`; None when that commit has no such file (or is not in this clone)."""
+    return _git(repo, "show", f"{sha}:{path}")
+
+
 def commit_sha(repo: Path, rev: str) -> str | None:
     """The full SHA of the commit `rev` names; None when it names no commit of this clone."""
     listing = _git(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")

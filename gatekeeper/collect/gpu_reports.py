@@ -4,7 +4,7 @@ covered by them. Labelled self-reported: nobody here saw them run. Two formats:
 - an evidence file written by `gatekeeper collect` on the GPU machine, or by `gatekeeper gpu-report` here
   from that machine's JUnit report and coverage data (`gpu_report_run`). It records the commit the tests ran
   at, so coverage of files changed since is dropped (its line numbers no longer describe the head) and the
-  run says so;
+  run says so, unless the change left the file's code as it was (comments, docstrings: coverage_carry);
 - a directory of `*.xml` JUnit reports and `*.json` `coverage json --show-contexts` reports (one run per
   directory). Their line numbers are taken as describing the head: nothing records where they were made.
 """
@@ -14,11 +14,14 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path, PurePosixPath
 
-from gatekeeper.collect.coverage_map import ContextTable, from_coverage_json, from_coverage_report
-from gatekeeper.collect.git import changed_since
+from coverage.exceptions import CoverageException
+
+from gatekeeper.collect.coverage_carry import carry_coverage
+from gatekeeper.collect.coverage_map import ContextTable, file_statements, from_coverage_json, from_coverage_report
+from gatekeeper.collect.git import changed_since, file_at
 from gatekeeper.collect.junit import junit_key, parse_junit
 from gatekeeper.errors import InputError
-from gatekeeper.evidence import Origin, TestCase, TestRun, load_evidence
+from gatekeeper.evidence import FileCoverage, Origin, TestCase, TestRun, load_evidence
 from gatekeeper.paths import matches_any
 from gatekeeper.snapshot import Snapshot
 
@@ -69,11 +72,32 @@ def _from_evidence(repo: Path, path: str, head_sha: str, paths: list[str]) -> li
             notes = ("its commit is unknown here, so none of its coverage is used",)
             files = ()
         else:
-            dropped = sorted(f.path for f in run.files if f.path in stale)
-            notes = (f"coverage of {', '.join(dropped)} dropped: changed since the report's commit {made_at[:12]}",) if dropped else ()
-            files = tuple(f for f in run.files if f.path in paths and f.path not in stale)
+            carried = {f.path: _carried(repo, made_at, f) for f in run.files if f.path in stale and f.path in paths}
+            dropped = sorted(name for name, moved in carried.items() if moved is None)
+            kept = sorted(name for name, moved in carried.items() if moved is not None)
+            notes = ()
+            if dropped:
+                notes += (f"coverage of {', '.join(dropped)} dropped: changed since the report's commit {made_at[:12]}",)
+            if kept:
+                notes += (f"coverage of {', '.join(kept)} carried over from the report's commit {made_at[:12]}: "
+                          "changed since in comments or docstrings only",)
+            files = tuple(carried.get(f.path) or f for f in run.files if f.path in paths and f.path not in dropped)
         runs.append(run.model_copy(update={"origin": _origin(label), "label": label, "files": files, "notes": run.notes + notes}))
     return runs
+
+
+def _carried(repo: Path, made_at: str, measured: FileCoverage) -> FileCoverage | None:
+    """The coverage of a file changed since the report's commit, on the head's lines; None when its code changed
+    (or it is gone, or not Python)."""
+    old_source = file_at(repo, made_at, measured.path)
+    path = repo / measured.path
+    if old_source is None or path.suffix != ".py" or not path.is_file():
+        return None
+    try:
+        statements, excluded = file_statements(path)
+    except CoverageException:  # not Python that coverage.py can parse: nothing to carry onto
+        return None
+    return carry_coverage(measured, old_source, path.read_text(encoding="utf-8"), statements, excluded)
 
 
 def _from_junit_and_coverage(repo: Path, directory: str, files: list[str], paths: list[str]) -> TestRun:

@@ -301,8 +301,21 @@ def test_gpu_report_covers_gpu_only_lines_until_the_file_changes(repo, monkeypat
     assert kernels["sources"] == ["tests (trusted)", "tiny/evidence/gpu.json (self-reported)"]
     assert "tests/tiny/test_kernels.py::test_fused" in kernels["tests"]
 
-    # Once the kernel changes, the report's line numbers no longer describe it: its coverage is dropped.
-    write(repo, {"tiny/kernels.py": GPU_FILES["tiny/kernels.py"].replace("v * 2", "v + v")})
+    # Reworded comments move the lines but not the code: the coverage is carried to the new lines, and says so.
+    reworded = GPU_FILES["tiny/kernels.py"].replace(
+        "# Only a GPU runs this", '"""Doubles x."""\n            # Only a GPU (an H200 here) runs this')
+    write(repo, {"tiny/kernels.py": reworded})
+    commit(repo, "reword the kernel's comments after the GPU run")
+    _, checks = run_collect(repo)
+    result = checks["changed_path_tests"]
+    assert result.status is Status.passed, errors(result)
+    warnings = [f.message for f in result.findings if f.severity is Severity.warning]
+    assert any("coverage of tiny/kernels.py carried over from the report's commit" in w for w in warnings)
+    kernels = next(row for row in result.details["files"] if row["path"] == "tiny/kernels.py")
+    assert "tests/tiny/test_kernels.py::test_fused" in kernels["tests"]
+
+    # Once the kernel's code changes, the report's line numbers no longer describe it: its coverage is dropped.
+    write(repo, {"tiny/kernels.py": reworded.replace("v * 2", "v + v")})
     commit(repo, "change the kernel after the GPU run")
     _, checks = run_collect(repo)
     result = checks["changed_path_tests"]
