@@ -17,6 +17,12 @@ from .trace import RECORD_BYTES
 WARP = 32
 VEC_BYTES = 16  # one 128-bit load per lane: 8 bf16, 4 fp32 or 32 fp4 values
 SMEM_CARVEOUT_DEFAULT = -1  # CU_SHAREDMEM_CARVEOUT_DEFAULT: no preference
+BF16_PER_VEC = 8
+FP4_GROUP = 32  # MXFP4 values per E8M0 scale; exactly one 16-byte vector of packed nibbles
+SITU_BETA = 4.0
+SITU_LINEAR_BETA = 25.0
+NEG_INF = float("-inf")
+LOWEST = -3.4028234663852886e38
 
 
 def ctas_per_sm_bound(ctas: int) -> dict:
@@ -24,12 +30,6 @@ def ctas_per_sm_bound(ctas: int) -> dict:
     explicit (default) carveout: with a CTA-per-SM bound the DSL would otherwise query the device for it while
     compiling, which fails on a machine without a GPU (CI)."""
     return {"min_blocks_per_mp": ctas, "preferred_smem_carveout": SMEM_CARVEOUT_DEFAULT}
-BF16_PER_VEC = 8
-FP4_GROUP = 32  # MXFP4 values per E8M0 scale; exactly one 16-byte vector of packed nibbles
-SITU_BETA = 4.0
-SITU_LINEAR_BETA = 25.0
-NEG_INF = float("-inf")
-LOWEST = -3.4028234663852886e38
 
 
 # Cache hints for weight loads (read once per step): the bench compares them on the down-projection.

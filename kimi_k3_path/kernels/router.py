@@ -111,8 +111,8 @@ def alloc_router_smem(smem, experts: int, top_k: int, one_token: bool = False):
 
 def one_token_select(mt: int, mma_mt: int) -> bool:
     """Whether a router at token tile mt selects in its one-token form: the first CTA's warps select and write the
-    plan themselves (select_one_token: no token masks, counters or planning pass), with 9.8 KB of shared memory. Token tile 1 on the CUDA cores
-    only ever serves a batch of one token (gemv.token_tile)."""
+    plan themselves (select_one_token: no token masks, counters or planning pass), with 9.8 KB of shared memory.
+    Token tile 1 on the CUDA cores only ever serves a batch of one token (gemv.token_tile)."""
     return mt == 1 and mma_mt == 0
 
 
@@ -233,9 +233,9 @@ def router_part(
 @cute.jit
 def copy_bias(bias: cute.Tensor, bias_s: cute.Tensor, tidx: Int32, experts: cutlass.Constexpr):
     """All threads of the one-token selecting CTA: the correction bias into shared memory by cp.async, 16 bytes per
-    thread and no registers, issued before the CTA's own logits so that it has landed when the selection starts
-    (loaded after them it cost the selection a round trip, microseconds under the front's streaming: v41d). The
-    caller waits for the group (cp_async_wait_group) and synchronizes before reading it."""
+    thread and no registers, issued before the CTA's own logits so that it has landed when the selection starts and
+    no load of it sits on the selection's chain (v41e measured no change from this alone). The caller waits for the
+    group (cp_async_wait_group) and synchronizes before reading it."""
     for i in cutlass.range_constexpr((experts // 4 + WARPS_PER_CTA * WARP - 1) // (WARPS_PER_CTA * WARP)):
         v = tidx + i * WARPS_PER_CTA * WARP
         if v < experts // 4:
@@ -413,7 +413,8 @@ def select_one_token(
     cute.arch.sync_threads()
     if warp == 0:
         # Candidate c of picker p sits at p * WARP + c; lane l's slot i holds candidate l + 32 i of the p * k in a
-        # row (ascending expert order), and the slots past them a key no expert's key loses to.
+        # row (ascending expert order). The slots past them hold a pad (key INT32_MIN, id E) that loses to every
+        # candidate: no key is lower, and on an equal key the lower id wins.
         finals: cutlass.Constexpr = (pickers * top_k + WARP - 1) // WARP
         keys2 = cute.make_rmem_tensor(finals, Int32)
         ids2 = cute.make_rmem_tensor(finals, Int32)
@@ -613,7 +614,8 @@ class RouterTopK:
 
 
 def unset_logits(rows: int, experts: int, device):
-    """A router logits buffer [rows, E] fp32 as the router expects it before its first launch: every word LOGIT_UNSET."""
+    """A router logits buffer [rows, E] fp32 as the router expects it before its first launch: every word
+    LOGIT_UNSET."""
     import torch
 
     return torch.full((rows, experts), LOGIT_UNSET, dtype=torch.int32, device=device).view(torch.float32)
