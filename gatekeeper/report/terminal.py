@@ -75,7 +75,7 @@ def _check_section(check: CheckResult) -> RenderableType | None:
     parts: list[RenderableType] = []
     for finding in check.findings:
         line = Text("  ")
-        line.append(f"{finding.severity.value:<7}", style=_SEVERITY_STYLES[finding.severity.value])
+        line.append(f"{finding.severity.value:<8}", style=_SEVERITY_STYLES[finding.severity.value])
         if finding.path is not None:
             location = finding.path + (f":{finding.line}" if finding.line is not None else "")
             line.append(one_line(location), style="bold")

@@ -5,7 +5,7 @@ import re
 from rich.console import Console
 
 from gatekeeper.report import render_terminal
-from gatekeeper.verdict import CheckResult, Finding, Status
+from gatekeeper.verdict import CheckResult, Finding, Severity, Status
 
 
 def _text(verdict) -> str:
@@ -22,6 +22,13 @@ def test_terminal_shows_verdict_signals_checks_findings_and_budgets(verdict):
     assert "vllm/engine/llm_engine.py:40  outside the owned paths" in text
     assert "│ README.md  │ 3 / 2" in text
     assert "UNDECIDED: changed_path_tests" in text
+
+
+def test_every_severity_is_set_apart_from_what_follows(verdict):
+    for severity in Severity:
+        finding = Finding(path="k.py", severity=severity, message="m")
+        check = CheckResult(id="confinement", status=Status.passed, summary="s", findings=(finding,))
+        assert re.search(rf"\b{severity.value} +k\.py  m", _text(verdict.model_copy(update={"checks": (check,)})))
 
 
 def test_generic_details_and_markup_in_messages_stay_literal(verdict, details_check):
