@@ -444,8 +444,8 @@ def test_front_counts_its_router_ctas_in_only_when_the_logits_are_on_the_tensor_
                                                                                      tmp_path):
     """v30: on the CUDA cores the router CTAs store their logits with a strong store and leave; the selecting warps
     poll for them. One ATOMG.ADD is left: the selecting CTAs' count-in before the plan; at one token none, nor any
-    other atomic (v41: the selecting CTA's warps write the plan themselves). The tensor-core logits are plain stores, fenced
-    by every CTA's count-in (ATOMG.ADD), the waiters' count-out (another) and the plan's."""
+    other atomic (v41: the selecting CTA's warps write the plan themselves). The tensor-core logits are plain stores,
+    fenced by every CTA's count-in (ATOMG.ADD), the waiters' count-out (another) and the plan's."""
     d = dims(8)
     ops = _sass_ops(_sass(_front(d, mt, router_mma), _front_args(d), tmp_path))
     adds = [op for op in ops if op.startswith("ATOMG") and ".ADD" in op]
