@@ -26,8 +26,15 @@ def changed_since(repo: Path, sha: str, head: str) -> set[str] | None:
 
 
 def file_at(repo: Path, sha: str, path: str) -> str | None:
-    """The text of `path` at commit `sha`; None when that commit has no such file (or is not in this clone)."""
-    return _git(repo, "show", f"{sha}:{path}")
+    """The UTF-8 text of `path` at commit `sha`; None when that commit has no such file (or is not in this clone),
+    or it is not UTF-8."""
+    done = subprocess.run(["git", "show", f"{sha}:{path}"], cwd=repo, capture_output=True, check=False)
+    if done.returncode != 0:
+        return None
+    try:
+        return done.stdout.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 def commit_sha(repo: Path, rev: str) -> str | None:

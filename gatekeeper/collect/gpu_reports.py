@@ -89,15 +89,16 @@ def _from_evidence(repo: Path, path: str, head_sha: str, paths: list[str]) -> li
 def _carried(repo: Path, made_at: str, measured: FileCoverage) -> FileCoverage | None:
     """The coverage of a file changed since the report's commit, on the head's lines; None when its code changed
     (or it is gone, or not Python)."""
-    old_source = file_at(repo, made_at, measured.path)
     path = repo / measured.path
-    if old_source is None or path.suffix != ".py" or not path.is_file():
+    old_source = file_at(repo, made_at, measured.path) if path.suffix == ".py" and path.is_file() else None
+    if old_source is None:
         return None
     try:
+        new_source = path.read_text(encoding="utf-8")
         statements, excluded = file_statements(path)
-    except CoverageException:  # not Python that coverage.py can parse: nothing to carry onto
+    except (UnicodeDecodeError, CoverageException):  # nothing coverage.py can read: nothing to carry onto
         return None
-    return carry_coverage(measured, old_source, path.read_text(encoding="utf-8"), statements, excluded)
+    return carry_coverage(measured, old_source, new_source, statements, excluded)
 
 
 def _from_junit_and_coverage(repo: Path, directory: str, files: list[str], paths: list[str]) -> TestRun:

@@ -324,6 +324,17 @@ def test_gpu_report_covers_gpu_only_lines_until_the_file_changes(repo, monkeypat
     assert any("coverage of tiny/kernels.py dropped: changed since the report's commit" in w for w in warnings)
 
 
+def test_file_at_reads_a_commits_text_and_says_none_for_what_it_cannot(repo):
+    from gatekeeper.collect.git import file_at
+
+    (repo / "latin1.py").write_bytes("# caf\xe9\n".encode("latin-1"))
+    sha = commit(repo, "a file that is not UTF-8")
+    assert file_at(repo, sha, "README.md") == "a project\n"
+    assert file_at(repo, sha, "latin1.py") is None
+    assert file_at(repo, sha, "no/such/file.py") is None
+    assert file_at(repo, "0" * 40, "README.md") is None
+
+
 def test_with_owned_counting_the_collector_records_which_commits_changed_the_owned_paths(repo):
     from gatekeeper.collect import head_info
 
