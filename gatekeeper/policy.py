@@ -163,6 +163,15 @@ class PerfMatrixSettings(_Strict):
     # What ages evidence: every commit ("all"), or only commits that change the owned paths ("owned": a commit
     # elsewhere in the repository leaves the contribution, and so what was measured, as it was).
     commit_window_counts: Literal["all", "owned"] = "all"
+    # With "owned", the paths whose changes count, when not all the owned paths can change what was measured
+    # (the contribution's code, say, without its notes and evidence files).
+    commit_window_paths: tuple[Glob, ...] = ()
+
+    @model_validator(mode="after")
+    def _window_paths_only_when_counting_owned(self) -> PerfMatrixSettings:
+        if self.commit_window_paths and self.commit_window_counts != "owned":
+            raise ValueError("commit_window_paths only applies with commit_window_counts: owned")
+        return self
 
 
 class Checks(_Strict):

@@ -116,6 +116,13 @@ def _unmatched(policy: Policy, paths: tuple[str, ...]) -> list[LintWarning]:
             warnings.append(LintWarning(
                 ("touchpoints", index, "path"), f"{touchpoint.path!r} matches no file in the repository"
             ))
+    owned = [p for p in paths if matches_any(p, policy.owned_paths)]
+    for index, glob in enumerate(policy.checks.perf_matrix.commit_window_paths):
+        if not any(matches(p, glob) for p in owned):
+            warnings.append(LintWarning(
+                ("checks", "perf_matrix", "commit_window_paths", index),
+                f"{glob!r} matches no owned file: no change there can age the perf evidence",
+            ))
     return warnings
 
 

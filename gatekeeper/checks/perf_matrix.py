@@ -275,12 +275,18 @@ def _allowed_commits(ctx: CheckContext, head: str | None, settings: PerfMatrixSe
 
 def _window_words(settings: PerfMatrixSettings) -> str:
     if settings.commit_window_counts == "owned":
-        return f" or an ancestor at most {settings.commit_window} owned-path change(s) behind it"
+        return f" or an ancestor at most {_changes(settings.commit_window, settings)} behind it"
     return f" or one of its {settings.commit_window} nearest ancestors"
 
 
 def _age_words(age: int, settings: PerfMatrixSettings) -> str:
-    return f"{age} owned-path change(s)" if settings.commit_window_counts == "owned" else f"{age} commit(s)"
+    return _changes(age, settings) if settings.commit_window_counts == "owned" else f"{age} commit(s)"
+
+
+def _changes(count: int, settings: PerfMatrixSettings) -> str:
+    if settings.commit_window_paths:
+        return f"{count} change(s) to the commit window's paths ({', '.join(settings.commit_window_paths)})"
+    return f"{count} owned-path change(s)"
 
 
 # --- report -------------------------------------------------------------------------------------------

@@ -59,10 +59,11 @@ def collect(loaded: LoadedPolicy, repo: Path, base: str, perf_files: tuple[Path,
 
 def head_info(policy: Policy, repo: Path, sha: str) -> HeadInfo:
     """The head, its ancestry as far as the perf commit window can reach, and (commit_window_counts: owned) the
-    commits in it that change the owned paths."""
+    commits in it that change the owned paths (or the window's own paths, commit_window_paths)."""
     settings = policy.checks.perf_matrix
     if settings.commit_window_counts == "owned":
-        owned = commits_changing(repo, sha, settings.commit_window + 1, policy.owned_paths)
+        paths = settings.commit_window_paths or policy.owned_paths
+        owned = commits_changing(repo, sha, settings.commit_window + 1, paths)
         return HeadInfo(sha=sha, ancestors=ancestors(repo, sha, OWNED_WINDOW_ANCESTORS), owned_changes=owned)
     return HeadInfo(sha=sha, ancestors=ancestors(repo, sha, max(settings.commit_window, MIN_ANCESTORS)))
 

@@ -71,6 +71,8 @@ def test_minimal_policy_and_its_hash_is_of_the_text():
         (MINIMAL + "checks:\n  perf_matrix: {min_runs: 5}\n  confinement: {}\n  perf_matrix: {commit_window: 3}\n", 8,
          "duplicate key 'perf_matrix' (first set on line 6"),
         (MINIMAL + "checks:\n  startup_guard:\n    probes:\n      - {name: a, name: b}\n", 8, "duplicate key 'name'"),
+        (MINIMAL + "checks:\n  perf_matrix:\n    commit_window: 3\n    commit_window_paths: ['pkg/**/*.py']\n", 7,
+         "commit_window_paths only applies with commit_window_counts: owned"),
     ],
 )
 def test_errors_name_the_yaml_line_and_field(text, line, reason):

@@ -64,6 +64,16 @@ def test_globs_matching_nothing_only_with_a_repository():
     ]
 
 
+def test_commit_window_paths_matching_no_owned_file():
+    policy = _policy(checks={"perf_matrix": {"commit_window": 3, "commit_window_counts": "owned",
+                                             "commit_window_paths": ["pkg/**/*.py", "docs/**", "pkg/**/*.cu"]}})
+    assert _lint(policy) == []
+    assert _lint(policy, ["pkg/ops.py", "docs/index.md"]) == [
+        ("checks.perf_matrix.commit_window_paths.1", "'docs/**' matches no owned file: no change there can age the perf evidence"),
+        ("checks.perf_matrix.commit_window_paths.2", "'pkg/**/*.cu' matches no owned file: no change there can age the perf evidence"),
+    ]
+
+
 def test_contradicting_check_settings():
     policy = _policy(
         default_mode_checks=["perf_matrix"],

@@ -52,8 +52,11 @@ def perf(rows=None, commit=HEAD) -> dict:
 
 
 def check(doc=None, window=0, trusted="[]", files=None, body="", axes=AXES, origin=TRUSTED, head=HEAD, counts="all",
-          owned_changes=None):
-    policy = load_policy_text(POLICY.format(trusted=trusted, window=window, counts=counts), "policy.yaml")
+          owned_changes=None, window_paths=None):
+    text = POLICY.format(trusted=trusted, window=window, counts=counts)
+    if window_paths is not None:
+        text += f"    commit_window_paths: {window_paths}\n"
+    policy = load_policy_text(text, "policy.yaml")
     submissions = () if doc is None else (PerfSubmission(origin=origin, evidence=PerfEvidence.model_validate(doc)),)
     support = None if axes is None else SupportAxes(origin=TRUSTED, source="tiny.support:MATRIX", axes=axes)
     ancestry = HeadInfo(sha=HEAD, ancestors=(PARENT, GRANDPARENT, GREAT_GRANDPARENT), owned_changes=owned_changes)
@@ -124,6 +127,12 @@ def test_evidence_at_an_ancestor_passes_with_a_notice_of_the_window_left():
     counted = check(perf(commit=PARENT), window=2)
     assert notices(counted) == [f"perf evidence from CI artifact perf.json was measured at {PARENT[:12]}, 1 commit(s) "
                                 f"behind the PR head {HEAD[:12]}; the policy allows 2, so it holds for 1 more"]
+    # Counted over the window's own paths, the messages name them.
+    narrowed = check(perf(commit=GRANDPARENT), window=3, counts="owned", owned_changes=owned, window_paths="['tiny/**/*.py']")
+    assert notices(narrowed)[0].endswith("2 change(s) to the commit window's paths (tiny/**/*.py) behind the PR head "
+                                         f"{HEAD[:12]}; the policy allows 3, so it holds for 1 more")
+    stale = check(perf(commit=GREAT_GRANDPARENT), window=1, counts="owned", owned_changes=owned, window_paths="['tiny/**/*.py']")
+    assert errors(stale)[0].endswith("or an ancestor at most 1 change(s) to the commit window's paths (tiny/**/*.py) behind it")
     # Evidence measured at the head itself needs no notice.
     assert notices(check(perf(), window=2)) == []
 

@@ -349,3 +349,11 @@ def test_with_owned_counting_the_collector_records_which_commits_changed_the_own
     assert info.owned_changes == (owned, contribution)  # at most commit_window + 1, newest first
     counted_all = head_info(load_policy_text(POLICY.replace("TIMEOUT", "60"), "policy.yaml").policy, repo, owned)
     assert counted_all.owned_changes is None
+
+    # With the window's own paths, a change to the contribution's notes does not age what was measured.
+    write(repo, {"tiny/NOTES.md": "what we measured\n"})
+    notes = commit(repo, "notes inside the owned paths")
+    code_only = text.replace("commit_window_counts: owned}", "commit_window_counts: owned, commit_window_paths: ['tiny/**/*.py']}")
+    info = head_info(load_policy_text(code_only, "policy.yaml").policy, repo, notes)
+    assert info.owned_changes == (owned, contribution)
+    assert head_info(load_policy_text(text, "policy.yaml").policy, repo, notes).owned_changes == (notes, owned)
