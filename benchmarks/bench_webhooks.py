@@ -1,13 +1,17 @@
 """Load and crash test of the GitHub App, on loopback only.
 
     .venv/bin/python benchmarks/bench_webhooks.py [--events 500] [--rate 60] [--kill-at 250] [--workers 4]
+                                                  [--second-server-at N] [--lease 5]
 
 Starts the fake GitHub (tests/gatekeeper/github/fake_github.py) in this process and `gatekeeper serve` as a
 subprocess, sends signed `pull_request.opened` webhooks (one PR each) at a fixed rate, SIGKILLs the server
 after `--kill-at` events, restarts it, and redelivers what was refused while it was down (as GitHub does,
-same X-GitHub-Delivery). Then it checks that every event was evaluated exactly once: one completed check run
-per PR head, one decision per PR in the audit table, every delivery done. Prints ack latency percentiles
-and throughput as JSON; exits 1 if any check fails. Every wait is bounded.
+same X-GitHub-Delivery). With `--second-server-at N` a second `gatekeeper serve` starts on the same database
+(another port) after N sends, and once it answers the webhooks alternate between the two. Then it checks
+that every event was evaluated exactly once: one completed check run per PR head, one decision per PR in the
+audit table (`duplicated_evaluations` / `lost_evaluations` count the PRs with more / none), every delivery
+done. Prints ack latency percentiles, throughput and the servers' peak RSS as JSON; exits 1 if any check
+fails. Every wait is bounded.
 """
 
 from __future__ import annotations
@@ -54,6 +58,10 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=60.0, help="webhooks per second (>= 50 for the claim)")
     parser.add_argument("--kill-at", type=int, default=250, help="SIGKILL the server after this many sends")
     parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--second-server-at", type=int, metavar="N",
+                        help="start a second server on the same database after N sends; alternate between them")
+    parser.add_argument("--lease", type=float, default=5.0,
+                        help="job_lease_s: a killed server's jobs are taken over this long after it died")
     parser.add_argument("--timeout", type=float, default=180.0, help="bound on the whole run, seconds")
     args = parser.parse_args()
 
@@ -74,7 +82,8 @@ def main() -> int:
             fake_process.terminate()
             fake_process.join(10)
     print(json.dumps(result, indent=2))
-    return 0 if result["exactly_once"] else 1
+    passed = result["exactly_once"] and result["duplicated_evaluations"] == result["lost_evaluations"] == 0
+    return 0 if passed else 1
 
 
 def _fake_github(conn, public_pem: str, events: int) -> None:
@@ -106,17 +115,14 @@ def _fake_github(conn, public_pem: str, events: int) -> None:
 
 
 def _run(args, work: Path, key_path: Path, fake_url: str, heads: dict[int, str]) -> dict:
-    port = _free_port()
     db = work / "gatekeeper.sqlite3"
     config = work / "gatekeeper.yml"
     config.write_text(f"workers: {args.workers}\nseconds_between_requests: 0\nseconds_between_writes: 0\n"
-                      "reconcile_interval_s: 0\nretry_backoff_s: 0.2\nhttp_backoff_s: 0.05\n")
+                      "reconcile_interval_s: 0\nretry_backoff_s: 0.2\nhttp_backoff_s: 0.05\n"
+                      f"job_lease_s: {args.lease}\n")
     env = {**os.environ, "GATEKEEPER_WEBHOOK_SECRET": SECRET, "GATEKEEPER_APP_ID": str(APP_ID),
            "GATEKEEPER_PRIVATE_KEY_PATH": str(key_path), "GATEKEEPER_DB": str(db),
            "GATEKEEPER_GITHUB_API_URL": fake_url}
-    command = [sys.executable, "-m", "gatekeeper", "serve", "--host", "127.0.0.1", "--port", str(port),
-               "--config", str(config), "--log-level", "warning"]
-    url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + args.timeout
     template = webhook_example("pull_request.opened")
     events = []
@@ -127,101 +133,154 @@ def _run(args, work: Path, key_path: Path, fake_url: str, heads: dict[int, str])
         body = json.dumps(payload).encode()
         events.append((str(uuid.uuid4()), body))
 
-    log = open(work / "server.log", "wb")
-    server = Server(command, env, log, url)
+    servers = [Server("server_1", work, env, config)]
+    if args.second_server_at is not None:
+        servers.append(Server("server_2", work, env, config))
     try:
-        server.start(deadline)
-        result = asyncio.run(_send_all(args, events, server, url, deadline))
+        servers[0].start(deadline)
+        result = asyncio.run(_send_all(args, events, servers, deadline))
         while time.monotonic() < deadline and _pending(db) > 0:
             time.sleep(0.05)
         result["processed_at"] = time.perf_counter() - result["start"]
     finally:
-        server.stop()  # also when the run fails: no server outlives the benchmark
-        log.close()
-    requeued = re.findall(r"requeued (\d+) delivery", (work / "server.log").read_text(errors="replace"))
+        for server in servers:
+            server.stop()  # also when the run fails: no server outlives the benchmark
+    logs = "".join(server.log_path.read_text(errors="replace") for server in servers)
     latencies, send_window, processed_at = result["latencies"], result["send_window"], result["processed_at"]
-    killed_at, restarts, redelivered = args.kill_at, server.restarts, result["redelivered"]
     return {
-        "events": len(heads), "rate_target_per_s": args.rate, "workers": args.workers,
-        "killed_after_sends": killed_at, "restarts": restarts, "redelivered_after_restart": redelivered,
-        # Deliveries a worker was running when the server died, queued again by the restarted server.
-        "interrupted_and_requeued": sum(int(n) for n in requeued),
+        "events": len(heads), "rate_target_per_s": args.rate, "workers": args.workers, "job_lease_s": args.lease,
+        "killed_after_sends": args.kill_at, "restarts": servers[0].restarts,
+        "second_server_after_sends": args.second_server_at,
+        "redelivered_after_restart": result["redelivered"],
+        # Deliveries a worker was running when its server died, taken over by a worker (of the restarted
+        # server or of the other one) once their lease had expired.
+        "interrupted_and_taken_over": len(re.findall(r"took over delivery ", logs)),
         "ack_latency_ms": _percentiles(latencies),
         "ack_latency_ms_first_pass": _percentiles(latencies[: result["first_pass"]]),
         "ack_latency_ms_redeliveries": _percentiles(latencies[result["first_pass"]:]),
         "send_rate_per_s": round(len(heads) / send_window, 1),
         "all_evaluated_after_s": round(processed_at, 2),
         "evaluation_throughput_per_s": round(len(heads) / processed_at, 1),
+        # VmHWM: the most memory each process ever held resident (the web server, its worker process).
+        "peak_rss_mb": {server.name: server.peak_mb() for server in servers},
     }
 
 
 class Server:
     """`gatekeeper serve` as a child process that the benchmark can kill and start again."""
 
-    def __init__(self, command: list[str], env: dict[str, str], log, url: str):
-        self.command, self.env, self.log, self.url = command, env, log, url
+    def __init__(self, name: str, work: Path, env: dict[str, str], config: Path):
+        port = _free_port()
+        self.name, self.env, self.url = name, env, f"http://127.0.0.1:{port}"
+        self.command = [sys.executable, "-m", "gatekeeper", "serve", "--host", "127.0.0.1", "--port", str(port),
+                        "--config", str(config), "--log-level", "warning"]
+        self.log_path = work / f"{name}.log"
+        self.log = open(self.log_path, "wb")
         self.process: subprocess.Popen | None = None
         self.restarts = 0
+        self._peak_kb: dict[str, int] = {}
 
     def start(self, deadline: float) -> None:
         self.process = subprocess.Popen(self.command, env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
         _wait_healthy(self.url, deadline)
 
     def kill(self) -> None:
+        self._sample_memory()
         self.process.send_signal(signal.SIGKILL)  # no shutdown hook runs: a crash, not a stop
         self.process.wait(10)
 
     def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
+        if self.process is not None and self.process.poll() is None:
+            self._sample_memory()
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        self.log.close()
+
+    def peak_mb(self) -> dict[str, float]:
+        return {role: round(kb / 1024, 1) for role, kb in self._peak_kb.items()}
+
+    def _sample_memory(self) -> None:
+        """The peaks so far of the web process and its worker process, kept over restarts (Linux only)."""
+        for role, pid in [("web", self.process.pid), *(("workers", pid) for pid in _worker_pids(self.process.pid))]:
+            kb = _vm_hwm_kb(pid)
+            if kb is not None:
+                self._peak_kb[role] = max(self._peak_kb.get(role, 0), kb)
 
 
-async def _send_all(args, events, server: Server, url: str, deadline: float) -> dict:
+def _worker_pids(pid: int) -> list[int]:
+    """The server's worker process (multiprocessing's spawn), not its resource tracker."""
+    try:
+        import psutil
+    except ImportError:
+        return []
+    try:
+        children = psutil.Process(pid).children()
+        return [c.pid for c in children if any("spawn_main" in part for part in c.cmdline())]
+    except psutil.Error:
+        return []
+
+
+def _vm_hwm_kb(pid: int) -> int | None:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    found = re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE)
+    return int(found.group(1)) if found else None
+
+
+async def _send_all(args, events, servers: list[Server], deadline: float) -> dict:
     """Fire each webhook at its scheduled time without waiting for earlier answers (GitHub delivers
-    concurrently). The server is SIGKILLed at event `kill_at` and restarted a second later, in the
-    background; what was refused meanwhile is redelivered after the restart, with the same delivery id."""
+    concurrently). The first server is SIGKILLed at event `kill_at` and restarted a second later, in the
+    background; what was refused meanwhile is redelivered after the restart, with the same delivery id, to
+    the server it was meant for. A second server starts at event `second_server_at`; once it answers, odd
+    events go to it."""
     interval = 1.0 / args.rate
     latencies: list[float] = []
-    refused: list[tuple[str, bytes]] = []
-    restarted = asyncio.Event()
+    refused: list[tuple[Server, str, bytes]] = []
+    first, second = servers[0], servers[1] if len(servers) > 1 else None
+    second_up = asyncio.Event()
 
     async def crash_and_restart() -> None:
-        server.kill()
+        first.kill()
         await asyncio.sleep(1.0)
-        await asyncio.to_thread(server.start, deadline)
-        server.restarts += 1
-        restarted.set()
+        await asyncio.to_thread(first.start, deadline)
+        first.restarts += 1
+
+    async def start_second() -> None:
+        await asyncio.to_thread(second.start, deadline)
+        second_up.set()
 
     async with httpx.AsyncClient(timeout=10.0, limits=httpx.Limits(max_connections=64)) as client:
-        async def deliver(delivery: str, body: bytes) -> None:
-            ok, latency = await _send(client, url, delivery, body)
-            (latencies.append(latency) if ok else refused.append((delivery, body)))
+        async def deliver(server: Server, delivery: str, body: bytes) -> None:
+            ok, latency = await _send(client, server.url, delivery, body)
+            (latencies.append(latency) if ok else refused.append((server, delivery, body)))
 
         start = time.perf_counter()
-        tasks, crash = [], None
+        tasks, background = [], []
         for i, (delivery, body) in enumerate(events):
             await asyncio.sleep(max(0.0, start + i * interval - time.perf_counter()))
             if i == args.kill_at:
-                crash = asyncio.create_task(crash_and_restart())
-            tasks.append(asyncio.create_task(deliver(delivery, body)))
+                background.append(asyncio.create_task(crash_and_restart()))
+            if second is not None and i == args.second_server_at:
+                background.append(asyncio.create_task(start_second()))
+            target = second if second_up.is_set() and i % 2 else first
+            tasks.append(asyncio.create_task(deliver(target, delivery, body)))
         await asyncio.gather(*tasks)
         send_window = time.perf_counter() - start
-        if crash is not None:
-            await crash
+        await asyncio.gather(*background)
         redelivered = list(refused)
         refused.clear()
         first_pass = len(latencies)
         resend_start = time.perf_counter()
         resends = []
-        for i, (delivery, body) in enumerate(redelivered):  # at the same rate, not as one burst
+        for i, (server, delivery, body) in enumerate(redelivered):  # at the same rate, not as one burst
             await asyncio.sleep(max(0.0, resend_start + i * interval - time.perf_counter()))
-            resends.append(asyncio.create_task(deliver(delivery, body)))
+            resends.append(asyncio.create_task(deliver(server, delivery, body)))
         await asyncio.gather(*resends)
         if refused:
             raise SystemExit(f"{len(refused)} redeliveries refused after the restart")
@@ -254,6 +313,8 @@ def _check(fake_report: dict, heads: dict[int, str], db: Path) -> dict:
     one_decision_each = all(decisions.get(n) == 1 for n in heads)
     return {
         "deliveries": statuses,
+        "duplicated_evaluations": sum(1 for n in heads if decisions.get(n, 0) > 1),  # PRs judged more than once
+        "lost_evaluations": sum(1 for n in heads if decisions.get(n, 0) == 0),  # PRs never judged
         # Runs that were being completed when the server died: re-evaluated after the restart, same run.
         "check_runs_completed_twice": fake_report["completed_twice"],
         "one_completed_run_per_head": one_run_each,

@@ -243,6 +243,23 @@ class Evidence(_Strict):
 _UNATTRIBUTED = Origin(trust="self_reported", source="perf evidence without a stated origin")
 
 
+def demote(evidence: Evidence, why: str) -> Evidence:
+    """The same evidence with every part labelled self-reported, saying why: what a loader does when the
+    workflow that produced it was one the pull request could edit."""
+
+    def relabel(origin: Origin) -> Origin:
+        return Origin(trust="self_reported", source=f"{origin.source} (self-reported: {why})")
+
+    return evidence.model_copy(update={
+        "tests": tuple(t.model_copy(update={"origin": relabel(t.origin)}) for t in evidence.tests),
+        "guard_probes": evidence.guard_probes and evidence.guard_probes.model_copy(
+            update={"origin": relabel(evidence.guard_probes.origin)}),
+        "support_axes": evidence.support_axes and evidence.support_axes.model_copy(
+            update={"origin": relabel(evidence.support_axes.origin)}),
+        "perf": tuple(p.model_copy(update={"origin": relabel(p.origin)}) for p in evidence.perf),
+    })
+
+
 def parse_evidence(text: str | bytes, source: str) -> Evidence:
     """Parse an evidence JSON document (what `gatekeeper collect` writes). Errors name the source and field."""
     return _parse(Evidence, text, source, MAX_EVIDENCE_BYTES)

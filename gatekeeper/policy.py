@@ -184,6 +184,16 @@ class Checks(_Strict):
         return tuple(c for c in CHECK_IDS if getattr(self, c).enabled)
 
 
+class AppSettings(_Strict):
+    """How the GitHub App applies the policy (the CLI ignores these)."""
+
+    # A required rule that waits for CI's evidence keeps the check in progress this long after the App
+    # first judged the head; then, still undecided, it concludes `action_required`.
+    evidence_wait_minutes: int = Field(default=120, ge=0, le=7 * 24 * 60)
+    # Whether a PR's author may override the gatekeeper on their own PR (with write permission).
+    allow_author_override: bool = False
+
+
 class Policy(_Strict):
     version: Literal[1]
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._ -]*$")
@@ -196,6 +206,7 @@ class Policy(_Strict):
     require_trusted: tuple[CheckId, ...] = ()
     max_files: int = Field(default=3000, ge=1, le=3000)
     checks: Checks = Checks()
+    app: AppSettings = AppSettings()
 
     def required_checks(self, mode: Mode) -> tuple[CheckId, ...]:
         enabled = self.checks.enabled()

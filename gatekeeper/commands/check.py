@@ -14,12 +14,13 @@ import sys
 from gatekeeper.changes import ChangeSet
 from gatekeeper.errors import InputError
 from gatekeeper.evaluate import evaluate
-from gatekeeper.evidence import Evidence, load_evidence
+from gatekeeper.evidence import Evidence, demote, load_evidence
+from gatekeeper.evidence_trust import untrusted_because
 from gatekeeper.policy import load_policy
 from gatekeeper.provenance import Provenance, PullRequestInfo, detect
 from gatekeeper.snapshot import Snapshot
 from gatekeeper.sources.diff import changes_from_diff
-from gatekeeper.sources.git import GitSnapshot, changes_from_git
+from gatekeeper.sources.git import GitSnapshot, changes_from_git, tree_entries
 from gatekeeper.sources.github import changes_from_pr_files, pull_request_from_json
 from gatekeeper.verdict import Signal, Status, Verdict
 
@@ -47,6 +48,11 @@ def register(subparsers) -> None:
         "--evidence", metavar="FILE", action="append", default=[],
         help="evidence JSON from `gatekeeper collect` (repeatable; the files are combined)",
     )
+    parser.add_argument(
+        "--evidence-workflow", metavar="PATH", default=".github/workflows/gatekeeper.yml",
+        help="the workflow whose evidence counts as trusted only if the change leaves it (and what it runs) as "
+             "the base has it (default: .github/workflows/gatekeeper.yml)",
+    )
     declared = parser.add_mutually_exclusive_group()
     declared.add_argument(
         "--agent-assisted", dest="declared", action="store_const", const=True,
@@ -69,9 +75,29 @@ def run(args) -> int:
     pull_request = pull_request_from_json(_read(args.pr), args.pr) if args.pr else None
     provenance = _provenance(detect(policy.policy.agent_detection, changes.commits, pull_request), args.declared)
     evidence = combine_evidence([(path, load_evidence(path)) for path in args.evidence])
+    untrusted = _evidence_untrusted_because(args, changes, snapshot) if evidence is not None else None
+    if untrusted is not None:
+        evidence = demote(evidence, untrusted)
+        print(f"gatekeeper: CI's evidence counts as self-reported: {untrusted}", file=sys.stderr)
     verdict = evaluate(policy, changes, provenance, evidence, snapshot=snapshot, pull_request=pull_request)
     _write_report(verdict, args)
     return _exit_code(verdict, args.strict)
+
+
+def _evidence_untrusted_because(args, changes: ChangeSet, snapshot: Snapshot | None) -> str | None:
+    """The App's rule where the change's source can show it: with --base, the workflow at the head must be
+    the base's, with everything it runs pinned; from a diff or PR files, the change must not touch it."""
+    workflow = args.evidence_workflow
+    if args.base is not None:
+        repo = args.repo or "."
+        head_tree, base_tree = tree_entries(repo, args.head or "HEAD"), tree_entries(repo, args.base)
+        if workflow not in head_tree and workflow not in base_tree:
+            return None  # no such workflow on either side: the evidence came from elsewhere, nothing to tell
+        return untrusted_because(workflow, snapshot.read(workflow), head_tree, base_tree)
+    touched = sorted(p for f in changes.files for p in f.paths if p == workflow or p.startswith(".github/actions/"))
+    if touched:
+        return f"the change edits the evidence workflow or its actions ({', '.join(touched)})"
+    return None
 
 
 def _check_combinations(args) -> None:

@@ -6,6 +6,7 @@ threads do the GitHub work, so GitHub gets its answer in milliseconds and a cras
 
 from __future__ import annotations
 
+import hmac
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -23,6 +24,7 @@ from gatekeeper.github.client import GitHubApp
 from gatekeeper.github.config import AppConfig
 from gatekeeper.github.context import AppContext
 from gatekeeper.github.events import ACTED_ON, EVENT_MODELS, installation_id
+from gatekeeper.github.health import Health
 from gatekeeper.github.reconcile import Reconciler
 from gatekeeper.github.store import Store
 from gatekeeper.github.worker import Worker, WorkerProcess
@@ -37,24 +39,21 @@ class _TooLarge(Exception):
 def create_app(config: AppConfig, workers: Literal["process", "threads"] = "process") -> Starlette:
     """`process`: the workers run in a child process (what `gatekeeper serve` does: acknowledging stays fast
     under load). `threads`: in this process (tests: quicker to start, one process to reason about)."""
-    state: dict = {}
+    config.private_key()  # a key that does not parse stops the server here, naming the file (InputError)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        store = Store(config.db_path, config.db_synchronous)
-        # Only one server owns a database, and its workers start after this: whatever is still marked
-        # running belonged to a process that is gone.
-        requeued = store.requeue_interrupted()
-        if requeued:
-            log.warning("requeued %d delivery(ies) interrupted by the previous shutdown", requeued)
+        # Nothing is requeued here: another server may share the database and be running those jobs. What
+        # a crashed server was running is taken over by a worker once its lease expires (Store.claim).
+        store = Store(config.db_path, config.db_synchronous, config.job_lease_s)
         if workers == "process":
             runner, reconciler = WorkerProcess(config), None
         else:
             ctx = AppContext(config, store, GitHubApp(config))
             runner, reconciler = Worker(ctx), Reconciler(ctx)
             reconciler.start()
+        app.state.store, app.state.health = store, Health(config, store, runner)
         runner.start()
-        state.update(store=store, worker=runner)
         try:
             yield
         finally:
@@ -63,17 +62,22 @@ def create_app(config: AppConfig, workers: Literal["process", "threads"] = "proc
             runner.stop()
 
     async def webhook(request: Request) -> JSONResponse:
+        # The signature comes first: nothing about an unauthenticated request is looked at further, and a
+        # request that carries none is refused before its body is received (up to 25 MB each, otherwise).
+        header = request.headers.get("x-hub-signature-256")
+        if not signature.well_formed(header):
+            return _error(401, "missing or invalid X-Hub-Signature-256", close=True)
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > config.max_body_bytes:
-            return _error(413, f"body over {config.max_body_bytes} bytes")
+            return _error(413, f"body over {config.max_body_bytes} bytes", close=True)
+        mac = signature.hasher(config.webhook_secret.get_secret_value())
         try:
-            body = await _read_capped(request, config.max_body_bytes)
+            chunks = await _read_capped(request, config.max_body_bytes, mac)
         except _TooLarge:
-            return _error(413, f"body over {config.max_body_bytes} bytes")
-        # The signature comes first: nothing about an unauthenticated request is looked at further.
-        if not signature.verify(config.webhook_secret.get_secret_value(), body,
-                                request.headers.get("x-hub-signature-256")):
+            return _error(413, f"body over {config.max_body_bytes} bytes", close=True)
+        if not signature.matches(mac, header):
             return _error(401, "missing or invalid X-Hub-Signature-256")
+        body = b"".join(chunks)  # only now: joining copies the body, and a forged one is not worth a copy
         media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if media_type != "application/json":
             return _error(415, "set the webhook content type to application/json")
@@ -98,21 +102,14 @@ def create_app(config: AppConfig, workers: Literal["process", "threads"] = "proc
             return JSONResponse({"ignored": f"{event}.{action} needs no work"}, status_code=202)
         if installation_id(parsed) is None:
             return _error(422, f"{event} payload has no installation: is this an App webhook?")
-        new = await run_in_threadpool(state["store"].enqueue, delivery, event, action, body)
+        new = await run_in_threadpool(request.app.state.store.enqueue, delivery, event, action, body)
         if not new:
             return JSONResponse({"duplicate": delivery}, status_code=200)
         return JSONResponse({"queued": delivery}, status_code=202)
 
     async def healthz(request: Request) -> JSONResponse:
-        store, worker = state.get("store"), state.get("worker")
-        try:
-            ok = store is not None and await run_in_threadpool(store.ping) and worker.alive() > 0
-            queue = await run_in_threadpool(store.queue_counts) if ok else {}
-        except Exception as exc:  # noqa: BLE001 - a broken database is exactly what this endpoint reports
-            return JSONResponse({"status": "unhealthy", "reason": type(exc).__name__}, status_code=503)
-        if not ok:
-            return JSONResponse({"status": "unhealthy"}, status_code=503)
-        return JSONResponse({"status": "ok", "workers": worker.alive(), "queue": queue})
+        status, body = await run_in_threadpool(request.app.state.health.report)
+        return JSONResponse(body, status_code=status)
 
     return Starlette(
         routes=[Route("/webhook", webhook, methods=["POST"]), Route("/healthz", healthz, methods=["GET"])],
@@ -120,14 +117,20 @@ def create_app(config: AppConfig, workers: Literal["process", "threads"] = "proc
     )
 
 
-async def _read_capped(request: Request, limit: int) -> bytes:
-    body = bytearray()
+async def _read_capped(request: Request, limit: int, mac: hmac.HMAC) -> list[bytes]:
+    """The body's chunks, fed to `mac` as they arrive; refused as soon as they pass `limit`, so no more is
+    ever held."""
+    chunks, size = [], 0
     async for chunk in request.stream():
-        body.extend(chunk)
-        if len(body) > limit:
+        size += len(chunk)
+        if size > limit:
             raise _TooLarge
-    return bytes(body)
+        mac.update(chunk)
+        chunks.append(chunk)
+    return chunks
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
+def _error(status: int, message: str, close: bool = False) -> JSONResponse:
+    # close: the rest of the body is not wanted; without it the server would read (and drop) all of it to
+    # keep the connection alive.
+    return JSONResponse({"error": message}, status_code=status, headers={"Connection": "close"} if close else None)

@@ -6,6 +6,7 @@ GitHub's limits shape it: a summary of at most 65535 characters, at most 50 anno
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 from gatekeeper.github.store import Override
@@ -16,41 +17,83 @@ ANNOTATIONS_PER_REQUEST = 50
 NAME_PREFIX = "gatekeeper / "
 NO_POLICY_NAME = NAME_PREFIX + "(no valid policy)"
 
-CONCLUSIONS = {"pass": "success", "fail": "failure", "neutral": "neutral"}
+# GitHub's branch protection and rulesets count `neutral` and `skipped` as passing a required check, so
+# the App never concludes either: only `success` lets a PR merge. Undecided is `in_progress` while CI's
+# evidence may still come, then `action_required`.
+CONCLUSIONS = {"pass": "success", "fail": "failure"}
 LEVELS = {Severity.error: "failure", Severity.warning: "warning", Severity.notice: "notice"}
+# From weakest to strongest claim against merging; a published verdict is never replaced by a weaker one.
+STRENGTH = {"success": 0, "in_progress": 1, "action_required": 2, "failure": 3}
 
 
 @dataclass(frozen=True)
 class CheckRunReport:
-    conclusion: str  # success | failure | neutral
+    conclusion: str | None  # success | failure | action_required; None: the run stays in progress
     title: str
     summary: str
     annotations: tuple[dict[str, Any], ...] = field(default=())
+    details_url: str | None = None
+
+    @property
+    def status(self) -> str:
+        return "in_progress" if self.conclusion is None else "completed"
+
+    @property
+    def outcome(self) -> str:
+        """The conclusion, or `in_progress` for an open run: what the store and the audit log record."""
+        return self.conclusion or "in_progress"
 
     def annotation_batches(self) -> list[list[dict[str, Any]]]:
         items = list(self.annotations)
         return [items[i:i + ANNOTATIONS_PER_REQUEST] for i in range(0, len(items), ANNOTATIONS_PER_REQUEST)]
 
 
+@dataclass(frozen=True)
+class MissingEvidence:
+    """What an undecided verdict lacks, where to read about it, and how to produce it."""
+
+    awaited: str  # e.g. "the `gatekeeper-evidence` artifact of `.github/workflows/gatekeeper.yml`"
+    command: str  # the exact command that produces the evidence
+    details_url: str
+    wait_until: float | None  # epoch seconds; None: nothing more is coming (concluded `action_required`)
+
+
 def check_run_name(policy_name: str) -> str:
     return NAME_PREFIX + policy_name
 
 
-def verdict_report(verdict: Verdict, summary_markdown: str, override: Override | None = None) -> CheckRunReport:
-    conclusion = CONCLUSIONS[verdict.verdict]
-    title = _title(verdict)
-    summary = summary_markdown
-    if override is not None and conclusion != "success":
-        summary = (f"> **Overridden** by @{override.actor}: {override.reason}\n>\n"
-                   f"> Without the override the conclusion would be `{conclusion}`.\n\n") + summary
-        title = f"Overridden by @{override.actor} (was {conclusion})"
-        conclusion = "neutral"
-    return CheckRunReport(conclusion, title, truncate(summary), tuple(annotations(verdict)))
+def verdict_report(verdict: Verdict, summary_markdown: str, override: Override | None = None,
+                   missing: MissingEvidence | None = None) -> CheckRunReport:
+    """`missing` is required for a neutral verdict: an undecided check must say what would decide it."""
+    notes = tuple(annotations(verdict))
+    if override is not None and verdict.verdict != "pass":
+        was = CONCLUSIONS.get(verdict.verdict, "undecided")
+        summary = (f"> **Overridden** by @{override.actor} for head `{override.head_sha[:12]}`: {override.reason}\n>\n"
+                   f"> Without the override the conclusion would be `{was}`.\n\n") + summary_markdown
+        return CheckRunReport("success", f"Overridden by @{override.actor} (was {was})", truncate(summary), notes)
+    if verdict.verdict != "neutral":
+        return CheckRunReport(CONCLUSIONS[verdict.verdict], _title(verdict), truncate(summary_markdown), notes)
+    if missing is None:
+        raise ValueError("an undecided verdict needs the missing evidence described")
+    undecided = ", ".join(r.id for r in verdict.checks if r.status is Status.neutral)
+    how = (f"**Produce the missing evidence:** {missing.awaited}. It comes from\n\n```\n{missing.command}\n```\n\n"
+           f"Details: {missing.details_url}\n\n")
+    if missing.wait_until is not None:
+        until = datetime.fromtimestamp(missing.wait_until, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        head = (f"**Waiting** for {missing.awaited} (undecided: {undecided}). The check stays in progress until "
+                f"the evidence arrives or until {until}; then, still undecided, it concludes `action_required`.\n\n")
+        return CheckRunReport(None, f"Waiting for evidence: {undecided}", truncate(head + how + summary_markdown),
+                              notes, missing.details_url)
+    head = f"**Undecided: {undecided}.** A required rule could not be decided, so this check does not pass.\n\n"
+    return CheckRunReport("action_required", f"Undecided: {undecided}", truncate(head + how + summary_markdown),
+                          notes, missing.details_url)
 
 
-def undecided_report(reason: str, title: str = "Gatekeeper could not decide") -> CheckRunReport:
-    """Neutral with the reason: what the App reports whenever it cannot reach a verdict."""
-    return CheckRunReport("neutral", title, truncate(f"**{title}.**\n\n{reason}\n"))
+def error_report(reason: str, title: str = "Could not evaluate") -> CheckRunReport:
+    """An error while judging fails the check: an unjudged change must not merge. Re-run once it is fixed."""
+    return CheckRunReport("failure", title, truncate(
+        f"**{title}.** The gatekeeper could not evaluate this pull request, so the check fails closed.\n\n"
+        f"Reason: {reason}\n\nUse the **Re-run** button once the cause is fixed.\n"))
 
 
 def too_many_files_report(count: int, limit: int) -> CheckRunReport:

@@ -8,16 +8,26 @@ Everything returned is plain data (dicts, str), so the rest of the App never tou
 
 from __future__ import annotations
 
+import base64
 import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, NamedTuple
 
 from github import Auth, Github, GithubIntegration, GithubRetry
 from github.GithubException import UnknownObjectException
 
 from gatekeeper.github.config import AppConfig
+
+
+
+class TreeEntry(NamedTuple):
+    mode: str  # git's: 100644, 100755, 120000 (symlink), 160000 (submodule), 040000 (tree)
+    type: str  # blob | tree | commit
+    sha: str
+    size: int | None
+
 
 CHECK_RUN_ACTIONS = [{"label": "Re-run", "description": "Evaluate this PR again", "identifier": "rerun"}]
 
@@ -127,7 +137,7 @@ class Installation:
         return list(self._pages(f"/repos/{repo}/pulls/{number}/commits"))
 
     def file_text(self, repo: str, path: str, ref: str) -> str | None:
-        """The text of a file at a commit; None if it does not exist there."""
+        """The text of a file at a commit; None if it does not exist there (the base branch's policy)."""
         try:
             content = self._repo(repo).get_contents(path, ref=ref)
         except UnknownObjectException:
@@ -136,9 +146,31 @@ class Installation:
             return None
         return content.decoded_content.decode("utf-8")
 
-    def tree_paths(self, repo: str, ref: str) -> list[str]:
-        tree = self._repo(repo).get_git_tree(ref, recursive=True)
-        return [item.path for item in tree.tree if item.type == "blob"]
+    def tree(self, repo: str, sha: str) -> dict[str, TreeEntry]:
+        """Every entry of the commit's tree, recursively, with git's modes and blob ids. A tree GitHub
+        truncates (over 100,000 entries) cannot show every file's mode: that is an error, not a guess."""
+        _, data = self._gh.requester.requestJsonAndCheck("GET", f"/repos/{repo}/git/trees/{sha}",
+                                                         parameters={"recursive": "1"})
+        if data.get("truncated"):
+            raise ValueError(f"GitHub truncated the tree of {repo}@{sha[:12]}: too many entries to judge")
+        return {item["path"]: TreeEntry(item["mode"], item["type"], item["sha"], item.get("size"))
+                for item in data["tree"]}
+
+    def blob(self, repo: str, sha: str) -> bytes:
+        """A blob's bytes by id: pinned by content, and served up to 100 MB (the contents API stops at 1 MB)."""
+        _, data = self._gh.requester.requestJsonAndCheck("GET", f"/repos/{repo}/git/blobs/{sha}")
+        if data.get("encoding") != "base64":
+            raise ValueError(f"blob {sha[:12]} of {repo} came in encoding {data.get('encoding')!r}, not base64")
+        return base64.b64decode(data["content"])
+
+    def compare(self, repo: str, base_sha: str, head_sha: str) -> dict[str, Any]:
+        """`base...head`: the merge base GitHub diffs a pull request against, and the changed files (GitHub
+        lists at most 300 of them; `files_complete` says whether that was all)."""
+        _, data = self._gh.requester.requestJsonAndCheck("GET", f"/repos/{repo}/compare/{base_sha}...{head_sha}",
+                                                         parameters={"per_page": 1})
+        files = data.get("files") or []
+        return {"merge_base": data["merge_base_commit"]["sha"], "files": [f["filename"] for f in files],
+                "files_complete": len(files) < 300}
 
     def open_pull_requests(self, repo: str) -> list[tuple[int, str]]:
         return [(pr.number, pr.head.sha) for pr in self._repo(repo).get_pulls(state="open")]
@@ -160,7 +192,11 @@ class Installation:
             page += 1
 
     def collaborator_permission(self, repo: str, login: str) -> str:
-        return self._repo(repo).get_collaborator_permission(login)
+        """admin | maintain | write | triage | read | none; "none" for someone GitHub does not know here."""
+        try:
+            return self._repo(repo).get_collaborator_permission(login)
+        except UnknownObjectException:
+            return "none"
 
     def evidence_artifact(self, repo: str, run_id: int, name: str) -> bytes | None:
         """The zip of the named artifact of a workflow run, or None if the run has none."""
@@ -182,37 +218,38 @@ class Installation:
 
     # ---------------------------------------------------------------------------------------- check runs
 
-    def _our_check_runs(self, repo: str, head_sha: str, app_id: int, name: str | None = None):
+    def our_check_runs(self, repo: str, head_sha: str, app_id: int, name: str | None = None) -> list[dict[str, Any]]:
         # Raw pages, not PyGithub's CheckRun objects (reading their raw_data GETs each run again). Another
         # App may use the same name; only our own runs count.
         params = {"check_name": name} if name else {}
         runs = self._pages(f"/repos/{repo}/commits/{head_sha}/check-runs", list_item="check_runs", **params)
-        return (run for run in runs if (run.get("app") or {}).get("id") == app_id)
-
-    def find_check_run(self, repo: str, head_sha: str, name: str, app_id: int) -> int | None:
-        return next((run["id"] for run in self._our_check_runs(repo, head_sha, app_id, name)), None)
+        return [run for run in runs if (run.get("app") or {}).get("id") == app_id]
 
     def has_check_run(self, repo: str, head_sha: str, name_prefix: str, app_id: int) -> bool:
-        return any(run["name"].startswith(name_prefix) for run in self._our_check_runs(repo, head_sha, app_id))
+        return any(run["name"].startswith(name_prefix) for run in self.our_check_runs(repo, head_sha, app_id))
 
-    def start_check_run(self, repo: str, head_sha: str, name: str, check_run_id: int | None) -> int:
-        """Create the check run (or reset an existing one) as in_progress; returns its id."""
-        now = datetime.now(timezone.utc)
-        repository = self._repo(repo)
-        if check_run_id is None:
-            return repository.create_check_run(name=name, head_sha=head_sha, status="in_progress",
-                                               started_at=now).id
-        repository.get_check_run(check_run_id).edit(status="in_progress", started_at=now)
-        return check_run_id
+    def create_check_run(self, repo: str, head_sha: str, name: str, external_id: str) -> int:
+        """A new, queued check run. The caller looked for one with this external_id first."""
+        return self._repo(repo).create_check_run(name=name, head_sha=head_sha, external_id=external_id,
+                                                 status="queued").id
 
-    def complete_check_run(self, repo: str, check_run_id: int, conclusion: str, title: str, summary: str,
-                           annotation_batches: list[list[dict[str, Any]]]) -> None:
-        """Complete with the first batch of annotations; GitHub appends each further batch (50 per request)."""
+    def write_check_run(self, repo: str, check_run_id: int, *, status: str, conclusion: str | None, title: str,
+                        summary: str, details_url: str | None, external_id: str,
+                        annotation_batches: list[list[dict[str, Any]]]) -> None:
+        """Put the whole report on the run: the first batch of annotations with it, then GitHub appends each
+        further batch (50 per request). `in_progress` leaves the run open with the summary shown."""
         run = self._repo(repo).get_check_run(check_run_id)
         batches = annotation_batches or [[]]
         output = {"title": title, "summary": summary, "annotations": batches[0]}
-        run.edit(status="completed", conclusion=conclusion, completed_at=datetime.now(timezone.utc),
-                 output=output, actions=CHECK_RUN_ACTIONS)
+        fields: dict[str, Any] = {"status": status, "output": output, "external_id": external_id,
+                                  "actions": CHECK_RUN_ACTIONS}
+        if details_url:
+            fields["details_url"] = details_url
+        if status == "completed":
+            fields.update(conclusion=conclusion, completed_at=datetime.now(timezone.utc))
+        else:
+            fields["started_at"] = datetime.now(timezone.utc)
+        run.edit(**fields)
         for batch in batches[1:]:
             run.edit(output={"title": title, "summary": summary, "annotations": batch})
 
@@ -234,3 +271,6 @@ class Installation:
                 comment.edit(body)
                 return comment.id
         return issue.create_comment(body).id
+
+    def reply(self, repo: str, number: int, body: str) -> int:
+        return self._repo(repo).get_issue(number).create_comment(body).id

@@ -8,7 +8,11 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
 
 from gatekeeper.errors import InputError
 
@@ -38,7 +42,7 @@ class AppConfig(BaseModel):
     policy_path: str = ".github/gatekeeper.yml"  # read from the PR's base branch, never from its head
     max_body_bytes: int = Field(default=25 * 1024 * 1024, gt=0)  # GitHub caps webhook payloads at 25 MB
     workers: int = Field(default=4, ge=1, le=64)
-    max_attempts: int = Field(default=5, ge=1)  # per delivery, before it becomes a neutral check
+    max_attempts: int = Field(default=5, ge=1)  # per delivery, before it becomes a failed check
     retry_backoff_s: float = Field(default=2.0, ge=0)  # job-level backoff base (doubles per attempt)
     http_retries: int = Field(default=5, ge=0)  # per request: 5xx and rate limits, inside PyGithub
     http_backoff_s: float = Field(default=0.5, ge=0)
@@ -54,12 +58,37 @@ class AppConfig(BaseModel):
     # so it must come from a workflow the PR cannot edit (a required workflow; see docs/evidence.md).
     evidence_workflows: tuple[str, ...] = (".github/workflows/gatekeeper.yml",)
     max_artifact_bytes: int = Field(default=50 * 1024 * 1024, gt=0)
+    # A claimed delivery is leased for this long and the lease renewed while it runs, so several servers can
+    # share one database: a job whose server died is taken over by another once its lease has run out.
+    job_lease_s: float = Field(default=60.0, gt=0)
+    # How long /healthz trusts its last "does GitHub accept the App's JWT" answer; 0 disables the check.
+    health_github_check_s: float = Field(default=60.0, ge=0)
+
+    @field_validator("webhook_secret")
+    @classmethod
+    def _secret_not_blank(cls, value: SecretStr) -> SecretStr:
+        # " " passes min_length, and anyone can sign with it: a server that verifies nothing must not start.
+        if not value.get_secret_value().strip():
+            raise PydanticCustomError("blank_secret", "must not be empty or only whitespace")
+        return value
 
     def private_key(self) -> str:
+        """The App's private key (PEM text), parsed once to prove it is one: a bad key stops the server at
+        start-up naming the file, instead of failing every GitHub call later with a misleading message."""
+        where = str(self.private_key_path)
         try:
-            return self.private_key_path.read_text(encoding="ascii")
+            text = self.private_key_path.read_text(encoding="ascii")
         except (OSError, UnicodeDecodeError) as exc:
-            raise InputError(str(self.private_key_path), f"cannot read the App private key: {exc}") from None
+            raise InputError(where, f"cannot read the App private key: {exc}") from None
+        try:
+            key = serialization.load_pem_private_key(text.encode(), password=None)
+        except (ValueError, TypeError, UnsupportedAlgorithm) as exc:  # TypeError: encrypted, needs a password
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+        else:
+            if isinstance(key, rsa.RSAPrivateKey):
+                return text
+            reason = "it is not an RSA key (GitHub App keys are RSA)"
+        raise InputError(where, f"the App private key is not a PEM RSA private key: {reason}")
 
 
 def load_config(path: str | Path | None, environ: Mapping[str, str] | None = None) -> AppConfig:

@@ -47,3 +47,4 @@ class Progress:
     head_sha: str | None = None
     check_name: str | None = None
     check_run_id: int | None = None
+    published: bool = False  # the verdict is on GitHub: a later failure may only add to it

@@ -139,6 +139,18 @@ class InstallationEvent(_Payload):
     sender: Account | None = None
 
 
+class MergeGroup(_Payload):
+    head_sha: str
+    head_ref: str  # refs/heads/gh-readonly-queue/<base>/pr-<number>-<PR head SHA>
+    base_ref: str
+    base_sha: str | None = None  # GitHub sends it; octokit's example predates it
+
+
+class MergeGroupEvent(_Event):
+    action: str
+    merge_group: MergeGroup
+
+
 class PingEvent(_Payload):
     zen: str | None = None
     hook_id: int | None = None
@@ -153,6 +165,7 @@ EVENT_MODELS: dict[str, type[_Payload]] = {
     "issue_comment": IssueCommentEvent,
     "installation": InstallationEvent,
     "installation_repositories": InstallationEvent,
+    "merge_group": MergeGroupEvent,
 }
 
 # The actions that lead to work; other actions of a known event are acknowledged and dropped.
@@ -166,6 +179,7 @@ ACTED_ON: dict[str, frozenset[str]] = {
     "issue_comment": frozenset({"created"}),
     "installation": frozenset({"created", "deleted", "suspend", "unsuspend", "new_permissions_accepted"}),
     "installation_repositories": frozenset({"added", "removed"}),
+    "merge_group": frozenset({"checks_requested"}),
 }
 
 

@@ -1,6 +1,6 @@
 """Which failures are worth retrying. A job fails for one of three reasons, and each is handled differently:
 transient (5xx, rate limit, network: retry later), token rejected (drop the cached token, retry now),
-permanent (anything else: report a neutral check with the reason, never a silent pass)."""
+permanent (anything else: fail the check with the reason, never a silent pass)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,10 @@ from enum import Enum
 
 import requests
 from github.GithubException import BadCredentialsException, GithubException, RateLimitExceededException
+
+
+class HeadMoved(Exception):
+    """A pull request kept moving while its inputs were read (pushes in quick succession): retried later."""
 
 
 class Failure(str, Enum):
@@ -27,6 +31,8 @@ def classify(exc: BaseException) -> Failure:
         if exc.status == 429 or exc.status >= 500:
             return Failure.transient
         return Failure.permanent
+    if isinstance(exc, HeadMoved):
+        return Failure.transient
     # PyGithub lets requests' errors through: refused connections, timeouts, and exhausted 5xx retries.
     if isinstance(exc, (requests.ConnectionError, requests.Timeout, requests.exceptions.RetryError)):
         return Failure.transient

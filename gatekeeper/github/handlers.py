@@ -6,27 +6,39 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import zipfile
 from collections.abc import Callable
 
 from gatekeeper.errors import InputError
 from gatekeeper.evidence import MAX_EVIDENCE_BYTES, parse_evidence
-from gatekeeper.github.checkrun import NAME_PREFIX
+from gatekeeper.github.checkrun import (
+    NAME_PREFIX,
+    NO_POLICY_NAME,
+    CheckRunReport,
+    check_run_name,
+    error_report,
+    truncate,
+)
 from gatekeeper.github.context import AppContext, Progress
+from gatekeeper.github.failures import describe
 from gatekeeper.github.events import (
     EVENT_MODELS,
     CheckRunEvent,
     CheckSuiteEvent,
     InstallationEvent,
     IssueCommentEvent,
+    MergeGroupEvent,
     PullRequestEvent,
     PullRequestRef,
     WorkflowRunEvent,
     installation_id,
 )
-from gatekeeper.github.overrides import may_override, parse_override
-from gatekeeper.github.review import review_pull_request
-from gatekeeper.github.store import Job
+from gatekeeper.github.overrides import OverrideRequest, may_override, parse_override
+from gatekeeper.github.publish import publish
+from gatekeeper.github.review import DEADLINE_EVENT, review_pull_request
+from gatekeeper.github.store import EvaluationKey, Job
+from gatekeeper.policy import load_policy_text
 
 SWEEP_EVENT = "gatekeeper_sweep"  # synthetic deliveries queued by the reconciliation sweep
 EVIDENCE_FILE = "evidence.json"  # inside the evidence artifact's zip
@@ -38,6 +50,10 @@ def handle(ctx: AppContext, job: Job, progress: Progress) -> str:
         data = json.loads(job.payload)
         return review_pull_request(ctx, data["installation_id"], data["repo"], data["pr"], progress,
                                    delivery_id=job.delivery_id)
+    if job.event == DEADLINE_EVENT:  # the head's evidence wait is over: judge it again, if it is still the head
+        data = json.loads(job.payload)
+        return review_pull_request(ctx, data["installation_id"], data["repo"], data["pr"], progress, force=True,
+                                   delivery_id=job.delivery_id, head_sha=data["head_sha"])
     event = EVENT_MODELS[job.event].model_validate_json(job.payload)
     return HANDLERS[job.event](ctx, event, job, progress)
 
@@ -97,7 +113,8 @@ def _workflow_run(ctx: AppContext, event: WorkflowRunEvent, job: Job, progress: 
     except InputError as exc:
         ctx.store.audit("error", repo, None, run.head_sha, reason=str(exc), delivery_id=job.delivery_id)
         return f"rejected evidence: {exc}"
-    ctx.store.put_evidence(repo, run.head_sha, hashlib.sha256(document.encode()).hexdigest(), document, run.id)
+    ctx.store.put_evidence(repo, run.head_sha, hashlib.sha256(document.encode()).hexdigest(), document, run.id,
+                           run.path)
     numbers = _pull_numbers(ctx, event, run.head_sha, run.pull_requests)
     outcomes = [review_pull_request(ctx, installation_id(event), repo, n, progress, delivery_id=job.delivery_id)
                 for n in numbers]
@@ -126,21 +143,110 @@ def _issue_comment(ctx: AppContext, event: IssueCommentEvent, job: Job, progress
     repo, number, actor = event.repository.full_name, event.issue.number, event.comment.user.login
     gh = ctx.github.installation(installation_id(event))
     progress.installation_id, progress.repo, progress.pr = installation_id(event), repo, number
-    head_sha = gh.pull_request(repo, number)["head"]["sha"]
-    if not request.valid:
+    pr = gh.pull_request(repo, number)
+    head_sha = pr["head"]["sha"]
+    refusal = request.problem or _override_refusal(ctx, gh, repo, pr, actor, request)
+    if refusal is not None:
         ctx.store.audit("override_refused", repo, number, head_sha, actor=actor,
-                        reason="no reason given: use `/gatekeeper override <reason>`", delivery_id=job.delivery_id)
-        return "refused override: no reason given"
-    permission = gh.collaborator_permission(repo, actor)
-    if not may_override(permission):
-        ctx.store.audit("override_refused", repo, number, head_sha, actor=actor,
-                        reason=f"permission {permission!r} is below write: {request.reason}",
-                        delivery_id=job.delivery_id)
-        return f"refused override by @{actor}: permission {permission}"
+                        reason=f"{refusal} ({request.reason or 'no reason'})", delivery_id=job.delivery_id)
+        _reply(ctx, gh, repo, number, head_sha, job,
+               f"@{actor} the gatekeeper override was refused: {refusal}.")
+        return f"refused override by @{actor}: {refusal}"
     # The override holds for this head only: a new push is a new change and is judged afresh.
     ctx.store.add_override(repo, number, head_sha, actor, request.reason, job.delivery_id)
     return review_pull_request(ctx, installation_id(event), repo, number, progress, force=True,
-                               delivery_id=job.delivery_id)
+                               delivery_id=job.delivery_id, head_sha=head_sha)
+
+
+def _override_refusal(ctx: AppContext, gh, repo: str, pr: dict, actor: str, request: OverrideRequest) -> str | None:
+    head_sha = pr["head"]["sha"]
+    if not request.approves(head_sha):
+        return (f"it names head `{request.head_prefix}`, but the head is now `{head_sha[:12]}`; an override approves "
+                f"only the head its author reviewed, so comment again naming `{head_sha[:12]}` once you have")
+    permission = gh.collaborator_permission(repo, actor)
+    if not may_override(permission):
+        return f"@{actor}'s permission on {repo} is `{permission}`; an override needs write, maintain or admin"
+    if actor == (pr.get("user") or {}).get("login") and not _policy_allows_author_override(ctx, gh, repo, pr):
+        return "the pull request's author may not override its gatekeeper check (policy `app.allow_author_override`)"
+    return None
+
+
+def _policy_allows_author_override(ctx: AppContext, gh, repo: str, pr: dict) -> bool:
+    """The base commit's policy decides; a missing or invalid policy allows nothing."""
+    text = gh.file_text(repo, ctx.config.policy_path, pr["base"]["sha"])
+    try:
+        return text is not None and load_policy_text(text, ctx.config.policy_path).policy.app.allow_author_override
+    except InputError:
+        return False
+
+
+def _reply(ctx: AppContext, gh, repo: str, number: int, head_sha: str, job: Job, body: str) -> None:
+    """A reply only adds: if GitHub refuses it (e.g. the App may not comment), the refusal stays audited."""
+    try:
+        gh.reply(repo, number, body)
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        ctx.store.audit("error", repo, number, head_sha, reason=f"the reply could not be posted: {describe(exc)}",
+                        delivery_id=job.delivery_id)
+
+
+# A merge queue's temporary branch names the pull request and the PR head it merges.
+_QUEUE_REF = re.compile(r"^(?:refs/heads/)?gh-readonly-queue/.+/pr-(?P<number>\d+)-(?P<head>[0-9a-f]{40})$")
+
+
+def _merge_group(ctx: AppContext, event: MergeGroupEvent, job: Job, progress: Progress) -> str:
+    """A merge group carries the verdict of the pull request it merges: success only if the gatekeeper
+    published success (or an override) for exactly that PR head, and the group changes no file that PR
+    does not. The group's own check run has the required check's name, so the queue can wait for it."""
+    group, repo = event.merge_group, event.repository.full_name
+    gh = ctx.github.installation(installation_id(event))
+    progress.installation_id, progress.repo, progress.head_sha = installation_id(event), repo, group.head_sha
+    base = group.base_sha or group.base_ref
+    text = gh.file_text(repo, ctx.config.policy_path, base)
+    loaded, problem = None, f"No policy file `{ctx.config.policy_path}` at the group's base `{base}`."
+    try:
+        loaded = load_policy_text(text, f"{repo}@{base}:{ctx.config.policy_path}") if text is not None else None
+    except InputError as exc:
+        problem = f"The policy at the group's base is invalid: `{exc}`"
+    if loaded is None:
+        report, name = error_report(problem, title="No valid gatekeeper policy"), NO_POLICY_NAME
+    else:
+        name = check_run_name(loaded.policy.name)
+        progress.check_name = name
+        report = _merge_group_report(ctx, gh, event, progress)
+    key = EvaluationKey(repo, 0, group.head_sha, loaded.sha256 if loaded else "",
+                        hashlib.sha256(f"{group.head_ref}:{report.outcome}".encode()).hexdigest())
+    _, outcome = publish(ctx, gh, key, name, report, delivery_id=job.delivery_id, evidence_sha256=None)
+    progress.published = True
+    return f"merge group {group.head_sha[:12]}: {outcome}"
+
+
+def _merge_group_report(ctx: AppContext, gh, event: MergeGroupEvent, progress: Progress) -> CheckRunReport:
+    group, repo = event.merge_group, event.repository.full_name
+    match = _QUEUE_REF.match(group.head_ref)
+    if match is None:
+        return error_report(f"the merge group's ref `{group.head_ref}` does not name a pull request and its head")
+    number, pr_head = int(match.group("number")), match.group("head")
+    decision = ctx.store.latest_decision(repo, number, pr_head)
+    if decision is None:  # not judged here yet (e.g. the App was installed after the PR was last pushed)
+        review_pull_request(ctx, installation_id(event), repo, number, Progress(), delivery_id=None, head_sha=pr_head)
+        decision = ctx.store.latest_decision(repo, number, pr_head)
+    if decision != "success":
+        return CheckRunReport("failure", f"PR #{number} is not passed by the gatekeeper", truncate(
+            f"The merge group merges PR #{number} at `{pr_head[:12]}`, whose gatekeeper check is "
+            f"`{decision or 'missing'}`. Only a PR head the gatekeeper passed may be merged.\n"))
+    compared = gh.compare(repo, group.base_sha or group.base_ref, group.head_sha)
+    entries = gh.pull_request_files(repo, number, 3000)
+    judged = {e["filename"] for e in entries} | {e["previous_filename"] for e in entries if e.get("previous_filename")}
+    extra = sorted(set(compared["files"]) - judged)
+    if extra or not compared["files_complete"]:
+        why = (f"it changes files PR #{number} does not: {', '.join(extra[:10])}" if extra
+               else "it changes more than the 300 files GitHub can list for a comparison")
+        return CheckRunReport("failure", "Merge group holds more than the judged PR", truncate(
+            f"The merge group cannot carry PR #{number}'s verdict: {why}. The gatekeeper judges merge groups of "
+            f"one pull request each (set the merge queue's maximum group size to 1).\n"))
+    return CheckRunReport("success", f"Carries PR #{number}'s verdict", truncate(
+        f"The merge group merges PR #{number} at `{pr_head[:12]}`, which the gatekeeper passed, and changes no "
+        f"other file.\n"))
 
 
 def _installation(ctx: AppContext, event: InstallationEvent, job: Job, progress: Progress) -> str:
@@ -160,4 +266,5 @@ HANDLERS: dict[str, Callable[[AppContext, object, Job, Progress], str]] = {
     "issue_comment": _issue_comment,
     "installation": _installation,
     "installation_repositories": _installation,
+    "merge_group": _merge_group,
 }

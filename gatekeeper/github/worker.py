@@ -1,5 +1,5 @@
 """Worker threads that drain the SQLite queue. Retries transient failures with backoff, renews a rejected
-token at once, and turns a permanent failure into a neutral check with the reason."""
+token at once, and turns a permanent failure into a failed check ("Could not evaluate") with the reason."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import logging
 import multiprocessing
 import os
 import signal
+import sqlite3
 import sys
 import threading
+import time
 
 from github.GithubException import GithubException
 
@@ -19,14 +21,21 @@ from gatekeeper.github.context import AppContext, Progress
 from gatekeeper.github.failures import Failure, classify, describe
 from gatekeeper.github.handlers import handle
 from gatekeeper.github.reconcile import Reconciler
-from gatekeeper.github.review import report_undecided
-from gatekeeper.github.store import Job, Store
+from gatekeeper.github.review import report_error
+from gatekeeper.github.store import Job, Store, new_owner
 
 log = logging.getLogger(__name__)
 
 # How often idle workers look for work nothing woke them for: deliveries taken in by the web process (the
 # worker process gets no other signal of them) and retries whose backoff has passed.
 IDLE_POLL_S = 0.1
+# How often the workers write their heartbeat (what /healthz reads) and renew the leases of their jobs.
+HEARTBEAT_S = 1.0
+
+
+def heartbeat_interval(config: AppConfig) -> float:
+    """At least three beats per lease, so that a lease outlives a beat or two delayed by a busy database."""
+    return min(HEARTBEAT_S, config.job_lease_s / 3)
 
 
 class Worker:
@@ -34,43 +43,87 @@ class Worker:
         self._ctx = ctx
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._heartbeat: threading.Thread | None = None
+        self.owner = ctx.store.owner  # the id of its leases and heartbeat
+        self.started_at = time.time()
 
     def start(self) -> None:
         for i in range(self._ctx.config.workers):
             thread = threading.Thread(target=self._loop, name=f"gatekeeper-worker-{i}", daemon=True)
             thread.start()
             self._threads.append(thread)
+        self._beat()  # before start() returns: the server is healthy as soon as it answers
+        self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="gatekeeper-heartbeat", daemon=True)
+        self._heartbeat.start()
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
         self._ctx.store.wake_all()
-        for thread in self._threads:
+        for thread in self._threads + ([self._heartbeat] if self._heartbeat else []):
             thread.join(timeout)
+        try:  # jobs not finished by now are abandoned: another server may take them at once, not a lease later
+            expired = self._ctx.store.expire_leases()
+        except sqlite3.Error as exc:
+            log.warning("could not hand over the unfinished jobs (taken over when their leases expire): %s", exc)
+        else:
+            if expired:
+                log.warning("stopped with %d delivery(ies) unfinished; another worker may take them over", expired)
 
     def alive(self) -> int:
         return sum(t.is_alive() for t in self._threads)
+
+    def exitcode(self) -> int | None:
+        return None  # threads of this process: they cannot exit without it
+
+    def _heartbeat_loop(self) -> None:
+        try:
+            while not self._stop.wait(heartbeat_interval(self._ctx.config)):
+                self._beat()
+        finally:
+            self._ctx.store.close()
+
+    def _beat(self) -> None:
+        try:
+            self._ctx.store.heartbeat(self.alive())
+        except sqlite3.Error as exc:  # healthz sees the heartbeat age; the leases expire if this goes on
+            log.warning("heartbeat not recorded: %s", exc)
 
     def _loop(self) -> None:
         store = self._ctx.store
         try:
             while not self._stop.is_set():
-                job = store.claim()
+                try:
+                    job = store.claim()
+                except sqlite3.Error as exc:  # a locked or broken database must not end the thread for good
+                    log.warning("could not claim a delivery: %s", exc)
+                    self._stop.wait(1.0)
+                    continue
                 if job is None:
                     store.wait_for_work(IDLE_POLL_S)
                     continue
-                self.run(job)
+                try:
+                    self.run(job)
+                except Exception:  # noqa: BLE001 - recording the outcome failed (the database): keep the thread
+                    log.exception("delivery %s: outcome not recorded; it runs again when its lease expires",
+                                  job.delivery_id)
+                    store.abandon(job.delivery_id)
         finally:
             store.close()
 
     def run(self, job: Job) -> None:
+        limit = self._ctx.config.max_attempts
+        if job.attempts > limit:  # only a takeover gets here: earlier attempts' workers died mid-job
+            self._ctx.store.fail(job.delivery_id, f"gave up: attempt {job.attempts} of at most {limit}; the "
+                                                  "earlier attempts were interrupted (their worker died)")
+            return
         progress = Progress()
         try:
             outcome = handle(self._ctx, job, progress)
         except Exception as exc:  # noqa: BLE001 - every failure is classified and reported, none is dropped
             self._failed(job, progress, exc)
         else:
-            self._ctx.store.finish(job.delivery_id, outcome)
-            log.info("delivery %s (%s.%s): %s", job.delivery_id, job.event, job.action, outcome)
+            if self._ctx.store.finish(job.delivery_id, outcome):  # False: the lease was lost (logged)
+                log.info("delivery %s (%s.%s): %s", job.delivery_id, job.event, job.action, outcome)
 
     def _failed(self, job: Job, progress: Progress, exc: Exception) -> None:
         config, store = self._ctx.config, self._ctx.store
@@ -88,12 +141,12 @@ class Worker:
         if kind is Failure.permanent and not isinstance(exc, GithubException):  # a bug: keep the traceback
             log.exception("delivery %s failed", job.delivery_id, exc_info=exc)
         reported = False
-        try:
-            reported = report_undecided(self._ctx, progress, reason)
+        try:  # a worker whose lease was taken over leaves the reporting to the job's new holder
+            reported = store.holds(job.delivery_id) and report_error(self._ctx, progress, reason)
         except Exception as report_exc:  # noqa: BLE001 - GitHub may be the very thing that is down
-            reason += f"; and the neutral check could not be posted: {describe(report_exc)}"
+            reason += f"; and the failed check could not be posted: {describe(report_exc)}"
         store.fail(job.delivery_id, reason, progress.repo, progress.pr, progress.head_sha,
-                   conclusion="neutral" if reported else None, check_run_id=progress.check_run_id)
+                   conclusion="failure" if reported else None, check_run_id=progress.check_run_id)
         log.error("delivery %s (%s) failed: %s", job.delivery_id, job.event, reason)
 
 
@@ -107,12 +160,16 @@ class WorkerProcess:
     def __init__(self, config: AppConfig):
         self._config = config
         self._process: multiprocessing.process.BaseProcess | None = None
+        self.owner = new_owner()  # given to the child: healthz finds its heartbeat under this id
+        self.started_at = time.time()
 
     def start(self) -> None:
         ctx = multiprocessing.get_context("spawn")  # no inherited event loop, threads or sockets
         # The dump masks the webhook secret, and that is right: workers never verify webhooks.
-        self._process = ctx.Process(target=run_worker_process, args=(self._config.model_dump_json(), os.getpid()),
+        self._process = ctx.Process(target=run_worker_process,
+                                    args=(self._config.model_dump_json(), os.getpid(), self.owner),
                                     name="gatekeeper-workers", daemon=True)
+        self.started_at = time.time()
         self._process.start()
 
     def stop(self, timeout: float = 15.0) -> None:
@@ -122,17 +179,18 @@ class WorkerProcess:
             if self._process.is_alive():
                 self._process.kill()
 
-    def alive(self) -> int:
-        return self._config.workers if self._process is not None and self._process.is_alive() else 0
+    def exitcode(self) -> int | None:
+        """None while the worker process runs (or before it started); negative: killed by that signal."""
+        return None if self._process is None else self._process.exitcode
 
 
-def run_worker_process(config_json: str, server_pid: int) -> None:
+def run_worker_process(config_json: str, server_pid: int, owner: str) -> None:
     """Entry point of the worker process."""
     _die_with_parent()
     if os.getppid() != server_pid:  # the server died before the line above took effect
         return
     config = AppConfig.model_validate_json(config_json)
-    store = Store(config.db_path, config.db_synchronous)
+    store = Store(config.db_path, config.db_synchronous, config.job_lease_s, owner)
     ctx = AppContext(config, store, GitHubApp(config))
     worker, reconciler = Worker(ctx), Reconciler(ctx)
     stop = threading.Event()

@@ -17,6 +17,7 @@ import subprocess
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
+from typing import NamedTuple
 
 from gatekeeper.changes import SYMLINK_MODE, ChangeSet, Commit, FileChange, FileStatus
 from gatekeeper.errors import InputError
@@ -52,6 +53,24 @@ def changes_from_git(repo: str | Path, base: str, head: str = "HEAD") -> ChangeS
     files = _complete_from_raw(files, _parse_raw(raw, git.source), git)
     commits = _commits(git, base_sha, head_sha)
     return ChangeSet(source="git", files=tuple(files), base_sha=merge_base, head_sha=head_sha, commits=commits)
+
+
+class TreeEntry(NamedTuple):
+    mode: str
+    type: str
+    sha: str
+
+
+def tree_entries(repo: str | Path, ref: str) -> dict[str, TreeEntry]:
+    """Every entry of the commit's tree with its mode and object id, as GitHub's trees API lists them."""
+    git = _Git(repo)
+    listing = git.run("ls-tree", "-r", "-z", "--full-tree", git.commit_sha(ref), what="git ls-tree")
+    entries = {}
+    for record in filter(None, listing.split("\0")):
+        meta, path = record.split("\t", 1)
+        mode, kind, sha = meta.split()
+        entries[path] = TreeEntry(mode, kind, sha)
+    return entries
 
 
 class GitSnapshot:

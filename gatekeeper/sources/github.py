@@ -5,7 +5,8 @@
   commits  "List commits on a pull request": an array of commit objects, oldest first.
   pull     "Get a pull request": the pull request object.
 
-What GitHub's PR files cannot show, and what that means here:
+What GitHub's PR files cannot show, and what that means here (the App adds it back from the trees and
+blobs of the head and the merge base, `with_tree_facts`; saved files alone cannot):
   * no file modes: a symlink or a mode change looks like any other file, so old_mode, new_mode and
     symlink_target stay None (unknown). Read the change from git when those matter.
     Submodules are the one exception, inferred (fail-closed, so a false alarm is possible, a miss is not
@@ -25,11 +26,12 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gatekeeper.changes import SUBMODULE_MODE, ChangeSet, Commit, FileChange, FileStatus
+from gatekeeper.changes import SUBMODULE_MODE, SYMLINK_MODE, ChangeSet, Commit, FileChange, FileStatus
 from gatekeeper.errors import InputError
 from gatekeeper.provenance import PullRequestInfo
 from gatekeeper.sources.diff import hunk_line_numbers, parse_hunks
@@ -188,6 +190,43 @@ def _looks_like_submodule(entry: DiffEntry) -> bool:
         return False
     changed = [line for line in entry.patch.split("\n") if line[:1] in ("+", "-")]
     return bool(changed) and all(_SUBPROJECT_LINE.fullmatch(line) for line in changed)
+
+
+BINARY_SNIFF_BYTES = 8000  # git's own test: a NUL byte in the first 8000 bytes makes content binary
+
+
+class _TreeEntry(Protocol):
+    mode: str
+    sha: str
+
+
+def with_tree_facts(changes: ChangeSet, head_tree: Mapping[str, _TreeEntry], old_tree: Mapping[str, _TreeEntry],
+                    blobs: Mapping[str, bytes]) -> ChangeSet:
+    """The ChangeSet with what git shows and the file list does not, so that the App judges exactly as
+    `gatekeeper check --base` does: both modes of every file (from the head's and the merge base's trees),
+    symlink targets, binary content (a file shown without a patch whose blob has a NUL byte), and that a
+    file shown without a patch changed no line when its content did not change or it is an empty file.
+    `blobs` maps blob ids to content, for the symlinks and the files without a patch."""
+    files = tuple(_tree_facts(change, head_tree, old_tree, blobs) for change in changes.files)
+    return changes.model_copy(update={"files": files})
+
+
+def _tree_facts(change: FileChange, head_tree: Mapping[str, _TreeEntry], old_tree: Mapping[str, _TreeEntry],
+                blobs: Mapping[str, bytes]) -> FileChange:
+    new = head_tree.get(change.path) if change.status is not FileStatus.removed else None
+    old = old_tree.get(change.old_path or change.path) if change.status is not FileStatus.added else None
+    update: dict[str, Any] = {"new_mode": new.mode if new else change.new_mode,
+                              "old_mode": old.mode if old else change.old_mode}
+    if new is not None and new.mode == SYMLINK_MODE and new.sha in blobs:
+        update["symlink_target"] = blobs[new.sha].decode("utf-8", "surrogateescape")
+    if not change.has_patch:
+        sides = [blobs.get(side.sha) for side in (new, old) if side is not None]
+        update["binary"] = change.binary or any(d is not None and b"\0" in d[:BINARY_SNIFF_BYTES] for d in sides)
+        # No line changed when the content did not (a pure rename, a mode change) or an empty file came or went.
+        unchanged = new is not None and old is not None and new.sha == old.sha
+        empty = (new is None) != (old is None) and sides == [b""]
+        update["has_patch"] = (unchanged or empty) and not update["binary"]
+    return change.model_copy(update=update)
 
 
 def _commit(entry: _PullCommit) -> Commit:

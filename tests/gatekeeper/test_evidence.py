@@ -111,3 +111,21 @@ def test_deeply_nested_json_is_an_input_error():
 def test_origin_needs_a_known_trust_level():
     with pytest.raises(ValueError):
         Origin(trust="very trusted", source="me")
+
+
+def test_demote_relabels_every_part_self_reported_with_the_reason():
+    from gatekeeper.evidence import demote
+
+    origin = {"trust": "trusted", "source": "collector"}
+    evidence = parse_evidence(json.dumps({
+        "tests": [{"origin": origin, "label": "tests", "tests": [], "contexts": [], "files": []}],
+        "guard_probes": {"origin": origin, "guard": "m:f", "results": []},
+        "support_axes": {"origin": origin, "source": "m:M", "axes": {"tp": [8]}},
+        "perf": [{"origin": origin, "evidence": perf_doc()}],
+    }), "e.json")
+    demoted = demote(evidence, "the PR edits the workflow")
+    origins = [demoted.tests[0].origin, demoted.guard_probes.origin, demoted.support_axes.origin,
+               demoted.perf[0].origin]
+    assert {o.trust for o in origins} == {"self_reported"}
+    assert all(o.source == "collector (self-reported: the PR edits the workflow)" for o in origins)
+    assert demote(parse_evidence("{}", "empty.json"), "x") == parse_evidence("{}", "empty.json")

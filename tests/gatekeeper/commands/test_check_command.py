@@ -192,3 +192,26 @@ def test_contradicting_evidence_files_are_an_input_error(policy_file, tmp_path, 
     args = ["check", "--policy", str(policy_file), *map(str, _pr_args(CONFINED))]
     assert main([*args, "--evidence", str(first), "--evidence", str(second)]) == 2
     assert f"{second}: guard_probes is also given by {first}; give it in one evidence file only" in capsys.readouterr().err
+
+
+def test_evidence_from_a_workflow_the_change_edits_counts_as_self_reported(policy_file, tmp_path, capsys):
+    """The App's trust rule where the CLI can tell: with --base, from the two trees."""
+    repo = _repo_with_a_readme(tmp_path)
+    workflow = repo / ".github" / "workflows" / "gatekeeper.yml"
+    workflow.parent.mkdir(parents=True)
+    workflow.write_text("on: pull_request\njobs:\n  e:\n    steps:\n      - run: gatekeeper collect\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "the evidence workflow")
+    (repo / "kimi_k3_path" / "ops.py").write_text("x = 1\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "a change that leaves the workflow")
+    evidence = _evidence_file(tmp_path, "e.json", tests=[_run("cpu")])
+    args = ["check", "--policy", str(policy_file), "--repo", str(repo), "--evidence", str(evidence), "--format", "json"]
+    main([*args, "--base", "HEAD~1"])
+    assert "self-reported" not in capsys.readouterr().err
+    workflow.write_text(workflow.read_text() + "      - run: echo forged > evidence.json\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "a change that edits it")
+    main([*args, "--base", "HEAD~2"])
+    err = capsys.readouterr().err
+    assert "CI's evidence counts as self-reported: the pull request changes `.github/workflows/gatekeeper.yml`" in err

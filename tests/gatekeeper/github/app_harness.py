@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from starlette.applications import Starlette
 
 from gatekeeper.github.config import AppConfig
 from gatekeeper.github.signature import sign
@@ -38,6 +39,7 @@ class RunningApp:
     url: str
     config: AppConfig
     client: httpx.Client
+    asgi: Starlette | None = None  # the App itself: its state holds the store and the health checks
 
     def send(self, event: str, payload: dict[str, Any] | bytes, delivery: str | None = None,
              secret: str = SECRET, headers: dict[str, str] | None = None) -> httpx.Response:
@@ -50,6 +52,16 @@ class RunningApp:
 
     def store(self) -> Store:
         return Store(self.config.db_path)
+
+    def wait_healthy(self, timeout: float = 30.0) -> dict[str, Any]:
+        """Block until /healthz answers 200 (a worker process reports once it has started); returns its body."""
+        deadline = time.monotonic() + timeout
+        while True:
+            response = self.client.get(self.url + "/healthz")
+            if response.status_code == 200 or time.monotonic() > deadline:
+                assert response.status_code == 200, response.text
+                return response.json()
+            time.sleep(0.05)
 
     def wait_done(self, delivery: str, timeout: float = 15.0) -> dict[str, Any]:
         """Block until the delivery is finished or failed (bounded); returns its row."""

@@ -45,11 +45,12 @@ def start_app(rsa_keys, fake, tmp_path) -> Iterator[Callable[..., RunningApp]]:
 
     def start(workers: str = "threads", **overrides: Any) -> RunningApp:
         config = make_config(rsa_keys, fake, tmp_path, **overrides)
-        server = serve(create_app(config, workers=workers))
+        asgi = create_app(config, workers=workers)
+        server = serve(asgi)
         url = server.__enter__()
         client = httpx.Client(timeout=10)
         stack.append((server, client))
-        return RunningApp(url, config, client)
+        return RunningApp(url, config, client, asgi)
 
     yield start
     for server, client in reversed(stack):

@@ -9,6 +9,7 @@ the test sets up.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import copy
 import functools
@@ -97,9 +98,13 @@ class FakeRepo:
     full_name: str
     id: int
     installation_id: int
-    trees: dict[str, dict[str, str]] = field(default_factory=dict)  # commit sha -> path -> text
+    trees: dict[str, dict[str, str | bytes]] = field(default_factory=dict)  # commit sha -> path -> content
+    modes: dict[str, dict[str, str]] = field(default_factory=dict)  # commit sha -> path -> git mode (default 100644)
+    compares: dict[tuple[str, str], list[str]] = field(default_factory=dict)  # (base, head) -> changed paths
+    branches: dict[str, str] = field(default_factory=dict)  # branch name -> commit sha
     pulls: dict[int, FakePull] = field(default_factory=dict)
-    permissions: dict[str, str] = field(default_factory=dict)  # login -> admin | write | read | none
+    # login -> admin | write | read | none; a login not listed gets 404 (not a collaborator, unknown user)
+    permissions: dict[str, str] = field(default_factory=dict)
     check_runs: dict[int, dict[str, Any]] = field(default_factory=dict)
     comments: dict[int, dict[str, Any]] = field(default_factory=dict)
     artifacts: dict[int, list[tuple[int, str, bytes]]] = field(default_factory=dict)  # run id -> artifacts
@@ -109,8 +114,25 @@ class FakeRepo:
 class Fault:
     method: str
     pattern: re.Pattern
-    status: int
+    status: int | None  # None: the real answer (after the delay; or lost, see below)
     remaining: int
+    delay_s: float = 0.0  # answer this late
+    retry_after: int | None = None  # a Retry-After header on the injected answer
+    lost: bool = False  # do the work, then lose the answer: the client sees `status` (502 if None)
+
+
+@dataclass
+class HeadMove:
+    """After `after` matching requests, the PR's head moves (a push between two of the App's calls)."""
+
+    method: str
+    pattern: re.Pattern
+    number: int
+    after: int
+    head_sha: str
+    files: list[dict[str, Any]] | None
+    repo: str = ""
+    seen: int = 0
 
 
 class FakeGitHub:
@@ -127,6 +149,9 @@ class FakeGitHub:
         self.violations: list[str] = []
         self.check_run_patches: list[tuple[int, dict[str, Any]]] = []
         self._faults: list[Fault] = []
+        self._moves: list[HeadMove] = []
+        self.blobs: dict[str, bytes] = {}  # blob id -> content, filled as trees are served
+        self.pr_changed_files_override: int | None = None  # a PR object whose changed_files lags its file list
         self._revoke_on: tuple[str, re.Pattern] | None = None
         self._ids = itertools.count(1000)
         self._lock = threading.RLock()
@@ -143,9 +168,22 @@ class FakeGitHub:
         self.repos[full_name] = repo
         return repo
 
-    def fail(self, method: str, path_regex: str, status: int, times: int = 1) -> None:
-        """The next `times` matching requests get `status` (then the real answer again)."""
-        self._faults.append(Fault(method.upper(), re.compile(path_regex), status, times))
+    def fail(self, method: str, path_regex: str, status: int | None, times: int = 1, *, delay_s: float = 0.0,
+             retry_after: int | None = None, lost: bool = False) -> None:
+        """The next `times` matching requests get `status` (then the real answer again). `delay_s` answers
+        late; `lost` does the work first and then answers `status` (a POST whose answer never arrived)."""
+        self._faults.append(Fault(method.upper(), re.compile(path_regex), status, times, delay_s, retry_after, lost))
+
+    def delay(self, method: str, path_regex: str, seconds: float, times: int = 1) -> None:
+        """The next `times` matching requests are answered correctly, `seconds` late."""
+        self.fail(method, path_regex, None, times, delay_s=seconds)
+
+    def move_head(self, full_name: str, number: int, head_sha: str, *, after: tuple[str, str, int],
+                  files: list[dict[str, Any]] | None = None) -> None:
+        """Push `head_sha` (with `files`, if given) to PR `number` once `after` = (method, path regex, n)
+        has matched n requests: between two of the App's calls, as a real push can."""
+        method, regex, n = after
+        self._moves.append(HeadMove(method.upper(), re.compile(regex), number, n, head_sha, files, full_name))
 
     def revoke_tokens_on(self, method: str, path_regex: str) -> None:
         """When the first matching request arrives, every token issued so far stops working (as if it had
@@ -157,11 +195,13 @@ class FakeGitHub:
         with self._lock:
             self.tokens = {t: (i, 0.0) for t, (i, _) in self.tokens.items()}
 
-    def add_check_run(self, full_name: str, head_sha: str, name: str, status: str = "in_progress") -> int:
+    def add_check_run(self, full_name: str, head_sha: str, name: str, status: str = "in_progress",
+                      external_id: str = "") -> int:
         """A check run of this App that exists on GitHub already (e.g. created just before a crash)."""
         repo = self.repos[full_name]
         run_id = next(self._ids)
-        repo.check_runs[run_id] = self._check_run(repo, run_id, {"name": name, "head_sha": head_sha, "status": status})
+        repo.check_runs[run_id] = self._check_run(repo, run_id, {"name": name, "head_sha": head_sha, "status": status,
+                                                                  "external_id": external_id})
         return run_id
 
     def check_runs(self, full_name: str, head_sha: str | None = None) -> list[dict[str, Any]]:
@@ -182,6 +222,8 @@ class FakeGitHub:
             Route(r + "/pulls/{number:int}/commits", self.pull_commits, methods=["GET"]),
             Route(r + "/contents/{path:path}", self.get_contents, methods=["GET"]),
             Route(r + "/git/trees/{sha}", self.get_tree, methods=["GET"]),
+            Route(r + "/git/blobs/{sha}", self.get_blob, methods=["GET"]),
+            Route(r + "/compare/{basehead}", self.compare, methods=["GET"]),
             Route(r + "/check-runs", self.create_check_run, methods=["POST"]),
             Route(r + "/check-runs/{id:int}", self.update_check_run, methods=["PATCH"]),
             Route(r + "/commits/{ref}/check-runs", self.list_check_runs, methods=["GET"]),
@@ -200,29 +242,55 @@ class FakeGitHub:
                 self._revoke_on = None
                 self.revoke_tokens()
             fault = self._take_fault(method, path)
-            if fault is not None:
-                self.calls.append((method, path, fault))
-                response = JSONResponse({"message": f"injected {fault}"}, status_code=fault)
+            if fault is not None and fault.delay_s:
+                await asyncio.sleep(fault.delay_s)
+            if fault is not None and fault.status is not None and not fault.lost:
+                self.calls.append((method, path, fault.status))
+                headers = {"Retry-After": str(fault.retry_after)} if fault.retry_after is not None else None
+                response = JSONResponse({"message": f"injected {fault.status}"}, status_code=fault.status,
+                                        headers=headers)
                 return await response(scope, receive, send)
             statuses: list[int] = []
+            lost = fault is not None and fault.lost
 
             async def record(message):
                 if message["type"] == "http.response.start":
                     statuses.append(message["status"])
-                await send(message)
+                if not lost:
+                    await send(message)
 
             await self.app(scope, receive, record)
             self.calls.append((method, path, statuses[0] if statuses else 0))
+            self._after_request(method, path)
+            if lost:  # the work is done; the client never learns it
+                response = JSONResponse({"message": "injected: answer lost"}, status_code=fault.status or 502)
+                return await response(scope, receive, send)
             return None
         return await self.app(scope, receive, send)
 
-    def _take_fault(self, method: str, path: str) -> int | None:
+    def _take_fault(self, method: str, path: str) -> Fault | None:
         with self._lock:
             for fault in self._faults:
                 if fault.remaining > 0 and fault.method == method and fault.pattern.search(path):
                     fault.remaining -= 1
-                    return fault.status
+                    return fault
         return None
+
+    def _after_request(self, method: str, path: str) -> None:
+        with self._lock:
+            for move in self._moves:
+                if move.seen < move.after and move.method == method and move.pattern.search(path):
+                    move.seen += 1
+                    if move.seen == move.after:
+                        repo = self.repos[move.repo]
+                        pull = repo.pulls[move.number]
+                        old = self.commit_tree(repo, pull.head_sha) or {}
+                        # The old head's commit stays readable, as on GitHub.
+                        repo.trees[pull.head_sha] = {p: content for p, (_, content) in old.items()}
+                        repo.modes[pull.head_sha] = {p: mode for p, (mode, _) in old.items()}
+                        pull.head_sha = move.head_sha
+                        if move.files is not None:
+                            pull.files = move.files
 
     def _answer(self, operation: str, data: Any, status: int = 200, headers: dict | None = None) -> JSONResponse:
         error = jsonschema.exceptions.best_match(_validator(operation).iter_errors(data)) if self.validate else None
@@ -329,7 +397,8 @@ class FakeGitHub:
             number=pull.number, state=pull.state, title=pull.title, body=pull.body,
             labels=[{**_LABEL_TEMPLATE, "name": name} for name in pull.labels],
             user={**_USER_TEMPLATE, "login": pull.author},
-            commits=len(pull.commits), changed_files=len(pull.files),
+            commits=len(pull.commits),
+            changed_files=len(pull.files) if self.pr_changed_files_override is None else self.pr_changed_files_override,
             additions=sum(f.get("additions", 0) for f in pull.files),
             deletions=sum(f.get("deletions", 0) for f in pull.files),
         )
@@ -368,8 +437,9 @@ class FakeGitHub:
         repo, pull = found
         entries = []
         for f in pull.files[:3000]:  # GitHub lists at most 3000 files
+            public = {k: v for k, v in f.items() if not k.startswith("_")}  # _content, _mode: the tree's
             entry = {"sha": git_sha(f["filename"]), "changes": f.get("additions", 0) + f.get("deletions", 0),
-                     "additions": 0, "deletions": 0, **f}
+                     "additions": 0, "deletions": 0, **public}
             entry.update(
                 blob_url=f"https://github.com/{repo.full_name}/blob/{pull.head_sha}/{f['filename']}",
                 raw_url=f"https://github.com/{repo.full_name}/raw/{pull.head_sha}/{f['filename']}",
@@ -406,29 +476,119 @@ class FakeGitHub:
         if isinstance(repo, JSONResponse):
             return repo
         ref, path = request.query_params.get("ref"), request.path_params["path"]
-        text = repo.trees.get(ref, {}).get(path)
-        if text is None:
+        if ref.startswith("refs/heads/"):  # a branch: the tests name commits after their branches' tips
+            ref = repo.branches.get(ref.removeprefix("refs/heads/"), ref)
+        found = (self.commit_tree(repo, ref) or {}).get(path)
+        if found is None:
             return JSONResponse({"message": "Not Found"}, status_code=404)
+        content = found[1]
         url = self._url(f"/repos/{repo.full_name}/contents/{path}?ref={ref}")
         html = f"https://github.com/{repo.full_name}/blob/{ref}/{path}"
-        git = self._url(f"/repos/{repo.full_name}/git/blobs/{git_sha(text)}")
-        data = {"type": "file", "encoding": "base64", "size": len(text.encode()), "name": path.rsplit("/", 1)[-1],
-                "path": path, "content": base64.b64encode(text.encode()).decode(), "sha": git_sha(text), "url": url,
+        blob = self._blob_id(content)
+        git = self._url(f"/repos/{repo.full_name}/git/blobs/{blob}")
+        data = {"type": "file", "encoding": "base64", "size": len(content), "name": path.rsplit("/", 1)[-1],
+                "path": path, "content": base64.b64encode(content).decode(), "sha": blob, "url": url,
                 "git_url": git, "html_url": html, "download_url": html, "_links": {"git": git, "html": html, "self": url}}
         return self._answer("GET /repos/{owner}/{repo}/contents/{path} 200", data)
+
+    def commit_tree(self, repo: FakeRepo, sha: str) -> dict[str, tuple[str, bytes]] | None:
+        """path -> (mode, content) at a commit: set by the test, or (for a PR head) the base's tree with the
+        PR's files applied. A file entry may carry `_content` (str or bytes) and `_mode` for its new side."""
+        if sha in repo.trees:
+            modes = repo.modes.get(sha, {})
+            return {p: (modes.get(p, "100644"), c.encode() if isinstance(c, str) else c)
+                    for p, c in repo.trees[sha].items()}
+        pull = next((p for p in repo.pulls.values() if p.head_sha == sha), None)
+        if pull is None:
+            return None
+        tree = dict(self.commit_tree(repo, pull.base_sha) or {})
+        for f in pull.files:
+            if f.get("previous_filename"):
+                tree.pop(f["previous_filename"], None)
+            if f["status"] == "removed":
+                tree.pop(f["filename"], None)
+                continue
+            content = f.get("_content", f"content of {f['filename']}\n")
+            tree[f["filename"]] = (f.get("_mode", "100644"), content.encode() if isinstance(content, str) else content)
+        return tree
+
+    def _blob_id(self, content: bytes) -> str:
+        sha = hashlib.sha1(b"blob %d\0" % len(content) + content).hexdigest()  # git's own blob id
+        self.blobs[sha] = content
+        return sha
 
     async def get_tree(self, request: Request) -> Response:
         repo = self._repo(request)
         if isinstance(repo, JSONResponse):
             return repo
         sha = request.path_params["sha"]
-        if sha not in repo.trees:
+        tree = self.commit_tree(repo, sha)
+        if tree is None:
             return JSONResponse({"message": "Not Found"}, status_code=404)
-        items = [{"path": p, "mode": "100644", "type": "blob", "sha": git_sha(t), "size": len(t)}
-                 for p, t in sorted(repo.trees[sha].items())]
+        items = []
+        for path, (mode, content) in sorted(tree.items()):
+            kind = "commit" if mode == "160000" else "blob"
+            item = {"path": path, "mode": mode, "type": kind, "sha": self._blob_id(content)}
+            if kind == "blob":
+                item["size"] = len(content)
+            items.append(item)
         data = {"sha": sha, "url": self._url(f"/repos/{repo.full_name}/git/trees/{sha}"), "truncated": False,
                 "tree": items}
         return self._answer("GET /repos/{owner}/{repo}/git/trees/{tree_sha} 200", data)
+
+    async def get_blob(self, request: Request) -> Response:
+        repo = self._repo(request)
+        if isinstance(repo, JSONResponse):
+            return repo
+        sha = request.path_params["sha"]
+        content = self.blobs.get(sha)
+        if content is None:
+            return JSONResponse({"message": "Not Found"}, status_code=404)
+        data = {"sha": sha, "node_id": "B_" + sha[:8], "size": len(content), "encoding": "base64",
+                "url": self._url(f"/repos/{repo.full_name}/git/blobs/{sha}"),
+                "content": base64.encodebytes(content).decode()}
+        return self._answer("GET /repos/{owner}/{repo}/git/blobs/{file_sha} 200", data)
+
+    async def compare(self, request: Request) -> Response:
+        repo = self._repo(request)
+        if isinstance(repo, JSONResponse):
+            return repo
+        base, _, head = request.path_params["basehead"].partition("...")
+        pull = next((p for p in repo.pulls.values() if p.head_sha == head), None)
+        if (base, head) in repo.compares:
+            paths = repo.compares[(base, head)]
+        elif pull is not None:
+            paths = [f["filename"] for f in pull.files]
+        elif (old := self.commit_tree(repo, base)) is not None and (new := self.commit_tree(repo, head)) is not None:
+            paths = sorted(p for p in set(old) | set(new) if old.get(p) != new.get(p))
+        else:
+            return JSONResponse({"message": "Not Found"}, status_code=404)
+        merge_base = pull.base_sha if pull is not None else base
+        commit = self._commit_object(repo, merge_base)
+        files = [{"sha": git_sha(p), "filename": p, "status": "modified", "additions": 1, "deletions": 0,
+                  "changes": 1, "blob_url": f"https://github.com/{repo.full_name}/blob/{head}/{p}",
+                  "raw_url": f"https://github.com/{repo.full_name}/raw/{head}/{p}",
+                  "contents_url": self._url(f"/repos/{repo.full_name}/contents/{p}?ref={head}")} for p in paths[:300]]
+        data = {"url": self._url(f"/repos/{repo.full_name}/compare/{base}...{head}"),
+                "html_url": f"https://github.com/{repo.full_name}/compare/{base}...{head}",
+                "permalink_url": f"https://github.com/{repo.full_name}/compare/{base}...{head}",
+                "diff_url": f"https://github.com/{repo.full_name}/compare/{base}...{head}.diff",
+                "patch_url": f"https://github.com/{repo.full_name}/compare/{base}...{head}.patch",
+                "base_commit": self._commit_object(repo, base), "merge_base_commit": commit,
+                "status": "ahead", "ahead_by": 1, "behind_by": 0, "total_commits": 1, "commits": [], "files": files}
+        return self._answer("GET /repos/{owner}/{repo}/compare/{basehead} 200", data)
+
+    def _commit_object(self, repo: FakeRepo, sha: str) -> dict[str, Any]:
+        person = {"name": "Dev", "email": "dev@example.com", "date": iso()}
+        return {
+            "url": self._url(f"/repos/{repo.full_name}/commits/{sha}"), "sha": sha, "node_id": "C_" + sha[:8],
+            "html_url": f"https://github.com/{repo.full_name}/commit/{sha}",
+            "comments_url": self._url(f"/repos/{repo.full_name}/commits/{sha}/comments"),
+            "commit": {"url": self._url(f"/repos/{repo.full_name}/git/commits/{sha}"), "author": person,
+                       "committer": person, "message": "base", "comment_count": 0,
+                       "tree": {"sha": git_sha(sha), "url": self._url(f"/repos/{repo.full_name}/git/trees/{sha}")}},
+            "author": None, "committer": None, "parents": [],
+        }
 
     # ------------------------------------------------------------------------------------------ check runs
 
@@ -476,6 +636,11 @@ class FakeGitHub:
         annotations = (body.get("output") or {}).get("annotations") or []
         if len(annotations) > 50:  # GitHub's limit per request
             return JSONResponse({"message": "Only 50 annotations are allowed per request"}, status_code=422)
+        if body.get("conclusion") == "action_required" and not (body.get("details_url") or run.get("details_url")):
+            return JSONResponse({"message": "details_url is required for action_required"}, status_code=422)
+        if body.get("conclusion") not in (None, "success", "failure", "neutral", "cancelled", "skipped", "timed_out",
+                                          "action_required"):
+            return JSONResponse({"message": "Invalid conclusion"}, status_code=422)
         if len((body.get("output") or {}).get("summary") or "") > 65535:
             return JSONResponse({"message": "summary is too long (maximum is 65535 characters)"}, status_code=422)
         with self._lock:
@@ -519,7 +684,9 @@ class FakeGitHub:
         if isinstance(repo, JSONResponse):
             return repo
         login = request.path_params["login"]
-        permission = repo.permissions.get(login, "read")
+        permission = repo.permissions.get(login)
+        if permission is None:  # not a collaborator (or no such user): GitHub answers 404
+            return JSONResponse({"message": "Not Found"}, status_code=404)
         rights = {"admin": permission == "admin", "maintain": permission == "admin",
                   "push": permission in ("admin", "write"), "triage": permission != "none",
                   "pull": permission != "none"}

@@ -71,7 +71,8 @@ def test_failure_fix_redelivery_override(fake, start_app):
     assert len(fake.check_run_patches) == patches
     assert len(fake.check_runs(REPO)) == 2
 
-    # 4. Broken again, then overridden by a user with write permission: neutral, with the reason shown.
+    # 4. Broken again, then overridden by a user with write permission for this head: success, with the
+    #    reason shown.
     repo.pulls[2] = FakePull(2, HEAD_BROKEN_AGAIN, base, [file_entry("kimi_k3_path/ops.py"), outside],
                              [FakeCommit(HEAD_BROKEN_AGAIN, AGENT_COMMIT)])
     app.send("pull_request", _pull_event("pull_request.synchronize", HEAD_BROKEN_AGAIN), delivery="d-break")
@@ -79,16 +80,17 @@ def test_failure_fix_redelivery_override(fake, start_app):
     [broken] = fake.check_runs(REPO, HEAD_BROKEN_AGAIN)
     assert broken["conclusion"] == "failure"
 
-    app.send("issue_comment", _comment_event("/gatekeeper override not mine", "drive-by"), delivery="d-refused")
+    app.send("issue_comment", _comment_event(f"/gatekeeper override {HEAD_BROKEN_AGAIN[:7]} not mine", "drive-by"),
+             delivery="d-refused")
     assert app.wait_done("d-refused")["outcome"].startswith("refused override by @drive-by")
     assert fake.check_runs(REPO, HEAD_BROKEN_AGAIN)[0]["conclusion"] == "failure"
 
-    comment = "Looks fine to me.\n/gatekeeper override the engine hook is reviewed upstream"
+    comment = f"Looks fine to me.\n/gatekeeper override {HEAD_BROKEN_AGAIN[:10]} the engine hook is reviewed upstream"
     app.send("issue_comment", _comment_event(comment, "maintainer"), delivery="d-override")
     app.wait_done("d-override")
     [overridden] = fake.check_runs(REPO, HEAD_BROKEN_AGAIN)
     assert overridden["id"] == broken["id"]  # the same check run, updated: never a second one for a head
-    assert overridden["conclusion"] == "neutral"
+    assert overridden["conclusion"] == "success"
     assert overridden["output"]["title"] == "Overridden by @maintainer (was failure)"
     assert "the engine hook is reviewed upstream" in overridden["output"]["summary"]
 
@@ -96,7 +98,7 @@ def test_failure_fix_redelivery_override(fake, start_app):
     kinds = [(e["kind"], e["conclusion"], e["actor"]) for e in store.audit_log(repo=REPO)]
     assert kinds == [
         ("decision", "failure", None), ("decision", "success", None), ("decision", "failure", None),
-        ("override_refused", None, "drive-by"), ("override", None, "maintainer"), ("decision", "neutral", None),
+        ("override_refused", None, "drive-by"), ("override", None, "maintainer"), ("decision", "success", None),
     ]
     assert all(e["policy_sha256"] for e in store.audit_log(repo=REPO) if e["kind"] == "decision")
 
@@ -119,7 +121,7 @@ def test_policy_comes_from_the_base_branch(fake, start_app):
     assert sorted(a["path"] for a in run["annotations"]) == [".github/gatekeeper.yml", "setup.py"]
 
 
-def test_missing_policy_is_neutral_with_the_reason(fake, start_app):
+def test_missing_policy_fails_with_the_reason(fake, start_app):
     opened = _pull_event("pull_request.opened")
     head, base = opened["pull_request"]["head"]["sha"], opened["pull_request"]["base"]["sha"]
     fake.repos[REPO].pulls[2] = FakePull(2, head, base, [file_entry("x.py")])
@@ -127,11 +129,11 @@ def test_missing_policy_is_neutral_with_the_reason(fake, start_app):
     app.send("pull_request", opened, delivery="d1")
     app.wait_done("d1")
     [run] = fake.check_runs(REPO, head)
-    assert run["conclusion"] == "neutral"
+    assert run["conclusion"] == "failure"
     assert ".github/gatekeeper.yml" in run["output"]["summary"]
 
 
-def test_invalid_policy_is_neutral_with_file_and_line(fake, start_app):
+def test_invalid_policy_fails_with_file_and_line(fake, start_app):
     opened = _pull_event("pull_request.opened")
     head, base = opened["pull_request"]["head"]["sha"], opened["pull_request"]["base"]["sha"]
     repo = fake.repos[REPO]
@@ -141,7 +143,7 @@ def test_invalid_policy_is_neutral_with_file_and_line(fake, start_app):
     app.send("pull_request", opened, delivery="d1")
     app.wait_done("d1")
     [run] = fake.check_runs(REPO, head)
-    assert run["conclusion"] == "neutral"
+    assert run["conclusion"] == "failure"
     assert f"{REPO}@{base}:.github/gatekeeper.yml:3" in run["output"]["summary"]
 
 
@@ -170,7 +172,7 @@ def test_workers_in_a_child_process_as_gatekeeper_serve_runs_them(fake, start_ap
     setup_repo(repo, base)
     repo.pulls[2] = FakePull(2, head, base, [file_entry("kimi_k3_path/ops.py")], [FakeCommit(head, AGENT_COMMIT)])
     app = start_app(workers="process")
-    assert app.client.get(app.url + "/healthz").json()["workers"] == app.config.workers
+    assert app.wait_healthy()["workers"] == app.config.workers
     app.send("pull_request", opened, delivery="d1")
     assert app.wait_done("d1", timeout=30)["outcome"].startswith("success")
     assert fake.check_runs(REPO, head)[0]["conclusion"] == "success"

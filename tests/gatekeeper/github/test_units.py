@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 
 import pytest
 from app_harness import APP_ID, make_config
@@ -11,7 +12,14 @@ from app_harness import APP_ID, make_config
 from gatekeeper.cli import main
 from gatekeeper.errors import InputError
 from gatekeeper.github import signature
-from gatekeeper.github.checkrun import SUMMARY_LIMIT, truncate, verdict_report
+from gatekeeper.github.checkrun import (
+    STRENGTH,
+    SUMMARY_LIMIT,
+    MissingEvidence,
+    error_report,
+    truncate,
+    verdict_report,
+)
 from gatekeeper.github.client import GitHubApp, InstallationTokens
 from gatekeeper.github.config import load_config
 from gatekeeper.github.overrides import may_override, parse_override
@@ -29,17 +37,36 @@ def test_signature_round_trip_and_rejections():
     assert not signature.verify("s3cret", body, header.replace("sha256=", "sha1="))
 
 
-@pytest.mark.parametrize("body, reason", [
-    ("/gatekeeper override upstream owns this hook", "upstream owns this hook"),
-    ("LGTM\n/gatekeeper override  hotfix for release  \nthanks", "hotfix for release"),
-    ("/gatekeeper override", None),
+HEAD_SHA = "9f1c2e4b7a3d" + "0" * 28
+
+
+@pytest.mark.parametrize("body, prefix, reason", [
+    ("/gatekeeper override 9f1c2e4 upstream owns this hook", "9f1c2e4", "upstream owns this hook"),
+    ("LGTM\n  /gatekeeper override 9F1C2E4B7A3D  hotfix for release  \nthanks", "9f1c2e4b7a3d", "hotfix for release"),
+    ("/gatekeeper override 9f1c2e4", "9f1c2e4", None),
+    ("/gatekeeper override because I say so", None, "because I say so"),
+    ("/gatekeeper override", None, None),
+    ("```\ncode\n```\n/gatekeeper override 9f1c2e4 after a closed fence", "9f1c2e4", "after a closed fence"),
 ])
-def test_override_commands(body, reason):
+def test_override_commands(body, prefix, reason):
     request = parse_override(body)
-    assert request is not None and request.reason == reason and request.valid == (reason is not None)
+    assert request is not None and (request.head_prefix, request.reason) == (prefix, reason)
+    assert (request.problem is None) == (prefix is not None and reason is not None)
+    if request.problem is None:
+        assert request.approves(HEAD_SHA) and not request.approves("1" * 40)
 
 
-@pytest.mark.parametrize("body", ["> /gatekeeper override quoted", "please /gatekeeper override this", "", None])
+@pytest.mark.parametrize("body", [
+    "> /gatekeeper override 9f1c2e4 quoted",
+    "  > /gatekeeper override 9f1c2e4 quoted, indented",
+    "please /gatekeeper override 9f1c2e4 this",
+    "```\n/gatekeeper override 9f1c2e4 inside a fence\n```",
+    "~~~~md\n/gatekeeper override 9f1c2e4 inside a tilde fence\n~~~\nstill inside\n~~~~",
+    "    /gatekeeper override 9f1c2e4 an indented code block",
+    "\t/gatekeeper override 9f1c2e4 a tab-indented code block",
+    "/gatekeeper overrides 9f1c2e4 not the command",
+    "", None,
+])
 def test_text_that_is_not_an_override(body):
     assert parse_override(body) is None
 
@@ -59,20 +86,42 @@ def _verdict(findings: int = 0, verdict: str = "fail") -> Verdict:
 
 def test_verdict_report_conclusions_annotations_and_override():
     report = verdict_report(_verdict(findings=120), "summary")
-    assert report.conclusion == "failure" and report.title == "Failed: confinement"
+    assert (report.status, report.conclusion, report.title) == ("completed", "failure", "Failed: confinement")
     assert [len(b) for b in report.annotation_batches()] == [50, 50, 20]
     assert report.annotations[0]["start_line"] == 1 and report.annotations[5]["start_line"] == 5
-    overridden = verdict_report(_verdict(findings=1), "summary", Override("alice", "known issue"))
-    assert overridden.conclusion == "neutral" and overridden.title == "Overridden by @alice (was failure)"
-    assert overridden.summary.startswith("> **Overridden** by @alice: known issue")
-    assert verdict_report(_verdict(verdict="pass"), "ok", Override("alice", "x")).conclusion == "success"
+    overridden = verdict_report(_verdict(findings=1), "summary", Override("alice", "known issue", HEAD_SHA))
+    assert overridden.conclusion == "success" and overridden.title == "Overridden by @alice (was failure)"
+    assert overridden.summary.startswith("> **Overridden** by @alice for head `9f1c2e4b7a3d`: known issue")
+    assert verdict_report(_verdict(verdict="pass"), "ok", Override("alice", "x", HEAD_SHA)).title == "Passed: 1 check"
+
+
+MISSING = MissingEvidence("the artifact", "gatekeeper collect ...", "https://github.com/o/r/actions/workflows/g.yml",
+                          wait_until=None)
+
+
+def test_no_verdict_concludes_neutral_or_skipped_which_github_counts_as_passing():
+    """GitHub's required checks pass on neutral and skipped: the App must never conclude either."""
+    waiting = verdict_report(_verdict(verdict="neutral"), "s", missing=replace(MISSING, wait_until=time.time() + 60))
+    assert (waiting.status, waiting.conclusion) == ("in_progress", None)
+    assert waiting.title == "Waiting for evidence: confinement" and "gatekeeper collect ..." in waiting.summary
+    undecided = verdict_report(_verdict(verdict="neutral"), "s", missing=MISSING)
+    assert (undecided.status, undecided.conclusion) == ("completed", "action_required")
+    assert undecided.details_url == MISSING.details_url and "gatekeeper collect ..." in undecided.summary
+    with pytest.raises(ValueError):
+        verdict_report(_verdict(verdict="neutral"), "s")  # undecided without saying what would decide it
+    assert error_report("GitHub answered 503").conclusion == "failure"
+    for verdict in ("pass", "fail", "neutral"):
+        for override in (None, Override("alice", "x", HEAD_SHA)):
+            report = verdict_report(_verdict(verdict=verdict), "s", override, MISSING)
+            assert report.conclusion not in ("neutral", "skipped")
+    assert STRENGTH["success"] < STRENGTH["in_progress"] < STRENGTH["action_required"] < STRENGTH["failure"]
 
 
 def test_summary_truncation_stays_under_githubs_limit_and_says_so():
     text = truncate("x" * (SUMMARY_LIMIT + 10))
     assert len(text) <= SUMMARY_LIMIT and "truncated" in text
     assert truncate("short") == "short"
-    long_override = verdict_report(_verdict(), "y" * SUMMARY_LIMIT, Override("bob", "r"))
+    long_override = verdict_report(_verdict(), "y" * SUMMARY_LIMIT, Override("bob", "r", HEAD_SHA))
     assert len(long_override.summary) <= SUMMARY_LIMIT
 
 
@@ -104,8 +153,8 @@ def test_queue_deduplicates_orders_and_survives_a_crash(tmp_path):
     assert store.claim() is None
     store.close()
     reopened = Store(tmp_path / "q.sqlite3")  # "b" was running when the process died
-    assert reopened.requeue_interrupted() == 1
-    again = reopened.claim()
+    assert reopened.claim() is None  # not before its lease runs out: its server might still be alive
+    again = reopened.claim(now=time.time() + reopened.lease_s + 1)
     assert again.delivery_id == "b" and again.attempts == 2
 
 

@@ -39,6 +39,11 @@ class GitRepo:
         assert result.returncode == 0, result.stderr.decode()
         return result.stdout.decode("utf-8", errors="replace")
 
+    def git_bytes(self, *args: str) -> bytes:
+        result = subprocess.run(["git", "-C", str(self.root), *args], env=_ENV, capture_output=True)
+        assert result.returncode == 0, result.stderr.decode()
+        return result.stdout
+
     def write(self, path: str, content: str | bytes, executable: bool = False) -> None:
         target = self.root / path
         target.parent.mkdir(parents=True, exist_ok=True)
