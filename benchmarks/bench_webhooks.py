@@ -1,7 +1,7 @@
 """Load and crash test of the GitHub App, on loopback only.
 
     .venv/bin/python benchmarks/bench_webhooks.py [--events 500] [--rate 60] [--kill-at 250] [--workers 4]
-                                                  [--second-server-at N] [--lease 5]
+                                                  [--second-server-at N] [--lease 5] [--moving-every 10]
 
 Starts the fake GitHub (tests/gatekeeper/github/fake_github.py) in this process and `gatekeeper serve` as a
 subprocess, sends signed `pull_request.opened` webhooks (one PR each) at a fixed rate, SIGKILLs the server
@@ -10,7 +10,9 @@ same X-GitHub-Delivery). With `--second-server-at N` a second `gatekeeper serve`
 (another port) after N sends, and once it answers the webhooks alternate between the two. Then it checks
 that every event was evaluated exactly once: one completed check run per PR head, one decision per PR in the
 audit table (`duplicated_evaluations` / `lost_evaluations` count the PRs with more / none), every delivery
-done. Prints ack latency percentiles, throughput and the servers' peak RSS as JSON; exits 1 if any check
+done. Every `--moving-every`-th PR is pushed to a new head right after the App first reads it (a head that
+moves between two of the App's calls): the new head must be judged by its own files, and the first head,
+whose change leaves the owned paths, must never pass (`wrongly_judged_runs`). Prints ack latency percentiles, throughput and the servers' peak RSS as JSON; exits 1 if any check
 fails. Every wait is bounded.
 """
 
@@ -62,6 +64,8 @@ def main() -> int:
                         help="start a second server on the same database after N sends; alternate between them")
     parser.add_argument("--lease", type=float, default=5.0,
                         help="job_lease_s: a killed server's jobs are taken over this long after it died")
+    parser.add_argument("--moving-every", type=int, default=10, metavar="K",
+                        help="every K-th PR is pushed to a new head right after the App first reads it (0: none)")
     parser.add_argument("--timeout", type=float, default=180.0, help="bound on the whole run, seconds")
     args = parser.parse_args()
 
@@ -71,37 +75,50 @@ def main() -> int:
         # The fake runs in its own process, so its work never competes with the sender for a GIL and the
         # measured latency is the App's.
         parent, child = multiprocessing.Pipe()
-        fake_process = multiprocessing.Process(target=_fake_github, args=(child, public_pem, args.events))
+        fake_process = multiprocessing.Process(target=_fake_github,
+                                               args=(child, public_pem, args.events, args.moving_every))
         fake_process.start()
         try:
-            fake_url, heads = parent.recv()
+            fake_url, heads, final = parent.recv()
             result = _run(args, work, key_path, fake_url, heads)
             parent.send("report")
-            result.update(_check(parent.recv(), heads, work / "gatekeeper.sqlite3"))
+            result.update(_check(parent.recv(), heads, final, work / "gatekeeper.sqlite3"))
         finally:
             fake_process.terminate()
             fake_process.join(10)
     print(json.dumps(result, indent=2))
-    passed = result["exactly_once"] and result["duplicated_evaluations"] == result["lost_evaluations"] == 0
+    passed = result["exactly_once"] and (result["duplicated_evaluations"] == result["lost_evaluations"]
+                                         == result["wrongly_judged_runs"] == 0)
     return 0 if passed else 1
 
 
-def _fake_github(conn, public_pem: str, events: int) -> None:
+def _files(path: str) -> list[dict]:
+    return [{"filename": path, "status": "added", "additions": 2, "deletions": 0, "patch": "@@ -0,0 +1,2 @@\n+a\n+b\n"}]
+
+
+def _fake_github(conn, public_pem: str, events: int, moving_every: int) -> None:
+    """PR n is opened at head n. Every `moving_every`-th PR is opened with a change outside the owned paths
+    and pushed, right after the App's first read of it, to a head that stays inside: a review that mixed
+    the two would judge the first head by the second head's files."""
     # GitHub is another machine in real life; here it shares the CPUs, so it yields them to the App.
     os.nice(10)
     fake = FakeGitHub(APP_ID, public_pem, validate=False)
     fake.add_installation(INSTALLATION)
     repo = fake.add_repo(REPO, INSTALLATION)
     repo.trees[BASE] = {".github/gatekeeper.yml": POLICY}
-    heads = {}
+    heads, final = {}, {}
     for n in range(1, events + 1):
-        head = heads[n] = f"{n:040x}"
-        files = [{"filename": f"kimi_k3_path/op_{n}.py", "status": "added", "additions": 2, "deletions": 0,
-                  "patch": "@@ -0,0 +1,2 @@\n+a\n+b\n"}]
+        head = heads[n] = final[n] = f"{n:040x}"
+        moving = moving_every > 0 and n % moving_every == 0
+        files = _files(f"outside/op_{n}.py" if moving else f"kimi_k3_path/op_{n}.py")
         repo.pulls[n] = FakePull(n, head, BASE, files, [FakeCommit(head, AGENT_COMMIT)])
+        if moving:
+            final[n] = f"{n + 10 ** 9:040x}"
+            fake.move_head(REPO, n, final[n], after=("GET", rf"/pulls/{n}$", 1),
+                           files=_files(f"kimi_k3_path/op_{n}.py"))
     with serve(fake) as url:
         fake.base_url = url
-        conn.send((url, heads))
+        conn.send((url, heads, final))
         if conn.recv() == "report":
             completions: dict[int, int] = {}
             for run_id, body in fake.check_run_patches:
@@ -301,15 +318,19 @@ async def _send(client: httpx.AsyncClient, url: str, delivery: str, body: bytes)
     return True, time.perf_counter() - began
 
 
-def _check(fake_report: dict, heads: dict[int, str], db: Path) -> dict:
-    """Exactly once: one completed, successful check run per head; one decision per PR; every delivery done."""
+def _check(fake_report: dict, heads: dict[int, str], final: dict[int, str], db: Path) -> dict:
+    """Exactly once: one completed, successful check run per final head; one decision per PR; every delivery
+    done. Judged right: a head whose files leave the owned paths never gets anything but a failure."""
     runs_per_head: dict[str, list[tuple]] = {}
     for head, status, conclusion in fake_report["runs"]:
         runs_per_head.setdefault(head, []).append((status, conclusion))
     with sqlite3.connect(db) as conn:
         decisions = dict(conn.execute("SELECT pr, COUNT(*) FROM audit WHERE kind = 'decision' GROUP BY pr"))
         statuses = dict(conn.execute("SELECT status, COUNT(*) FROM deliveries GROUP BY status"))
-    one_run_each = all(runs_per_head.get(h) == [("completed", "success")] for h in heads.values())
+    one_run_each = all(runs_per_head.get(h) == [("completed", "success")] for h in final.values())
+    bad_heads = {heads[n] for n in heads if heads[n] != final[n]}
+    wrong = sum(1 for head, _, conclusion in fake_report["runs"]
+                if conclusion != ("failure" if head in bad_heads else "success"))
     one_decision_each = all(decisions.get(n) == 1 for n in heads)
     return {
         "deliveries": statuses,
@@ -318,6 +339,9 @@ def _check(fake_report: dict, heads: dict[int, str], db: Path) -> dict:
         # Runs that were being completed when the server died: re-evaluated after the restart, same run.
         "check_runs_completed_twice": fake_report["completed_twice"],
         "one_completed_run_per_head": one_run_each,
+        "moved_heads": len(bad_heads),
+        # A run whose conclusion is not its own head's: the moved-from heads may only fail, the others pass.
+        "wrongly_judged_runs": wrong,
         "one_decision_per_pr": one_decision_each,
         "exactly_once": one_run_each and one_decision_each and statuses == {"done": len(heads)},
         "schema_violations": len(fake_report["violations"]),
