@@ -1,6 +1,8 @@
 """What CI and contributors hand the checks. Every evidence file is parsed into these models at the edge.
 
-`PerfEvidence` is shared with `kimi_k3_path.bench`, which writes it: one model, one format.
+`PerfEvidence` is the contract with the benchmarks that write it (benchmarks/kimi_k3/bench.py): its JSON Schema is
+committed as schemas/perf_evidence.v1.json, tests keep the two equal, and the bench's output is validated against
+the file, so a contribution never has to import the checker to speak its format.
 
 Every part of an `Evidence` says where it came from (`Origin`): *trusted* when the collector produced it in
 a workflow defined on the base branch, *self-reported* when it was committed in the pull request or pasted
@@ -258,6 +260,38 @@ def demote(evidence: Evidence, why: str) -> Evidence:
             update={"origin": relabel(evidence.support_axes.origin)}),
         "perf": tuple(p.model_copy(update={"origin": relabel(p.origin)}) for p in evidence.perf),
     })
+
+
+def combine_evidence(files: list[tuple[str, Evidence]]) -> Evidence | None:
+    """One Evidence from several files: list parts are concatenated; a single-valued part may come from
+    one file only (two test runs are fine, two different guard-probe runs are a contradiction)."""
+    if not files:
+        return None
+    if len(files) == 1:
+        return files[0][1]
+    combined: dict[str, object] = {}
+    given_by: dict[str, str] = {}
+    for path, evidence in files:
+        for name in Evidence.model_fields:
+            value = getattr(evidence, name)
+            if name == "schema_version" or value is None:
+                continue
+            if isinstance(value, tuple):
+                combined[name] = combined.get(name, ()) + value
+            elif name in combined and combined[name] != value:
+                raise InputError(path, f"{name} is also given by {given_by[name]}; give it in one evidence file only")
+            else:
+                combined[name], given_by[name] = value, path
+    return Evidence(**combined)
+
+
+PERF_EVIDENCE_SCHEMA_ID = "https://gatekeeper.invalid/schemas/perf_evidence.v1.json"
+
+
+def perf_evidence_json_schema() -> dict[str, Any]:
+    """The JSON Schema of `PerfEvidence` (schema_version 1), as committed in schemas/perf_evidence.v1.json."""
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": PERF_EVIDENCE_SCHEMA_ID,
+            **PerfEvidence.model_json_schema()}
 
 
 def parse_evidence(text: str | bytes, source: str) -> Evidence:

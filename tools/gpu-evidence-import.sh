@@ -4,9 +4,10 @@
 #   tools/gpu-evidence-import.sh <folder the device run's files came back to> [<the benches' folder>]
 # The second folder is for a run split into a BENCH=0 and a TESTS=0 call at one SHA (tools/gpu-evidence.sh): the
 # tests come from the first folder, the bench JSON, kernel JSON and bench.log from the second.
-# Writes kimi_k3_path/evidence/gpu/gpu-evidence.json (gatekeeper gpu-report), kimi_k3_path/evidence/perf/h200.json
-# (when the run benched) and kimi_k3_path/evidence/run-<sha7>/ (its logs and kernel JSON); then update
-# kimi_k3_path/evidence/README.md and commit. Refuses a run whose bench JSON names another commit (a mistyped SHA on
+# Writes kimi_k3_path/evidence/gpu/gpu-evidence.json (gatekeeper gpu-report) and kimi_k3_path/evidence/perf/h200.json
+# (when the run benched): the only results the repository keeps, what the policy reads. The run's logs and kernel
+# JSON stay in the run folders, outside the repository; quote their numbers in the commit message or the issue note.
+# Then update the "Of record" section of kimi_k3_path/evidence/README.md and commit. Refuses a run whose bench JSON names another commit (a mistyped SHA on
 # the device stamped 361ba39's matrix with a commit that does not exist; the dogfood caught it only later).
 set -euo pipefail
 run=${1:?usage: tools/gpu-evidence-import.sh <device run folder> [<bench run folder>]}
@@ -29,18 +30,12 @@ for f in "$bench"/perf/h200.json "$bench"/kernels/*.json; do
   fi
 done
 gatekeeper=${GATEKEEPER:-.venv/bin/gatekeeper}
-logs="kimi_k3_path/evidence/run-${sha:0:7}"
-mkdir -p kimi_k3_path/evidence/gpu kimi_k3_path/evidence/perf "$logs"
+mkdir -p kimi_k3_path/evidence/gpu kimi_k3_path/evidence/perf
 "$gatekeeper" gpu-report --junit "$run/gpu/junit.xml" --coverage "$run/gpu/.coverage" \
   --nodeids "$run/gpu/nodeids.txt" --commit "$sha" --repo . --out kimi_k3_path/evidence/gpu/gpu-evidence.json
-cp "$run/tests.log" "$logs/"
 if [ -f "$bench/perf/h200.json" ]; then
   cp "$bench/perf/h200.json" kimi_k3_path/evidence/perf/h200.json
-  cp "$bench/bench.log" "$logs/"
 fi
-for f in "$bench"/kernels/*.json; do
-  [ -f "$f" ] && cp "$f" "$logs/"
-done
 chmod -R u+w kimi_k3_path/evidence
-echo "imported the run at ${sha:0:7}: kimi_k3_path/evidence/gpu/gpu-evidence.json, $logs/" \
-  "$([ -f "$bench/perf/h200.json" ] && echo "and perf/h200.json")"
+echo "imported the run at ${sha:0:7}: kimi_k3_path/evidence/gpu/gpu-evidence.json" \
+  "$([ -f "$bench/perf/h200.json" ] && echo "and perf/h200.json");" "logs and kernel JSON stay in $run ${2:+and $bench}"

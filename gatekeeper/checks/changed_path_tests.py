@@ -16,7 +16,6 @@ from gatekeeper.policy import ChangedPathTestsSettings
 from gatekeeper.verdict import CheckResult, Finding, Severity, Status
 
 CHECK_ID = "changed_path_tests"
-MAX_TESTS_LISTED = 5  # per file in the report; the evidence file has them all
 
 
 @dataclass(frozen=True)
@@ -57,7 +56,7 @@ def run(ctx: CheckContext) -> CheckResult:
     for verdict in verdicts:
         findings += _file_findings(verdict, settings)
     errors = [f for f in findings if f.severity is Severity.error]
-    details = {"files": [_file_row(v, settings) for v in verdicts], "markdown": _table(verdicts, settings)}
+    details = {"files": [_file_row(v, settings) for v in verdicts]}
     if errors:
         summary = f"{len(errors)} problem(s): failing tests or changed lines not covered by tests."
         return CheckResult(id=CHECK_ID, status=Status.failed, summary=summary, findings=tuple(findings), details=details)
@@ -181,17 +180,3 @@ def _file_row(verdict: FileVerdict, settings: ChangedPathTestsSettings) -> dict:
 
 def _file_findings_errors(verdict: FileVerdict, settings: ChangedPathTestsSettings) -> bool:
     return any(f.severity is Severity.error for f in _file_findings(verdict, settings))
-
-
-def _table(verdicts: list[FileVerdict], settings: ChangedPathTestsSettings) -> str:
-    if not verdicts:
-        return "_No changed owned Python files._"
-    lines = ["| file | changed lines covered | uncovered | covering tests | from |", "|---|---|---|---|---|"]
-    for v in verdicts:
-        mark = "❌" if _file_findings_errors(v, settings) else "✅"
-        covered = f"{len(v.changed) - len(v.uncovered)}/{len(v.changed)}" if v.measured else "not measured"
-        tests = ", ".join(f"`{t}`" for t in v.tests[:MAX_TESTS_LISTED])
-        if len(v.tests) > MAX_TESTS_LISTED:
-            tests += f" and {len(v.tests) - MAX_TESTS_LISTED} more"
-        lines.append(f"| {mark} `{v.path}` | {covered} | {line_ranges(v.uncovered) or '–'} | {tests or '–'} | {', '.join(v.sources) or '–'} |")
-    return "\n".join(lines)

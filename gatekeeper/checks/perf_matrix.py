@@ -56,8 +56,7 @@ def run(ctx: CheckContext) -> CheckResult:
         else:
             # Show the author every row to measure.
             gaps = [v for combo in required_rows(axes) for v in row_verdicts(combo, [], settings)]
-            details = {"axes": {n: list(vs) for n, vs in axes.items()}, "rows": [_row_detail(v) for v in gaps],
-                       "markdown": _table(list(axes), gaps)}
+            details = {"axes": {n: list(vs) for n, vs in axes.items()}, "rows": [_row_detail(v) for v in gaps]}
             why = f"no performance evidence (collector artifact, PR file or PR body block) for the {len(gaps)} required row(s)"
         status = Status.failed if parse_errors else Status.neutral
         return _result(status, ("Failed" if parse_errors else "Not decided") + f": {why}.", findings, details)
@@ -98,7 +97,6 @@ def run(ctx: CheckContext) -> CheckResult:
     details = {
         "axes": {name: list(values) for name, values in axes.items()},
         "rows": [_row_detail(v) for v in verdicts],
-        "markdown": _table(list(axes), verdicts),
     }
     errors = [f for f in findings if f.severity is Severity.error]
     if errors:
@@ -289,7 +287,7 @@ def _changes(count: int, settings: PerfMatrixSettings) -> str:
     return f"{count} owned-path change(s)"
 
 
-# --- report -------------------------------------------------------------------------------------------
+# --- details ------------------------------------------------------------------------------------------
 
 
 def _axes_label(axes: dict[str, Any]) -> str:
@@ -310,27 +308,3 @@ def _row_detail(v: RowVerdict) -> dict[str, Any]:
         "source": f"{v.source.origin.source} ({v.source.origin.trust})" if v.source else None,
         "problems": list(v.problems),
     }
-
-
-def _table(axis_names: list[str], verdicts: list[RowVerdict]) -> str:
-    more_names = sorted({name for v in verdicts for name in v.more})
-    header = [*axis_names, *more_names, "baseline", "candidate", "speedup", "floor", "runs", "spread", ""]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for v in verdicts:
-        cells = [str(v.axes[name]) for name in axis_names] + [str(v.more.get(name, "–")) for name in more_names]
-        d = _row_detail(v)
-        if v.row is None:
-            cells += ["–", "–", "–", "–", "–", "–", "❌ gap"]
-        else:
-            unit = d["unit"]
-            cells += [
-                f"{d['baseline']:.4g} {unit}" if d["baseline"] is not None else "none",
-                f"{d['candidate']:.4g} {unit}",
-                f"{d['speedup']:.2f}×" if d["speedup"] is not None else "–",
-                f"{d['floor']:.4g} {unit}" if d["floor"] is not None else "–",
-                str(d["runs"]),
-                f"{d['spread_pct']:.1f}%" if d["spread_pct"] is not None else "–",
-                "✅" if not v.problems else "❌ " + "; ".join(v.problems).replace("|", "/"),
-            ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)

@@ -45,7 +45,7 @@ def run(ctx: CheckContext) -> CheckResult:
             probe_findings, probe_rows = probe_verdicts(run_, settings)
             findings += probe_findings
     errors = [f for f in findings if f.severity is Severity.error]
-    details = {"probes": probe_rows, "markdown": _probe_table(probe_rows)} if probe_rows else {}
+    details = {"probes": probe_rows} if probe_rows else {}
     if errors:
         summary = f"{len(errors)} problem(s) with the startup guard {settings.guard}."
         return _result(Status.failed, summary, findings, details)
@@ -340,11 +340,3 @@ def _describe(result: ProbeResult) -> str:
         return result.outcome
     kind = result.exception_types[0] if result.exception_types else "exception"
     return f"raised {kind}: {result.message}"
-
-
-def _probe_table(rows: list[dict[str, str]]) -> str:
-    lines = ["| probe | expect | got | ok |", "|---|---|---|---|"]
-    for row in rows:
-        got = row["got"].replace("|", "\\|").replace("\n", " ")
-        lines.append(f"| {row['probe']} | {row['expect']} | {got[:200]} | {'✅' if row['ok'] == 'yes' else '❌'} |")
-    return "\n".join(lines)

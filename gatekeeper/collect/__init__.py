@@ -13,12 +13,12 @@ from pathlib import Path
 
 from rich.console import Console
 
-from gatekeeper.collect.git import ancestors, commits_changing
 from gatekeeper.collect.gpu_reports import load_gpu_reports
 from gatekeeper.collect.probes import run_probes
 from gatekeeper.collect.testrun import run_tests
 from gatekeeper.errors import InputError
 from gatekeeper.evidence import Evidence, HeadInfo, Origin, PerfSubmission, TestRun, load_perf_evidence
+from gatekeeper.git import ancestors, commits_changing
 from gatekeeper.paths import matches_any
 from gatekeeper.policy import LoadedPolicy, Policy
 from gatekeeper.sources.git import GitSnapshot, changes_from_git

@@ -18,10 +18,10 @@ from coverage.exceptions import CoverageException
 
 from gatekeeper.collect.coverage_carry import carry_coverage
 from gatekeeper.collect.coverage_map import ContextTable, file_statements, from_coverage_json, from_coverage_report
-from gatekeeper.collect.git import changed_since, file_at
 from gatekeeper.collect.junit import junit_key, parse_junit
 from gatekeeper.errors import InputError
 from gatekeeper.evidence import FileCoverage, Origin, TestCase, TestRun, load_evidence
+from gatekeeper.git import changed_since, file_at
 from gatekeeper.paths import matches_any
 from gatekeeper.snapshot import Snapshot
 

@@ -26,13 +26,14 @@ def register(subparsers) -> None:
 
 def _run(args) -> int:
     from gatekeeper.github.config import AppConfig
-    from gatekeeper.github.store import Store
+    from gatekeeper.github.db import Database
+    from gatekeeper.github.records import Records
 
     db = Path(args.db or os.environ.get("GATEKEEPER_DB") or AppConfig.model_fields["db_path"].default)
     if not db.is_file():
         raise InputError(str(db), "no gatekeeper database here (pass --db or set GATEKEEPER_DB)")
     try:
-        entries = Store(db).audit_log(repo=args.repo, limit=args.limit)
+        entries = Records(Database(db)).audit_log(repo=args.repo, limit=args.limit)
     except sqlite3.DatabaseError as exc:
         raise InputError(str(db), f"not a gatekeeper database: {exc}") from None
     for entry in entries:

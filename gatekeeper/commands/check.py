@@ -13,16 +13,15 @@ import sys
 
 from gatekeeper.changes import ChangeSet
 from gatekeeper.errors import InputError
-from gatekeeper.evaluate import evaluate
-from gatekeeper.evidence import Evidence, demote, load_evidence
+from gatekeeper.evidence import combine_evidence, load_evidence
 from gatekeeper.evidence_trust import untrusted_because
+from gatekeeper.inputs import EvaluationInputs, verdict_for
 from gatekeeper.policy import load_policy
-from gatekeeper.provenance import Provenance, PullRequestInfo, detect
 from gatekeeper.snapshot import Snapshot
 from gatekeeper.sources.diff import changes_from_diff
 from gatekeeper.sources.git import GitSnapshot, changes_from_git, tree_entries
 from gatekeeper.sources.github import changes_from_pr_files, pull_request_from_json
-from gatekeeper.verdict import Signal, Status, Verdict
+from gatekeeper.verdict import Status, Verdict
 
 EXIT_PASS, EXIT_FAIL = 0, 1  # input and usage errors exit 2, in gatekeeper.cli
 # Terminal reports written to a file (--output) are wrapped at this width, without colour.
@@ -73,13 +72,12 @@ def run(args) -> int:
     policy = load_policy(args.policy)
     changes, snapshot = _changes(args)
     pull_request = pull_request_from_json(_read(args.pr), args.pr) if args.pr else None
-    provenance = _provenance(detect(policy.policy.agent_detection, changes.commits, pull_request), args.declared)
     evidence = combine_evidence([(path, load_evidence(path)) for path in args.evidence])
     untrusted = _evidence_untrusted_because(args, changes, snapshot) if evidence is not None else None
     if untrusted is not None:
-        evidence = demote(evidence, untrusted)
         print(f"gatekeeper: CI's evidence counts as self-reported: {untrusted}", file=sys.stderr)
-    verdict = evaluate(policy, changes, provenance, evidence, snapshot=snapshot, pull_request=pull_request)
+    verdict = verdict_for(EvaluationInputs(policy, changes, pull_request, evidence, evidence_untrusted=untrusted,
+                                           snapshot=snapshot, declared=args.declared))
     _write_report(verdict, args)
     return _exit_code(verdict, args.strict)
 
@@ -134,38 +132,6 @@ def _read(path: str) -> str:
         raise InputError(path, f"not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:
         raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
-
-
-def _provenance(detected: Provenance, declared: bool | None) -> Provenance:
-    if declared is None:
-        return detected
-    signals = detected.signals
-    if declared:
-        signals += (Signal(kind="declared", source="command line", detail="--agent-assisted"),)
-    return Provenance(signals=signals, declared=declared)
-
-
-def combine_evidence(files: list[tuple[str, Evidence]]) -> Evidence | None:
-    """One Evidence from several files: list parts are concatenated; a single-valued part may come from
-    one file only (two test runs are fine, two different guard-probe runs are a contradiction)."""
-    if not files:
-        return None
-    if len(files) == 1:
-        return files[0][1]
-    combined: dict[str, object] = {}
-    given_by: dict[str, str] = {}
-    for path, evidence in files:
-        for name in Evidence.model_fields:
-            value = getattr(evidence, name)
-            if name == "schema_version" or value is None:
-                continue
-            if isinstance(value, tuple):
-                combined[name] = combined.get(name, ()) + value
-            elif name in combined and combined[name] != value:
-                raise InputError(path, f"{name} is also given by {given_by[name]}; give it in one evidence file only")
-            else:
-                combined[name], given_by[name] = value, path
-    return Evidence(**combined)
 
 
 def _write_report(verdict: Verdict, args) -> None:

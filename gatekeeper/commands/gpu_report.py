@@ -14,10 +14,10 @@ import re
 import sys
 from pathlib import Path
 
-from gatekeeper.collect.git import changed_in_worktree, commit_sha
 from gatekeeper.collect.gpu_reports import gpu_report_run
 from gatekeeper.errors import InputError
 from gatekeeper.evidence import Evidence, HeadInfo, TestRun
+from gatekeeper.git import Git, changed_in_worktree
 
 _HEX_SHA = re.compile(r"[0-9a-f]{7,40}")
 
@@ -61,7 +61,7 @@ def _run(args) -> int:
 def _resolve_commit(repo: Path, commit: str) -> str:
     if not _HEX_SHA.fullmatch(commit):
         raise InputError("--commit", f"{commit!r} is not a commit SHA (7 to 40 lowercase hex digits)")
-    sha = commit_sha(repo, commit)
+    sha = Git(repo).commit_sha_or_none(commit)
     if sha is None or not sha.startswith(commit):
         raise InputError(str(repo), f"{commit} is not a commit of this repository")
     return sha

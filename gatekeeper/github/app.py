@@ -23,10 +23,12 @@ from gatekeeper.github import signature
 from gatekeeper.github.client import GitHubApp
 from gatekeeper.github.config import AppConfig
 from gatekeeper.github.context import AppContext
+from gatekeeper.github.db import Database
 from gatekeeper.github.events import ACTED_ON, EVENT_MODELS, installation_id
 from gatekeeper.github.health import Health
+from gatekeeper.github.queue import DeliveryQueue
 from gatekeeper.github.reconcile import Reconciler
-from gatekeeper.github.store import Store
+from gatekeeper.github.records import Records
 from gatekeeper.github.worker import Worker, WorkerProcess
 
 log = logging.getLogger(__name__)
@@ -44,15 +46,16 @@ def create_app(config: AppConfig, workers: Literal["process", "threads"] = "proc
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         # Nothing is requeued here: another server may share the database and be running those jobs. What
-        # a crashed server was running is taken over by a worker once its lease expires (Store.claim).
-        store = Store(config.db_path, config.db_synchronous, config.job_lease_s)
+        # a crashed server was running is taken over by a worker once its lease expires (DeliveryQueue.claim).
+        db = Database(config.db_path, config.db_synchronous)
+        queue = DeliveryQueue(db, config.job_lease_s)
         if workers == "process":
             runner, reconciler = WorkerProcess(config), None
         else:
-            ctx = AppContext(config, store, GitHubApp(config))
+            ctx = AppContext(config, queue, Records(db), GitHubApp(config))
             runner, reconciler = Worker(ctx), Reconciler(ctx)
             reconciler.start()
-        app.state.store, app.state.health = store, Health(config, store, runner)
+        app.state.queue, app.state.health = queue, Health(config, queue, runner)
         runner.start()
         try:
             yield
@@ -102,7 +105,7 @@ def create_app(config: AppConfig, workers: Literal["process", "threads"] = "proc
             return JSONResponse({"ignored": f"{event}.{action} needs no work"}, status_code=202)
         if installation_id(parsed) is None:
             return _error(422, f"{event} payload has no installation: is this an App webhook?")
-        new = await run_in_threadpool(request.app.state.store.enqueue, delivery, event, action, body)
+        new = await run_in_threadpool(request.app.state.queue.enqueue, delivery, event, action, body)
         if not new:
             return JSONResponse({"duplicate": delivery}, status_code=200)
         return JSONResponse({"queued": delivery}, status_code=202)

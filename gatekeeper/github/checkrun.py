@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from gatekeeper.github.store import Override
+from gatekeeper.github.records import Override
 from gatekeeper.verdict import Severity, Status, Verdict
 
 SUMMARY_LIMIT = 65535
@@ -40,7 +40,7 @@ class CheckRunReport:
 
     @property
     def outcome(self) -> str:
-        """The conclusion, or `in_progress` for an open run: what the store and the audit log record."""
+        """The conclusion, or `in_progress` for an open run: what the records and the audit log keep."""
         return self.conclusion or "in_progress"
 
     def annotation_batches(self) -> list[list[dict[str, Any]]]:

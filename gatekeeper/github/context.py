@@ -1,4 +1,4 @@
-"""What every handler needs: configuration, the store, GitHub, and per-PR locks."""
+"""What every handler needs: configuration, the delivery queue, the records, GitHub, and per-PR locks."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 from gatekeeper.github.client import GitHubApp
 from gatekeeper.github.config import AppConfig
-from gatekeeper.github.store import Store
+from gatekeeper.github.queue import DeliveryQueue
+from gatekeeper.github.records import Records
 
 
 class KeyedLocks:
@@ -32,7 +33,8 @@ class KeyedLocks:
 @dataclass
 class AppContext:
     config: AppConfig
-    store: Store
+    queue: DeliveryQueue
+    records: Records  # on the queue's database
     github: GitHubApp
     pr_locks: KeyedLocks = field(default_factory=KeyedLocks)
 

@@ -37,7 +37,8 @@ from gatekeeper.github.events import (
 from gatekeeper.github.overrides import OverrideRequest, may_override, parse_override
 from gatekeeper.github.publish import publish
 from gatekeeper.github.review import DEADLINE_EVENT, review_pull_request
-from gatekeeper.github.store import EvaluationKey, Job
+from gatekeeper.github.queue import Job
+from gatekeeper.github.records import EvaluationKey
 from gatekeeper.policy import load_policy_text
 
 SWEEP_EVENT = "gatekeeper_sweep"  # synthetic deliveries queued by the reconciliation sweep
@@ -111,9 +112,9 @@ def _workflow_run(ctx: AppContext, event: WorkflowRunEvent, job: Job, progress: 
         document = _evidence_document(archive, source)
         parse_evidence(document, source)  # validate before storing: bad evidence never reaches a review
     except InputError as exc:
-        ctx.store.audit("error", repo, None, run.head_sha, reason=str(exc), delivery_id=job.delivery_id)
+        ctx.records.audit("error", repo, None, run.head_sha, reason=str(exc), delivery_id=job.delivery_id)
         return f"rejected evidence: {exc}"
-    ctx.store.put_evidence(repo, run.head_sha, hashlib.sha256(document.encode()).hexdigest(), document, run.id,
+    ctx.records.put_evidence(repo, run.head_sha, hashlib.sha256(document.encode()).hexdigest(), document, run.id,
                            run.path)
     numbers = _pull_numbers(ctx, event, run.head_sha, run.pull_requests)
     outcomes = [review_pull_request(ctx, installation_id(event), repo, n, progress, delivery_id=job.delivery_id)
@@ -147,13 +148,13 @@ def _issue_comment(ctx: AppContext, event: IssueCommentEvent, job: Job, progress
     head_sha = pr["head"]["sha"]
     refusal = request.problem or _override_refusal(ctx, gh, repo, pr, actor, request)
     if refusal is not None:
-        ctx.store.audit("override_refused", repo, number, head_sha, actor=actor,
+        ctx.records.audit("override_refused", repo, number, head_sha, actor=actor,
                         reason=f"{refusal} ({request.reason or 'no reason'})", delivery_id=job.delivery_id)
         _reply(ctx, gh, repo, number, head_sha, job,
                f"@{actor} the gatekeeper override was refused: {refusal}.")
         return f"refused override by @{actor}: {refusal}"
     # The override holds for this head only: a new push is a new change and is judged afresh.
-    ctx.store.add_override(repo, number, head_sha, actor, request.reason, job.delivery_id)
+    ctx.records.add_override(repo, number, head_sha, actor, request.reason, job.delivery_id)
     return review_pull_request(ctx, installation_id(event), repo, number, progress, force=True,
                                delivery_id=job.delivery_id, head_sha=head_sha)
 
@@ -185,7 +186,7 @@ def _reply(ctx: AppContext, gh, repo: str, number: int, head_sha: str, job: Job,
     try:
         gh.reply(repo, number, body)
     except Exception as exc:  # noqa: BLE001 - see the docstring
-        ctx.store.audit("error", repo, number, head_sha, reason=f"the reply could not be posted: {describe(exc)}",
+        ctx.records.audit("error", repo, number, head_sha, reason=f"the reply could not be posted: {describe(exc)}",
                         delivery_id=job.delivery_id)
 
 
@@ -226,10 +227,10 @@ def _merge_group_report(ctx: AppContext, gh, event: MergeGroupEvent, progress: P
     if match is None:
         return error_report(f"the merge group's ref `{group.head_ref}` does not name a pull request and its head")
     number, pr_head = int(match.group("number")), match.group("head")
-    decision = ctx.store.latest_decision(repo, number, pr_head)
+    decision = ctx.records.latest_decision(repo, number, pr_head)
     if decision is None:  # not judged here yet (e.g. the App was installed after the PR was last pushed)
         review_pull_request(ctx, installation_id(event), repo, number, Progress(), delivery_id=None, head_sha=pr_head)
-        decision = ctx.store.latest_decision(repo, number, pr_head)
+        decision = ctx.records.latest_decision(repo, number, pr_head)
     if decision != "success":
         return CheckRunReport("failure", f"PR #{number} is not passed by the gatekeeper", truncate(
             f"The merge group merges PR #{number} at `{pr_head[:12]}`, whose gatekeeper check is "
@@ -254,7 +255,7 @@ def _installation(ctx: AppContext, event: InstallationEvent, job: Job, progress:
     if job.event == "installation_repositories":
         active = True  # repositories came or went; the installation itself is still there
     account = event.installation.account.login if event.installation.account else None
-    ctx.store.set_installation(event.installation.id, account, active)
+    ctx.records.set_installation(event.installation.id, account, active)
     return f"installation {event.installation.id} {event.action}"
 
 

@@ -13,7 +13,7 @@ from github import Auth, GithubIntegration
 from github.GithubException import GithubException
 
 from gatekeeper.github.config import AppConfig
-from gatekeeper.github.store import Heartbeat, Store
+from gatekeeper.github.queue import DeliveryQueue, Heartbeat
 from gatekeeper.github.worker import heartbeat_interval
 
 # The workers are stuck or gone when their last heartbeat is older than this, or three beats if longer.
@@ -67,8 +67,8 @@ class GitHubCheck:
 
 
 class Health:
-    def __init__(self, config: AppConfig, store: Store, workers: Workers):
-        self._store = store
+    def __init__(self, config: AppConfig, queue: DeliveryQueue, workers: Workers):
+        self._queue = queue
         self._workers = workers
         self._github = GitHubCheck(config)
         self._stale_after_s = max(STALE_HEARTBEAT_MIN_S, 3 * heartbeat_interval(config))
@@ -78,15 +78,15 @@ class Health:
         reasons: list[str] = []
         body: dict[str, Any] = {}
         try:
-            self._store.ping()
+            self._queue.ping()
         except sqlite3.Error as exc:
             reasons.append(f"the database does not take writes: {exc}")
         exitcode = self._workers.exitcode()
         if exitcode is not None:
             reasons.append(f"worker process exited (exit code {exitcode})")
         try:
-            beat = self._store.last_heartbeat(self._workers.owner)
-            body["queue"] = self._store.queue_counts()
+            beat = self._queue.last_heartbeat(self._workers.owner)
+            body["queue"] = self._queue.counts()
         except sqlite3.Error as exc:
             reasons.append(f"the database cannot be read: {exc}")
         else:

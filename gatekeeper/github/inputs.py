@@ -23,7 +23,7 @@ from gatekeeper.github.checkrun import NO_POLICY_NAME, check_run_name
 from gatekeeper.github.config import AppConfig
 from gatekeeper.github.context import Progress
 from gatekeeper.github.failures import HeadMoved
-from gatekeeper.github.store import EvaluationKey, Override, Store, StoredEvidence
+from gatekeeper.github.records import EvaluationKey, Override, Records, StoredEvidence
 from gatekeeper.evidence_trust import untrusted_because
 from gatekeeper.policy import LoadedPolicy, load_policy_text
 
@@ -82,7 +82,7 @@ class ReviewInputs:
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def read_inputs(config: AppConfig, store: Store, gh: Installation, repo: str, number: int,
+def read_inputs(config: AppConfig, records: Records, gh: Installation, repo: str, number: int,
                 progress: Progress) -> ReviewInputs | str:
     """The inputs, or why there is nothing to judge (the PR is not open). `progress` learns the head and
     the check's name as soon as they are known, so that a failure later is reported on the right run."""
@@ -91,22 +91,22 @@ def read_inputs(config: AppConfig, store: Store, gh: Installation, repo: str, nu
         if pr.get("state") != "open":
             return f"skipped: PR #{number} is {pr.get('state')}"
         progress.head_sha = pr["head"]["sha"]
-        inputs = _read_once(config, store, gh, repo, number, pr, progress)
+        inputs = _read_once(config, records, gh, repo, number, pr, progress)
         again = gh.pull_request(repo, number)
         if (again["head"]["sha"], again["base"]["sha"]) == (inputs.head_sha, inputs.base_sha):
             return inputs
     raise HeadMoved(f"{repo}#{number} moved while it was read, {MAX_READS} times in a row")
 
 
-def _read_once(config: AppConfig, store: Store, gh: Installation, repo: str, number: int, pr: dict[str, Any],
+def _read_once(config: AppConfig, records: Records, gh: Installation, repo: str, number: int, pr: dict[str, Any],
                progress: Progress) -> ReviewInputs:
     head_sha, base_sha = pr["head"]["sha"], pr["base"]["sha"]
     policy, problem = _policy(config, repo, pr, gh.file_text(repo, config.policy_path, base_sha))
     progress.check_name = check_run_name(policy.policy.name) if policy else NO_POLICY_NAME
     now = time.time()
     base = ReviewInputs(repo, number, pr, head_sha, base_sha, policy, problem,
-                        override=store.override_for(repo, number, head_sha),
-                        first_seen=store.first_seen(repo, head_sha, now), now=now)
+                        override=records.override_for(repo, number, head_sha),
+                        first_seen=records.first_seen(repo, head_sha, now), now=now)
     if policy is None:
         return base
     # The real list, one entry past the limit: enough to know the PR is too large. And the PR's own count,
@@ -120,7 +120,7 @@ def _read_once(config: AppConfig, store: Store, gh: Installation, repo: str, num
     merge_base = gh.compare(repo, base_sha, head_sha)["merge_base"]
     old_tree = gh.tree(repo, merge_base)
     blobs = {sha: gh.blob(repo, sha) for sha in _blobs_to_read(entries, head_tree, old_tree)}
-    evidence = store.evidence_for(repo, head_sha)
+    evidence = records.evidence_for(repo, head_sha)
     untrusted = None
     if evidence is not None:
         # Compared with the base branch as it is now, which is what a merge would keep.

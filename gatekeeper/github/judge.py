@@ -8,8 +8,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from gatekeeper.evaluate import evaluate
-from gatekeeper.evidence import demote, parse_evidence
+from gatekeeper.evidence import parse_evidence
 from gatekeeper.github.checkrun import (
     NO_POLICY_NAME,
     SUMMARY_LIMIT,
@@ -23,7 +22,7 @@ from gatekeeper.github.checkrun import (
 from gatekeeper.github.client import TreeEntry
 from gatekeeper.github.config import AppConfig
 from gatekeeper.github.inputs import ReviewInputs
-from gatekeeper.provenance import detect
+from gatekeeper.inputs import EvaluationInputs, verdict_for
 from gatekeeper.report.markdown import render_markdown
 from gatekeeper.sources.github import changes_from_pr_file_entries, pull_request_from_json, with_tree_facts
 
@@ -75,14 +74,12 @@ def judge(config: AppConfig, inputs: ReviewInputs, read_blob: Callable[[str], by
     changes = with_tree_facts(changes, inputs.head_tree, inputs.old_tree, inputs.blobs).model_copy(
         update={"base_sha": inputs.base_sha, "head_sha": inputs.head_sha})  # the perf check's commit window
     info = pull_request_from_json(json.dumps(inputs.pr), f"{inputs.repo}#{inputs.number}")
-    provenance = detect(loaded.policy.agent_detection, changes.commits, info)
     evidence = None
     if inputs.evidence is not None:
         evidence = parse_evidence(inputs.evidence.document, f"{inputs.repo}@{inputs.head_sha}: evidence artifact")
-        if inputs.evidence_untrusted is not None:
-            evidence = demote(evidence, inputs.evidence_untrusted)
-    verdict = evaluate(loaded, changes, provenance, evidence, snapshot=HeadSnapshot(inputs.head_tree, read_blob),
-                       pull_request=info)
+    verdict = verdict_for(EvaluationInputs(loaded, changes, info, evidence,
+                                           evidence_untrusted=inputs.evidence_untrusted,
+                                           snapshot=HeadSnapshot(inputs.head_tree, read_blob)))
     summary = render_markdown(verdict)
     if inputs.evidence_untrusted is not None:
         summary = f"> **CI's evidence counts as self-reported:** {inputs.evidence_untrusted}.\n\n" + summary

@@ -18,7 +18,7 @@ from dataclasses import replace
 from gatekeeper.github.checkrun import STRENGTH, CheckRunReport
 from gatekeeper.github.client import Installation
 from gatekeeper.github.context import AppContext
-from gatekeeper.github.store import EvaluationKey
+from gatekeeper.github.records import EvaluationKey
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +30,9 @@ def external_id(repo: str, pr: int, head_sha: str, name: str) -> str:
 def publish(ctx: AppContext, gh: Installation, key: EvaluationKey, name: str, report: CheckRunReport, *,
             delivery_id: str | None, evidence_sha256: str | None) -> tuple[int | None, str]:
     """Write the report; returns the check run's id (None if nothing was written) and the outcome line."""
-    published = ctx.store.decision_for(key) if key.policy_sha256 else None
+    published = ctx.records.decision_for(key) if key.policy_sha256 else None
     if published is not None and STRENGTH[report.outcome] < STRENGTH[published]:
-        ctx.store.audit("kept", key.repo, key.pr, key.head_sha, conclusion=published, delivery_id=delivery_id,
+        ctx.records.audit("kept", key.repo, key.pr, key.head_sha, conclusion=published, delivery_id=delivery_id,
                         reason=f"not replaced by the weaker {report.outcome}: {report.title}")
         return None, f"kept {published}: a weaker {report.outcome} does not replace a published verdict"
     ident = external_id(key.repo, key.pr, key.head_sha, name)
@@ -42,14 +42,14 @@ def publish(ctx: AppContext, gh: Installation, key: EvaluationKey, name: str, re
         target = gh.create_check_run(key.repo, key.head_sha, name, ident)
         runs = gh.our_check_runs(key.repo, key.head_sha, ctx.config.app_id, name)  # a retried POST made two?
     _write(gh, key.repo, target, ident, report)
-    ctx.store.remember_check_run(key.repo, key.head_sha, name, target)
+    ctx.records.remember_check_run(key.repo, key.head_sha, name, target)
     for run in runs:
         if run["id"] != target and (run["status"] != "completed" or run.get("conclusion") != report.conclusion):
             log.warning("%s@%s: completing stale check run %s (%s %s) like run %s", key.repo, key.head_sha[:12],
                         run["id"], run["status"], run.get("conclusion"), target)
             stale = replace(report, title=f"Superseded by run {target}: {report.title}"[:200], annotations=())
             _write(gh, key.repo, run["id"], run.get("external_id") or ident, stale)
-    ctx.store.record_decision(key, target, report.outcome, evidence_sha256, delivery_id, report.title)
+    ctx.records.record_decision(key, target, report.outcome, evidence_sha256, delivery_id, report.title)
     log.info("%s#%s@%s: %s (%s)", key.repo, key.pr, key.head_sha[:12], report.outcome, report.title)
     return target, f"{report.outcome}: {report.title}"
 

@@ -25,7 +25,7 @@ def sweep(ctx: AppContext) -> int:
                     continue
                 payload = json.dumps({"installation_id": installation_id, "repo": repo, "pr": number}).encode()
                 # The id makes the sweep idempotent too: one synthetic delivery per head.
-                if ctx.store.enqueue(f"sweep:{repo}#{number}@{head_sha}", SWEEP_EVENT, None, payload):
+                if ctx.queue.enqueue(f"sweep:{repo}#{number}@{head_sha}", SWEEP_EVENT, None, payload):
                     queued += 1
     return queued
 
@@ -57,4 +57,4 @@ class Reconciler:
                     log.info("reconciliation queued %d review(s)", queued)
             except Exception:  # noqa: BLE001 - a failed sweep is logged and tried again next interval
                 log.exception("reconciliation sweep failed")
-        self._ctx.store.close()
+        self._ctx.queue.db.close()

@@ -19,7 +19,7 @@ from gatekeeper.github.failures import describe
 from gatekeeper.github.inputs import ReviewInputs, read_inputs
 from gatekeeper.github.judge import Judgement, judge
 from gatekeeper.github.publish import publish
-from gatekeeper.github.store import EvaluationKey
+from gatekeeper.github.records import EvaluationKey
 
 log = logging.getLogger(__name__)
 
@@ -38,13 +38,13 @@ def review_pull_request(ctx: AppContext, installation_id: int, repo: str, number
 
 def _review(ctx: AppContext, gh: Installation, repo: str, number: int, progress: Progress, force: bool,
             delivery_id: str | None, expected_head: str | None) -> str:
-    inputs = read_inputs(ctx.config, ctx.store, gh, repo, number, progress)
+    inputs = read_inputs(ctx.config, ctx.records, gh, repo, number, progress)
     if isinstance(inputs, str):
         return inputs
     if expected_head is not None and inputs.head_sha != expected_head:
         return f"skipped: PR #{number} has moved on from {expected_head[:12]}"
     key = inputs.key
-    if not force and ctx.store.evaluation_done(key):
+    if not force and ctx.records.evaluation_done(key):
         return "duplicate: already evaluated"
     try:
         judgement = judge(ctx.config, inputs, lambda sha: gh.blob(repo, sha))
@@ -65,17 +65,17 @@ def _after_publish(ctx: AppContext, gh: Installation, inputs: ReviewInputs, judg
     if judgement.wait_until is not None:
         payload = json.dumps({"installation_id": progress.installation_id, "repo": inputs.repo,
                               "pr": inputs.number, "head_sha": inputs.head_sha}).encode()
-        ctx.store.enqueue(f"deadline:{inputs.repo}#{inputs.number}@{inputs.head_sha}", DEADLINE_EVENT, None,
+        ctx.queue.enqueue(f"deadline:{inputs.repo}#{inputs.number}@{inputs.head_sha}", DEADLINE_EVENT, None,
                           payload, available_at=judgement.wait_until)
     if ctx.config.sticky_comment and judgement.comment is not None:
         try:
             comment_id = gh.upsert_comment(inputs.repo, inputs.number,
-                                           ctx.store.sticky_comment_id(inputs.repo, inputs.number),
+                                           ctx.records.sticky_comment_id(inputs.repo, inputs.number),
                                            judgement.comment, judgement.comment.split("\n", 1)[0])
-            ctx.store.remember_sticky_comment(inputs.repo, inputs.number, comment_id)
+            ctx.records.remember_sticky_comment(inputs.repo, inputs.number, comment_id)
         except Exception as exc:  # noqa: BLE001 - see the docstring
             reason = f"the sticky comment could not be written: {describe(exc)}"
-            ctx.store.audit("error", inputs.repo, inputs.number, inputs.head_sha, reason=reason,
+            ctx.records.audit("error", inputs.repo, inputs.number, inputs.head_sha, reason=reason,
                             delivery_id=delivery_id)
             log.warning("%s#%s: %s", inputs.repo, inputs.number, reason)
             notes.append(reason)

@@ -21,8 +21,10 @@ from gatekeeper.github.context import AppContext, Progress
 from gatekeeper.github.failures import Failure, classify, describe
 from gatekeeper.github.handlers import handle
 from gatekeeper.github.reconcile import Reconciler
+from gatekeeper.github.records import Records
 from gatekeeper.github.review import report_error
-from gatekeeper.github.store import Job, Store, new_owner
+from gatekeeper.github.db import Database
+from gatekeeper.github.queue import DeliveryQueue, Job, new_owner
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +46,7 @@ class Worker:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._heartbeat: threading.Thread | None = None
-        self.owner = ctx.store.owner  # the id of its leases and heartbeat
+        self.owner = ctx.queue.owner  # the id of its leases and heartbeat
         self.started_at = time.time()
 
     def start(self) -> None:
@@ -58,11 +60,11 @@ class Worker:
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
-        self._ctx.store.wake_all()
+        self._ctx.queue.wake_all()
         for thread in self._threads + ([self._heartbeat] if self._heartbeat else []):
             thread.join(timeout)
         try:  # jobs not finished by now are abandoned: another server may take them at once, not a lease later
-            expired = self._ctx.store.expire_leases()
+            expired = self._ctx.queue.expire_leases()
         except sqlite3.Error as exc:
             log.warning("could not hand over the unfinished jobs (taken over when their leases expire): %s", exc)
         else:
@@ -80,40 +82,40 @@ class Worker:
             while not self._stop.wait(heartbeat_interval(self._ctx.config)):
                 self._beat()
         finally:
-            self._ctx.store.close()
+            self._ctx.queue.db.close()
 
     def _beat(self) -> None:
         try:
-            self._ctx.store.heartbeat(self.alive())
+            self._ctx.queue.heartbeat(self.alive())
         except sqlite3.Error as exc:  # healthz sees the heartbeat age; the leases expire if this goes on
             log.warning("heartbeat not recorded: %s", exc)
 
     def _loop(self) -> None:
-        store = self._ctx.store
+        queue = self._ctx.queue
         try:
             while not self._stop.is_set():
                 try:
-                    job = store.claim()
+                    job = queue.claim()
                 except sqlite3.Error as exc:  # a locked or broken database must not end the thread for good
                     log.warning("could not claim a delivery: %s", exc)
                     self._stop.wait(1.0)
                     continue
                 if job is None:
-                    store.wait_for_work(IDLE_POLL_S)
+                    queue.wait_for_work(IDLE_POLL_S)
                     continue
                 try:
                     self.run(job)
                 except Exception:  # noqa: BLE001 - recording the outcome failed (the database): keep the thread
                     log.exception("delivery %s: outcome not recorded; it runs again when its lease expires",
                                   job.delivery_id)
-                    store.abandon(job.delivery_id)
+                    queue.abandon(job.delivery_id)
         finally:
-            store.close()
+            queue.db.close()
 
     def run(self, job: Job) -> None:
         limit = self._ctx.config.max_attempts
         if job.attempts > limit:  # only a takeover gets here: earlier attempts' workers died mid-job
-            self._ctx.store.fail(job.delivery_id, f"gave up: attempt {job.attempts} of at most {limit}; the "
+            self._ctx.queue.fail(job.delivery_id, f"gave up: attempt {job.attempts} of at most {limit}; the "
                                                   "earlier attempts were interrupted (their worker died)")
             return
         progress = Progress()
@@ -122,11 +124,11 @@ class Worker:
         except Exception as exc:  # noqa: BLE001 - every failure is classified and reported, none is dropped
             self._failed(job, progress, exc)
         else:
-            if self._ctx.store.finish(job.delivery_id, outcome):  # False: the lease was lost (logged)
+            if self._ctx.queue.finish(job.delivery_id, outcome):  # False: the lease was lost (logged)
                 log.info("delivery %s (%s.%s): %s", job.delivery_id, job.event, job.action, outcome)
 
     def _failed(self, job: Job, progress: Progress, exc: Exception) -> None:
-        config, store = self._ctx.config, self._ctx.store
+        config, queue = self._ctx.config, self._ctx.queue
         kind, reason = classify(exc), describe(exc)
         if kind is Failure.token_rejected and progress.installation_id is not None:
             self._ctx.github.tokens.invalidate(progress.installation_id)
@@ -134,7 +136,7 @@ class Worker:
             # A rejected token is retried at once with a fresh one; GitHub trouble waits longer each time.
             delay = 0.0 if kind is Failure.token_rejected else config.retry_backoff_s * 2 ** (job.attempts - 1)
             log.warning("delivery %s attempt %d: %s; retrying in %.1fs", job.delivery_id, job.attempts, reason, delay)
-            store.retry_later(job.delivery_id, delay, reason)
+            queue.retry_later(job.delivery_id, delay, reason)
             return
         if kind is not Failure.permanent:
             reason = f"{reason} (gave up after {job.attempts} attempts)"
@@ -142,10 +144,10 @@ class Worker:
             log.exception("delivery %s failed", job.delivery_id, exc_info=exc)
         reported = False
         try:  # a worker whose lease was taken over leaves the reporting to the job's new holder
-            reported = store.holds(job.delivery_id) and report_error(self._ctx, progress, reason)
+            reported = queue.holds(job.delivery_id) and report_error(self._ctx, progress, reason)
         except Exception as report_exc:  # noqa: BLE001 - GitHub may be the very thing that is down
             reason += f"; and the failed check could not be posted: {describe(report_exc)}"
-        store.fail(job.delivery_id, reason, progress.repo, progress.pr, progress.head_sha,
+        queue.fail(job.delivery_id, reason, progress.repo, progress.pr, progress.head_sha,
                    conclusion="failure" if reported else None, check_run_id=progress.check_run_id)
         log.error("delivery %s (%s) failed: %s", job.delivery_id, job.event, reason)
 
@@ -190,8 +192,8 @@ def run_worker_process(config_json: str, server_pid: int, owner: str) -> None:
     if os.getppid() != server_pid:  # the server died before the line above took effect
         return
     config = AppConfig.model_validate_json(config_json)
-    store = Store(config.db_path, config.db_synchronous, config.job_lease_s, owner)
-    ctx = AppContext(config, store, GitHubApp(config))
+    db = Database(config.db_path, config.db_synchronous)
+    ctx = AppContext(config, DeliveryQueue(db, config.job_lease_s, owner), Records(db), GitHubApp(config))
     worker, reconciler = Worker(ctx), Reconciler(ctx)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

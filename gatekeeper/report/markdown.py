@@ -1,9 +1,8 @@
 """Markdown reports from jinja2 templates: the check-run summary the App posts, and the PR comment.
 
 Each check may add a `details` section. Its `CheckResult.details` is rendered by the template
-`details_<check id>.md.j2` when one exists; else, when the check wrote its own Markdown into
-`details["markdown"]` (a perf table, a coverage table), by showing that; else generically (scalars, tables
-of flat rows, JSON).
+`details_<check id>.md.j2` when one exists; else, when the check's rows make a table of `tables.py` (a perf
+table, a coverage table), by showing that; else generically (scalars, tables of flat rows, JSON).
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ from typing import Any, Literal
 
 import jinja2
 
+from gatekeeper.report.tables import details_table
 from gatekeeper.report.text import md_code, md_text, md_trusted
 from gatekeeper.verdict import CheckResult, Status, Verdict
 
@@ -73,11 +73,13 @@ def _context(
     checks = []
     for check in verdict.checks:
         shown = check.findings if finding_limit is None else check.findings[:finding_limit]
+        table = details_table(check)
         checks.append({
             "result": check,
             "findings": shown,
             "hidden": len(check.findings) - len(shown),
-            "details_template": _details_template(check),
+            "table": table,
+            "details_template": _details_template(check, table),
         })
     counts = {s.value: sum(1 for c in verdict.checks if c.status is s) for s in Status}
     undecided = [c.id for c in verdict.checks if c.status is Status.neutral]
@@ -94,12 +96,12 @@ def _context(
     }
 
 
-def _details_template(check: CheckResult) -> str:
+def _details_template(check: CheckResult, table: str | None) -> str:
     specific = f"details_{check.id}.md.j2"
     if specific in _ENV.list_templates():
         return specific
-    # A check may render its own table into details["markdown"]; the other keys are then its raw data.
-    return "details_markdown.md.j2" if isinstance(check.details.get("markdown"), str) else "details_generic.md.j2"
+    # The table shows the check's rows; its details are then only the data behind it, not shown again.
+    return "details_table.md.j2" if table is not None else "details_generic.md.j2"
 
 
 def md_table(rows: list[dict[str, Any]]) -> str:

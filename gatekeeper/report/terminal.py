@@ -11,6 +11,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from gatekeeper.report.tables import details_table
 from gatekeeper.report.text import md_trusted, one_line
 from gatekeeper.verdict import CheckResult, Status, Verdict
 
@@ -18,7 +19,8 @@ _STATUS_STYLES = {"pass": "bold green", "fail": "bold red", "neutral": "bold yel
 _SEVERITY_STYLES = {"error": "red", "warning": "yellow", "notice": "cyan"}
 _MODE_TEXT = {"strict": "strict bounded review", "default": "default review", None: "unknown"}
 
-# Per-check renderers of `CheckResult.details`; a check without one gets the generic key/value view.
+# Per-check renderers of `CheckResult.details`; a check without one gets its table (tables.py), or the generic
+# key/value view.
 DetailsRenderer = Callable[[dict[str, Any]], RenderableType | None]
 DETAILS_RENDERERS: dict[str, DetailsRenderer] = {}
 
@@ -82,25 +84,28 @@ def _check_section(check: CheckResult) -> RenderableType | None:
             line.append("  ")
         line.append(one_line(finding.message))
         parts.append(line)
-    if check.details:
-        renderer = DETAILS_RENDERERS.get(check.id) or (
-            _markdown_details if isinstance(check.details.get("markdown"), str) else _generic_details
-        )
-        rendered = renderer(check.details)
-        if rendered is not None:
-            parts.append(rendered)
+    if check.details and (rendered := _details(check)) is not None:
+        parts.append(rendered)
     if not parts:
         return None
     title = Text(check.id, style=_STATUS_STYLES[check.status.value])
     return Panel(Group(*parts), title=title, title_align="left")
 
 
-def _markdown_details(details: dict[str, Any]) -> RenderableType:
-    # The check's own table (see gatekeeper.report.markdown); rich draws Markdown tables in the terminal.
+def _details(check: CheckResult) -> RenderableType | None:
+    renderer = DETAILS_RENDERERS.get(check.id)
+    if renderer is not None:
+        return renderer(check.details)
+    table = details_table(check)
+    return _table_details(table) if table is not None else _generic_details(check.details)
+
+
+def _table_details(table: str) -> RenderableType:
+    # The check's table (gatekeeper.report.tables), in Markdown; rich draws Markdown tables in the terminal.
     # Imported here: rich.markdown pulls in markdown-it, a tenth of a second, for reports that rarely need it.
     from rich.markdown import Markdown
 
-    return Markdown(md_trusted(details["markdown"]))
+    return Markdown(md_trusted(table))
 
 
 def _generic_details(details: dict[str, Any]) -> RenderableType:

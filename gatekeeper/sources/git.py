@@ -3,17 +3,15 @@
 The range is read the way GitHub shows a pull request: the diff from the merge base of `base` and `head`
 to `head` (`git diff base...head`), and the commits of `git log base..head`, oldest first.
 
-git runs as a subprocess without a shell, with every option that changes its output pinned on the command
-line, so a user's or a repository's git config (noprefix, external diff drivers, textconv, submodule
-summaries, another diff algorithm) cannot change what is parsed. The patch text goes through the same
-parser as `--diff` input; git's `--raw -z` listing then cross-checks it (exact paths, no quoting) and fills
-in what the patch text cannot show: the modes of pure renames and the targets of renamed symlinks.
+git runs through gatekeeper.git, which pins its config; the diff options below pin the rest of what could
+change the output (external diff drivers, textconv, submodule summaries, another diff algorithm), so a user's
+or a repository's git config cannot change what is parsed. The patch text goes through the same parser as
+`--diff` input; git's `--raw -z` listing then cross-checks it (exact paths, no quoting) and fills in what the
+patch text cannot show: the modes of pure renames and the targets of renamed symlinks.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -21,24 +19,20 @@ from typing import NamedTuple
 
 from gatekeeper.changes import SYMLINK_MODE, ChangeSet, Commit, FileChange, FileStatus
 from gatekeeper.errors import InputError
+from gatekeeper.git import Git
 from gatekeeper.sources.diff import parse_git_diff
 
 _NO_MODE = "000000"
-# Pinned so that config cannot change what git prints (see the module docstring).
-_CONFIG = ("-c", "core.quotePath=true", "-c", "diff.noprefix=false", "-c", "diff.mnemonicPrefix=false",
-           "-c", "core.fsmonitor=false", "-c", "log.showSignature=false", "-c", "i18n.logOutputEncoding=UTF-8")
 _DIFF_OPTIONS = ("--no-color", "--no-ext-diff", "--no-textconv", "--no-relative", "--full-index",
                  "--submodule=short", "--ignore-submodules=none", "--diff-algorithm=myers", "-M", "-C",
                  "--src-prefix=a/", "--dst-prefix=b/")
-# Environment variables that would point git at another repository or index than the one asked for.
-_GIT_LOCATION_VARS = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_COMMON_DIR")
 
 
 def changes_from_git(repo: str | Path, base: str, head: str = "HEAD") -> ChangeSet:
     """The change `base...head` in the repository at `repo`; its base_sha is the merge base, the commit
     the diff is taken against. Not a repository, a bad ref, or histories without a common ancestor:
     InputError naming the repository and the ref."""
-    git = _Git(repo)
+    git = Git.open(repo)
     base_sha = git.commit_sha(base)
     head_sha = git.commit_sha(head)
     found = git.run_bytes_or_none("merge-base", base_sha, head_sha)
@@ -63,7 +57,7 @@ class TreeEntry(NamedTuple):
 
 def tree_entries(repo: str | Path, ref: str) -> dict[str, TreeEntry]:
     """Every entry of the commit's tree with its mode and object id, as GitHub's trees API lists them."""
-    git = _Git(repo)
+    git = Git.open(repo)
     listing = git.run("ls-tree", "-r", "-z", "--full-tree", git.commit_sha(ref), what="git ls-tree")
     entries = {}
     for record in filter(None, listing.split("\0")):
@@ -78,7 +72,7 @@ class GitSnapshot:
     tree is never looked at, so uncommitted edits cannot change what the checks read."""
 
     def __init__(self, repo: str | Path, ref: str):
-        self._git = _Git(repo)
+        self._git = Git.open(repo)
         self.sha = self._git.commit_sha(ref)
         self._paths: tuple[str, ...] | None = None
 
@@ -98,53 +92,6 @@ class GitSnapshot:
                                     what="git ls-tree")
             self._paths = tuple(p for p in listing.split("\0") if p)
         return self._paths
-
-
-class _Git:
-    def __init__(self, repo: str | Path):
-        self.repo = Path(repo)
-        self.source = str(repo)
-        self._env = {k: v for k, v in os.environ.items() if k not in _GIT_LOCATION_VARS}
-        self._env.update(LC_ALL="C", GIT_PAGER="cat", GIT_TERMINAL_PROMPT="0")
-        if not self.repo.is_dir():
-            raise InputError(self.source, "not a directory")
-        inside = self._call("rev-parse", "--is-inside-work-tree", "--git-dir")
-        if inside.returncode != 0:
-            raise InputError(self.source, f"not a git repository: {_last_line(inside.stderr)}")
-
-    def commit_sha(self, ref: str) -> str:
-        if not ref or ref.startswith("-"):
-            raise InputError(self.source, f"bad git ref {ref!r}")
-        result = self._call("rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}")
-        if result.returncode != 0:
-            raise InputError(self.source, f"git ref {ref!r} does not name a commit in this repository")
-        return result.stdout.decode().strip()
-
-    def run(self, *args: str, what: str) -> str:
-        result = self._call(*args)
-        if result.returncode != 0:
-            raise InputError(self.source, f"{what} failed: {_last_line(result.stderr)}")
-        # Paths in the text are quoted ASCII; only file contents can be other encodings, and their bytes
-        # never change which lines are added or removed.
-        return result.stdout.decode("utf-8", errors="replace")
-
-    def run_bytes_or_none(self, *args: str) -> bytes | None:
-        result = self._call(*args)
-        return result.stdout if result.returncode == 0 else None
-
-    def _call(self, *args: str) -> subprocess.CompletedProcess[bytes]:
-        try:
-            return subprocess.run(
-                ["git", "-C", str(self.repo), *_CONFIG, *args],
-                capture_output=True, env=self._env, check=False, stdin=subprocess.DEVNULL,
-            )
-        except FileNotFoundError:
-            raise InputError(self.source, "the git executable was not found on PATH") from None
-
-
-def _last_line(stderr: bytes) -> str:
-    lines = stderr.decode("utf-8", errors="replace").strip().splitlines()
-    return lines[-1] if lines else "(no message)"
 
 
 class _RawEntry:
@@ -185,7 +132,7 @@ def _parse_raw(raw: str, source: str) -> list[_RawEntry]:
     return entries
 
 
-def _complete_from_raw(files: list[FileChange], raw: list[_RawEntry], git: _Git) -> list[FileChange]:
+def _complete_from_raw(files: list[FileChange], raw: list[_RawEntry], git: Git) -> list[FileChange]:
     """Check the parsed patch against git's exact listing, then take modes (and symlink targets the patch
     text does not show) from the listing. Any disagreement is an error: nothing may go missing."""
     by_key: dict[tuple[FileStatus, str | None, str], tuple[_RawEntry, int]] = {}
@@ -214,7 +161,7 @@ def _complete_from_raw(files: list[FileChange], raw: list[_RawEntry], git: _Git)
     return completed
 
 
-def _commits(git: _Git, base_sha: str, head_sha: str) -> tuple[Commit, ...]:
+def _commits(git: Git, base_sha: str, head_sha: str) -> tuple[Commit, ...]:
     # NUL-separated fields: a commit message may hold any other character.
     log = git.run("log", "--reverse", "-z", "--format=%H%x00%an%x00%ae%x00%B", f"{base_sha}..{head_sha}", "--",
                   what="git log")

@@ -129,3 +129,13 @@ def test_demote_relabels_every_part_self_reported_with_the_reason():
     assert {o.trust for o in origins} == {"self_reported"}
     assert all(o.source == "collector (self-reported: the PR edits the workflow)" for o in origins)
     assert demote(parse_evidence("{}", "empty.json"), "x") == parse_evidence("{}", "empty.json")
+
+
+def test_the_committed_perf_evidence_schema_is_the_models():
+    """schemas/perf_evidence.v1.json is the contract benchmarks write to; it must not drift from the model."""
+    from pathlib import Path
+
+    from gatekeeper.evidence import perf_evidence_json_schema
+
+    committed = json.loads((Path(__file__).parents[2] / "schemas" / "perf_evidence.v1.json").read_text())
+    assert committed == json.loads(json.dumps(perf_evidence_json_schema()))

@@ -11,6 +11,7 @@ from gatekeeper.checks.changed_path_tests import changed_statements, line_ranges
 from gatekeeper.evidence import Evidence, FileCoverage, Origin, TestCase, TestRun
 from gatekeeper.policy import Mode, load_policy_text
 from gatekeeper.provenance import Provenance
+from gatekeeper.report.tables import details_table
 from gatekeeper.verdict import Severity, Status
 
 POLICY = """
@@ -59,7 +60,7 @@ def test_fully_covered_change_passes_and_lists_covering_tests():
     assert result.status is Status.passed, errors(result)
     row = result.details["files"][0]
     assert row["covered_lines"] == 4 and row["tests"] == ["(collection)", "tests/tiny/test_ops.py::test_add"]
-    assert "`tests/tiny/test_ops.py::test_add`" in result.details["markdown"]
+    assert "`tests/tiny/test_ops.py::test_add`" in details_table(result)
 
 
 def test_new_function_without_a_test_fails_with_the_uncovered_ranges():
@@ -69,7 +70,7 @@ def test_new_function_without_a_test_fails_with_the_uncovered_ranges():
         "tiny/ops.py:3: 5 of 7 changed executable line(s) never ran under a test (lines 3-6, 8); "
         "the policy requires 100% per file"
     ]
-    assert "3-6, 8" in result.details["markdown"]
+    assert "3-6, 8" in details_table(result)
 
 
 def test_one_untested_file_cannot_hide_behind_a_tested_one():

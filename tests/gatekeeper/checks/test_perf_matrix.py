@@ -10,6 +10,7 @@ from gatekeeper.checks.perf_matrix import fenced_blocks, run
 from gatekeeper.evidence import Evidence, HeadInfo, Origin, PerfEvidence, PerfSubmission, SupportAxes
 from gatekeeper.policy import Mode, load_policy_text
 from gatekeeper.provenance import Provenance, PullRequestInfo
+from gatekeeper.report.tables import details_table
 from gatekeeper.snapshot import DictSnapshot
 from gatekeeper.verdict import Severity, Status
 
@@ -74,14 +75,14 @@ def test_complete_matrix_passes_and_renders_speedups():
     result = check(perf())
     assert result.status is Status.passed, errors(result)
     assert len(result.details["rows"]) == 4
-    assert "| 8 | 1 | kda | 12 us | 10 us | 1.20× |" in result.details["markdown"]
+    assert "| 8 | 1 | kda | 12 us | 10 us | 1.20× |" in details_table(result)
 
 
 def test_missing_row_is_a_gap():
     result = check(perf([row(8, 1), row(8, 64), row(16, 1)]))
     assert result.status is Status.failed
     assert errors(result) == ["tp=16, batch=64, layer=kda: missing: no evidence measured this row"]
-    assert "❌ gap" in result.details["markdown"]
+    assert "❌ gap" in details_table(result)
 
 
 def test_row_without_baseline():
@@ -190,7 +191,7 @@ def test_rows_split_by_an_axis_the_policy_does_not_require_must_each_pass():
     assert result.status is Status.failed
     assert errors(result) == ["tp=16, layer=kda, batch=64: regression: the candidate is 66.7% slower than the baseline (allowed 2%)"]
     assert len(result.details["rows"]) == 4
-    assert result.details["markdown"].splitlines()[0].startswith("| tp | layer | batch | baseline |")
+    assert details_table(result).splitlines()[0].startswith("| tp | layer | batch | baseline |")
 
 
 def test_hostile_pr_file_is_an_error_naming_the_file():
@@ -207,7 +208,7 @@ def test_hostile_pr_file_is_an_error_naming_the_file():
 def test_without_evidence_or_axes_the_rule_is_neutral():
     nothing = check(None)
     assert nothing.status is Status.neutral and "for the 4 required row(s)" in nothing.summary
-    assert nothing.details["markdown"].count("❌ gap") == 4
+    assert details_table(nothing).count("❌ gap") == 4
     # No support matrix in this policy: the extra axes alone (layer) are the matrix.
     assert check(perf(), axes=None).status is Status.passed
 

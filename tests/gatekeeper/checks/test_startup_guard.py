@@ -12,6 +12,7 @@ from gatekeeper.checks.startup_guard import run
 from gatekeeper.evidence import Evidence, GuardProbeRun, Origin, ProbeResult
 from gatekeeper.policy import Mode, load_policy_text
 from gatekeeper.provenance import Provenance
+from gatekeeper.report.tables import details_table
 from gatekeeper.snapshot import DictSnapshot
 from gatekeeper.verdict import Status
 
@@ -80,7 +81,7 @@ def messages(result):
 def test_the_full_contribution_passes():
     result = check()
     assert result.status is Status.passed, messages(result)
-    assert "✅" in result.details["markdown"]
+    assert "✅" in details_table(result)
 
 
 def test_guard_removed():
@@ -157,7 +158,7 @@ def test_a_probe_that_should_be_rejected_but_is_accepted():
     result = check(probes=probes)
     assert result.status is Status.failed
     assert "probe 'too-wide' (expect reject): the guard accepted a deployment it must reject" in messages(result)
-    assert "❌" in result.details["markdown"]
+    assert "❌" in details_table(result)
 
 
 @pytest.mark.parametrize(("probe", "expected"), [

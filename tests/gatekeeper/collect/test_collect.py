@@ -325,7 +325,7 @@ def test_gpu_report_covers_gpu_only_lines_until_the_file_changes(repo, monkeypat
 
 
 def test_file_at_reads_a_commits_text_and_says_none_for_what_it_cannot(repo):
-    from gatekeeper.collect.git import file_at
+    from gatekeeper.git import file_at
 
     (repo / "latin1.py").write_bytes("# caf\xe9\n".encode("latin-1"))
     sha = commit(repo, "a file that is not UTF-8")

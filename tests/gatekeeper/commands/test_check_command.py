@@ -175,8 +175,7 @@ def _probes(guard: str) -> dict:
 
 
 def test_several_evidence_files_are_combined(tmp_path):
-    from gatekeeper.commands.check import combine_evidence
-    from gatekeeper.evidence import load_evidence
+    from gatekeeper.evidence import combine_evidence, load_evidence
 
     first = _evidence_file(tmp_path, "a.json", tests=[_run("cpu")], guard_probes=_probes("m:g"))
     second = _evidence_file(tmp_path, "b.json", tests=[_run("gpu")])

@@ -15,7 +15,9 @@ from starlette.applications import Starlette
 
 from gatekeeper.github.config import AppConfig
 from gatekeeper.github.signature import sign
-from gatekeeper.github.store import Store
+from gatekeeper.github.db import Database
+from gatekeeper.github.queue import DeliveryQueue
+from gatekeeper.github.records import Records
 
 from fake_github import FakeCommit, FakeGitHub, FakePull, FakeRepo, webhook_example
 
@@ -39,7 +41,7 @@ class RunningApp:
     url: str
     config: AppConfig
     client: httpx.Client
-    asgi: Starlette | None = None  # the App itself: its state holds the store and the health checks
+    asgi: Starlette | None = None  # the App itself: its state holds the queue and the health checks
 
     def send(self, event: str, payload: dict[str, Any] | bytes, delivery: str | None = None,
              secret: str = SECRET, headers: dict[str, str] | None = None) -> httpx.Response:
@@ -50,8 +52,11 @@ class RunningApp:
         all_headers.update(headers or {})
         return self.client.post(self.url + "/webhook", content=body, headers=all_headers)
 
-    def store(self) -> Store:
-        return Store(self.config.db_path)
+    def queue(self) -> DeliveryQueue:
+        return DeliveryQueue(Database(self.config.db_path))
+
+    def records(self) -> Records:
+        return Records(Database(self.config.db_path))
 
     def wait_healthy(self, timeout: float = 30.0) -> dict[str, Any]:
         """Block until /healthz answers 200 (a worker process reports once it has started); returns its body."""
@@ -65,16 +70,16 @@ class RunningApp:
 
     def wait_done(self, delivery: str, timeout: float = 15.0) -> dict[str, Any]:
         """Block until the delivery is finished or failed (bounded); returns its row."""
-        store = self.store()
+        queue = self.queue()
         deadline = time.monotonic() + timeout
         try:
             while time.monotonic() < deadline:
-                row = store.delivery(delivery)
+                row = queue.delivery(delivery)
                 if row is not None and row["status"] in ("done", "failed"):
                     return row
                 time.sleep(0.02)
         finally:
-            store.close()
+            queue.db.close()
         raise AssertionError(f"delivery {delivery} not processed within {timeout}s: {row}")
 
 

@@ -94,13 +94,13 @@ def test_failure_fix_redelivery_override(fake, start_app):
     assert overridden["output"]["title"] == "Overridden by @maintainer (was failure)"
     assert "the engine hook is reviewed upstream" in overridden["output"]["summary"]
 
-    store = app.store()
-    kinds = [(e["kind"], e["conclusion"], e["actor"]) for e in store.audit_log(repo=REPO)]
+    records = app.records()
+    kinds = [(e["kind"], e["conclusion"], e["actor"]) for e in records.audit_log(repo=REPO)]
     assert kinds == [
         ("decision", "failure", None), ("decision", "success", None), ("decision", "failure", None),
         ("override_refused", None, "drive-by"), ("override", None, "maintainer"), ("decision", "success", None),
     ]
-    assert all(e["policy_sha256"] for e in store.audit_log(repo=REPO) if e["kind"] == "decision")
+    assert all(e["policy_sha256"] for e in records.audit_log(repo=REPO) if e["kind"] == "decision")
 
 
 def test_policy_comes_from_the_base_branch(fake, start_app):
@@ -161,7 +161,7 @@ def test_labels_change_the_inputs_so_a_labeled_event_is_judged_again(fake, start
     app.send("pull_request", labeled, delivery="d2")
     assert not app.wait_done("d2")["outcome"].startswith("duplicate")
     assert len(fake.check_runs(REPO, head)) == 1
-    decisions = [e for e in app.store().audit_log() if e["kind"] == "decision"]
+    decisions = [e for e in app.records().audit_log() if e["kind"] == "decision"]
     assert len(decisions) == 2
 
 

@@ -12,7 +12,7 @@ from fake_github import webhook_example
 from gatekeeper.github.reconcile import sweep
 
 def _decisions(app) -> list[dict]:
-    return [e for e in app.store().audit_log() if e["kind"] == "decision"]
+    return [e for e in app.records().audit_log() if e["kind"] == "decision"]
 
 
 def _opened_and_judged(fake, start_app, **config):
@@ -96,7 +96,7 @@ def test_invalid_evidence_is_rejected_and_audited(fake, start_app):
     fake.add_artifact(REPO, 79, "other-artifact", b"not a zip")
     app.send("workflow_run", _workflow_run(79), delivery="d-none")
     assert "no 'gatekeeper-evidence' artifact" in app.wait_done("d-none")["outcome"]
-    assert [e["kind"] for e in app.store().audit_log()] == ["decision", "error"]
+    assert [e["kind"] for e in app.records().audit_log()] == ["decision", "error"]
 
 
 def test_artifacts_of_other_workflows_are_not_evidence(fake, start_app):
@@ -107,7 +107,7 @@ def test_artifacts_of_other_workflows_are_not_evidence(fake, start_app):
     event["workflow_run"]["path"] = ".github/workflows/test.yml"
     app.send("workflow_run", event, delivery="d-other")
     assert app.wait_done("d-other")["outcome"] == "ignored: workflow '.github/workflows/test.yml' is not an evidence workflow"
-    assert app.store().evidence_for(REPO, HEAD) is None
+    assert app.records().evidence_for(REPO, HEAD) is None
 
 
 def test_sticky_comment_is_updated_never_duplicated(fake, start_app):
@@ -141,15 +141,19 @@ def test_installation_events_are_recorded(fake, start_app):
     event = webhook_example("installation.created")
     app.send("installation", event, delivery="d-inst")
     app.wait_done("d-inst")
-    assert app.store().installation_active(event["installation"]["id"]) is True
+    assert app.records().installation_active(event["installation"]["id"]) is True
     event["action"] = "deleted"
     app.send("installation", event, delivery="d-uninst")
     app.wait_done("d-uninst")
-    assert app.store().installation_active(event["installation"]["id"]) is False
+    assert app.records().installation_active(event["installation"]["id"]) is False
 
 
 def app_context(app):
     from gatekeeper.github.client import GitHubApp
     from gatekeeper.github.context import AppContext
+    from gatekeeper.github.db import Database
+    from gatekeeper.github.queue import DeliveryQueue
+    from gatekeeper.github.records import Records
 
-    return AppContext(app.config, app.store(), GitHubApp(app.config))
+    db = Database(app.config.db_path)
+    return AppContext(app.config, DeliveryQueue(db), Records(db), GitHubApp(app.config))

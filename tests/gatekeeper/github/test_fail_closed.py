@@ -87,7 +87,7 @@ def test_a_failure_after_publishing_does_not_replace_the_verdict(fake, start_app
     assert (run["conclusion"], run["output"]["title"]) == ("failure", "Failed: confinement")
     conclusions = [body.get("conclusion") for _, body in fake.check_run_patches if body.get("conclusion")]
     assert conclusions == ["failure"]
-    assert [(e["kind"], e["conclusion"]) for e in app.store().audit_log()] == [("decision", "failure"), ("error", None)]
+    assert [(e["kind"], e["conclusion"]) for e in app.records().audit_log()] == [("decision", "failure"), ("error", None)]
 
 
 # --- 3. the verdict belongs to the head whose files were read --------------------------------------------
@@ -149,7 +149,7 @@ def test_an_override_naming_an_older_head_is_refused_with_a_reply(fake, start_ap
     assert row["status"] == "done" and row["outcome"].startswith("refused override by @maintainer: it names head")
     [reply] = [c for c in repo.comments.values() if "override was refused" in c["body"]]
     assert NEW_HEAD[:12] in reply["body"]
-    assert app.store().override_for(REPO, 2, NEW_HEAD) is None
+    assert app.records().override_for(REPO, 2, NEW_HEAD) is None
 
 
 def test_the_author_may_not_override_unless_the_policy_says_so(fake, start_app):
@@ -170,7 +170,7 @@ def test_commands_in_code_or_quotes_and_strangers_are_not_overrides(fake, start_
     app.send("issue_comment", _comment(f"/gatekeeper override {HEAD[:7]} drive-by", "stranger"), delivery="d-x")
     row = app.wait_done("d-x")  # GitHub answers 404 for a non-collaborator's permission: a refusal, not an error
     assert row["status"] == "done" and "permission on Codertocat/Hello-World is `none`" in row["outcome"]
-    assert [e["kind"] for e in app.store().audit_log()][-1] == "override_refused"
+    assert [e["kind"] for e in app.records().audit_log()][-1] == "override_refused"
     assert _run(fake)["conclusion"] == "failure"
 
 

@@ -31,7 +31,7 @@ def test_github_down_for_good_fails_the_check_with_the_reason(fake, start_app):
     assert (run["conclusion"], run["output"]["title"]) == ("failure", "Could not evaluate")
     assert "could not evaluate" in run["output"]["summary"] and "503" in run["output"]["summary"]
     assert run["name"] == "gatekeeper / kimi-k3"  # the required check's own name, not a side run
-    [error] = [e for e in app.store().audit_log() if e["kind"] == "error"]
+    [error] = [e for e in app.records().audit_log() if e["kind"] == "error"]
     assert error["conclusion"] == "failure" and "gave up after 2 attempts" in error["reason"]
 
 
@@ -62,7 +62,7 @@ def test_an_unknown_installation_fails_the_delivery_with_the_reason(fake, start_
     row = judge_opened(app)
     assert row["status"] == "failed" and "404" in row["error"]
     assert "check could not be posted" not in row["error"]  # nothing to post on: the PR was never read
-    assert [e["kind"] for e in app.store().audit_log()] == ["error"]
+    assert [e["kind"] for e in app.records().audit_log()] == ["error"]
 
 
 def test_more_files_than_the_policy_allows_fails_closed(fake, start_app):

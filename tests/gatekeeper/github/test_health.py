@@ -23,7 +23,7 @@ from gatekeeper.errors import InputError
 from gatekeeper.github import health
 from gatekeeper.github.app import create_app
 from gatekeeper.github.config import load_config
-from gatekeeper.github.store import Store
+from gatekeeper.github.queue import DeliveryQueue
 
 
 def _healthz(app) -> tuple[int, dict]:
@@ -49,7 +49,7 @@ def _read_only(path) -> callable:
 def test_healthz_is_503_when_the_database_takes_no_writes(start_app, monkeypatch):
     app = start_app()
     assert app.wait_healthy()["status"] == "ok"
-    monkeypatch.setattr(app.asgi.state.store, "_db", _read_only(app.config.db_path))
+    monkeypatch.setattr(app.asgi.state.queue.db, "connection", _read_only(app.config.db_path))
     status, body = _healthz(app)
     assert status == 503 and body["status"] == "unhealthy"
     assert "the database does not take writes: attempt to write a readonly database" in body["reasons"]
@@ -76,7 +76,7 @@ def test_healthz_is_503_when_the_workers_stop_beating(start_app, monkeypatch):
     monkeypatch.setattr(health, "STALE_HEARTBEAT_MIN_S", 0.0)  # stale after 3 beats of 0.1 s, not 5 s
     app = start_app(job_lease_s=0.3)
     assert app.wait_healthy()["workers"] == 2
-    monkeypatch.setattr(Store, "heartbeat", lambda self, threads, now=None: None)  # the workers hang
+    monkeypatch.setattr(DeliveryQueue, "heartbeat", lambda self, threads, now=None: None)  # the workers hang
     time.sleep(0.6)
     status, body = _healthz(app)
     assert status == 503
@@ -87,7 +87,7 @@ def test_healthz_is_503_when_the_workers_stop_beating(start_app, monkeypatch):
 def test_healthz_is_503_when_the_worker_process_died(start_app):
     app = start_app(workers="process")
     assert app.wait_healthy()["workers"] == app.config.workers
-    [pid] = [r[0] for r in app.store()._db().execute("SELECT pid FROM heartbeats WHERE role = 'workers'")]
+    [pid] = [r[0] for r in app.queue().db.connection().execute("SELECT pid FROM heartbeats WHERE role = 'workers'")]
     assert pid != os.getpid()
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 10

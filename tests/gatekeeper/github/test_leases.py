@@ -11,22 +11,24 @@ import time
 
 from app_harness import HEAD, OPENED, REPO, setup_pull
 
-from gatekeeper.github.store import Store
+from gatekeeper.github.db import Database
+from gatekeeper.github.queue import DeliveryQueue
+from gatekeeper.github.records import Records
 
 
 def test_a_live_servers_job_is_left_alone_and_a_dead_ones_is_taken_over(tmp_path, caplog):
     db = tmp_path / "q.sqlite3"
-    a = Store(db, lease_s=10, owner="server-a")
+    a = DeliveryQueue(Database(db), lease_s=10, owner="server-a")
     assert a.enqueue("d1", "pull_request", "opened", b"{}", now=100.0)
     assert a.claim(now=100.0).attempts == 1
     assert (a.delivery("d1")["lease_owner"], a.delivery("d1")["lease_until"]) == ("server-a", 110.0)
 
-    b = Store(db, lease_s=10, owner="server-b")  # a second server starts on the same database
+    b = DeliveryQueue(Database(db), lease_s=10, owner="server-b")  # a second server starts on the same database
     assert b.claim(now=105.0) is None  # A's lease runs until 110
     a.heartbeat(threads=1, now=108.0)  # A's worker is alive: the lease now runs until 118
     assert b.claim(now=115.0) is None
 
-    with caplog.at_level(logging.WARNING, logger="gatekeeper.github.store"):  # A stopped renewing: crashed
+    with caplog.at_level(logging.WARNING, logger="gatekeeper.github.queue"):  # A stopped renewing: crashed
         taken = b.claim(now=118.5)
     assert (taken.delivery_id, taken.attempts) == ("d1", 2)
     assert "took over delivery d1 (attempt 2) from server-a" in caplog.text
@@ -37,20 +39,20 @@ def test_a_live_servers_job_is_left_alone_and_a_dead_ones_is_taken_over(tmp_path
     assert not a.retry_later("d1", 0, "502")
     assert not a.fail("d1", "gave up", "o/r", 1, "a" * 40)
     assert (a.delivery("d1")["status"], a.delivery("d1")["lease_owner"]) == ("running", "server-b")
-    assert [e for e in a.audit_log() if e["kind"] == "error"] == []
+    assert [e for e in Records(a.db).audit_log() if e["kind"] == "error"] == []
     assert b.finish("d1", "success")
     assert b.delivery("d1")["status"] == "done" and b.claim(now=1e12) is None
 
 
 def test_a_claim_is_settled_only_by_the_attempt_that_holds_it(tmp_path):
-    store = Store(tmp_path / "q.sqlite3", lease_s=10)
-    store.enqueue("d1", "pull_request", "opened", b"{}", now=100.0)
-    store.claim(now=100.0)
-    again = store.claim(now=111.0)  # its lease expired (the thread hung), so this same server took it again
+    queue = DeliveryQueue(Database(tmp_path / "q.sqlite3"), lease_s=10)
+    queue.enqueue("d1", "pull_request", "opened", b"{}", now=100.0)
+    queue.claim(now=100.0)
+    again = queue.claim(now=111.0)  # its lease expired (the thread hung), so this same server took it again
     assert again.attempts == 2
-    assert store.finish("d1", "done by attempt 2")
-    assert not store.finish("d1", "done twice")
-    assert store.delivery("d1")["outcome"] == "done by attempt 2"
+    assert queue.finish("d1", "done by attempt 2")
+    assert not queue.finish("d1", "done twice")
+    assert queue.delivery("d1")["outcome"] == "done by attempt 2"
 
 
 def test_a_database_from_before_leases_opens_and_its_interrupted_job_runs_again(tmp_path):
@@ -67,22 +69,22 @@ def test_a_database_from_before_leases_opens_and_its_interrupted_job_runs_again(
                 VALUES ('interrupted', 'pull_request', x'7b7d', 'running', 1, 1.0, 1.0),
                        ('waiting', 'pull_request', x'7b7d', 'queued', 0, 2.0, 2.0);
         """)
-    store = Store(db)
-    columns = {row[1] for row in store._db().execute("PRAGMA table_info(deliveries)")}
+    queue = DeliveryQueue(Database(db))
+    columns = {row[1] for row in queue.db.connection().execute("PRAGMA table_info(deliveries)")}
     assert {"lease_owner", "lease_until"} <= columns
-    first = store.claim()  # running under the old schema: its single server is gone
+    first = queue.claim()  # running under the old schema: its single server is gone
     assert (first.delivery_id, first.attempts) == ("interrupted", 2)
-    assert store.finish("interrupted", "success")
-    assert store.claim().delivery_id == "waiting"
-    Store(db)  # opening it again changes nothing
+    assert queue.finish("interrupted", "success")
+    assert queue.claim().delivery_id == "waiting"
+    Database(db)  # opening it again changes nothing
 
 
 def _decisions(app) -> list[dict]:
-    store = app.store()
+    records = app.records()
     try:
-        return [e for e in store.audit_log() if e["kind"] == "decision"]
+        return [e for e in records.audit_log() if e["kind"] == "decision"]
     finally:
-        store.close()
+        records.db.close()
 
 
 def _wait(condition, timeout: float = 15.0) -> None:
@@ -100,12 +102,12 @@ def test_a_second_server_starting_on_the_database_does_not_steal_a_running_job(f
     first = start_app()
     first.send("pull_request", OPENED, delivery="d1")
     _wait(lambda: fake.check_runs(REPO, HEAD))  # the run is created: the PATCH is next
-    assert first.store().delivery("d1")["status"] == "running"
+    assert first.queue().delivery("d1")["status"] == "running"
 
     second = start_app()
     row = first.wait_done("d1")
     assert row["status"] == "done" and row["attempts"] == 1
-    assert row["lease_owner"] == first.asgi.state.store.owner != second.asgi.state.store.owner
+    assert row["lease_owner"] == first.asgi.state.queue.owner != second.asgi.state.queue.owner
     time.sleep(0.3)  # room for a duplicate to show
     assert len(_decisions(first)) == 1
     [run] = fake.check_runs(REPO, HEAD)
@@ -120,13 +122,13 @@ def test_the_job_of_a_dead_worker_process_is_taken_over_when_its_lease_expires(f
     first.wait_healthy()
     first.send("pull_request", OPENED, delivery="d1")
     _wait(lambda: fake.check_runs(REPO, HEAD))
-    [pid] = [r[0] for r in first.store()._db().execute("SELECT pid FROM heartbeats WHERE role = 'workers'")]
+    [pid] = [r[0] for r in first.queue().db.connection().execute("SELECT pid FROM heartbeats WHERE role = 'workers'")]
     os.kill(pid, signal.SIGKILL)  # the worker dies holding d1
 
     second = start_app(job_lease_s=1.0)
     row = second.wait_done("d1")
     assert row["status"] == "done" and row["attempts"] == 2
-    assert row["lease_owner"] == second.asgi.state.store.owner
+    assert row["lease_owner"] == second.asgi.state.queue.owner
     assert len(_decisions(second)) == 1
     [run] = fake.check_runs(REPO, HEAD)
     assert run["status"] == "completed" and run["conclusion"] == "success"
@@ -141,12 +143,13 @@ def test_a_job_whose_workers_keep_dying_is_given_up_after_max_attempts(tmp_path,
     from gatekeeper.github.worker import Worker
 
     config = make_config(rsa_keys, fake, tmp_path, max_attempts=2, job_lease_s=10)
-    store = Store(config.db_path, lease_s=10)
-    store.enqueue("d-crash", "pull_request", "opened", b"{}", now=100.0)
+    db = Database(config.db_path)
+    queue = DeliveryQueue(db, lease_s=10)
+    queue.enqueue("d-crash", "pull_request", "opened", b"{}", now=100.0)
     for now in (100.0, 111.0):  # two attempts whose worker died (the lease ran out each time)
-        assert store.claim(now=now) is not None
-    job = store.claim(now=122.0)
+        assert queue.claim(now=now) is not None
+    job = queue.claim(now=122.0)
     assert job.attempts == 3
-    Worker(AppContext(config, store, GitHubApp(config))).run(job)
-    row = store.delivery("d-crash")
+    Worker(AppContext(config, queue, Records(db), GitHubApp(config))).run(job)
+    row = queue.delivery("d-crash")
     assert row["status"] == "failed" and "attempt 3 of at most 2" in row["error"]

@@ -1,4 +1,4 @@
-"""The App's pure parts and its store, without servers."""
+"""The App's pure parts and its database, without servers."""
 
 from __future__ import annotations
 
@@ -23,7 +23,9 @@ from gatekeeper.github.checkrun import (
 from gatekeeper.github.client import GitHubApp, InstallationTokens
 from gatekeeper.github.config import load_config
 from gatekeeper.github.overrides import may_override, parse_override
-from gatekeeper.github.store import EvaluationKey, Override, Store
+from gatekeeper.github.db import Database
+from gatekeeper.github.queue import DeliveryQueue
+from gatekeeper.github.records import EvaluationKey, Override, Records
 from gatekeeper.verdict import CheckResult, Finding, PolicyRef, Severity, Status, Verdict
 
 
@@ -142,30 +144,30 @@ def test_config_environment_overrides_file_and_errors_hide_the_secret(tmp_path):
 
 
 def test_queue_deduplicates_orders_and_survives_a_crash(tmp_path):
-    store = Store(tmp_path / "q.sqlite3")
-    assert store.enqueue("a", "pull_request", "opened", b"{}", now=1.0)
-    assert not store.enqueue("a", "pull_request", "opened", b"{}", now=2.0)  # a redelivery
-    assert store.enqueue("b", "pull_request", "opened", b"{}", now=3.0)
-    first = store.claim(now=10.0)
+    queue = DeliveryQueue(Database(tmp_path / "q.sqlite3"))
+    assert queue.enqueue("a", "pull_request", "opened", b"{}", now=1.0)
+    assert not queue.enqueue("a", "pull_request", "opened", b"{}", now=2.0)  # a redelivery
+    assert queue.enqueue("b", "pull_request", "opened", b"{}", now=3.0)
+    first = queue.claim(now=10.0)
     assert first.delivery_id == "a" and first.attempts == 1
-    store.retry_later("a", delay_s=3600, error="502")
-    assert store.claim().delivery_id == "b"  # "a" waits for its backoff
-    assert store.claim() is None
-    store.close()
-    reopened = Store(tmp_path / "q.sqlite3")  # "b" was running when the process died
+    queue.retry_later("a", delay_s=3600, error="502")
+    assert queue.claim().delivery_id == "b"  # "a" waits for its backoff
+    assert queue.claim() is None
+    queue.db.close()
+    reopened = DeliveryQueue(Database(tmp_path / "q.sqlite3"))  # "b" was running when the process died
     assert reopened.claim() is None  # not before its lease runs out: its server might still be alive
     again = reopened.claim(now=time.time() + reopened.lease_s + 1)
     assert again.delivery_id == "b" and again.attempts == 2
 
 
 def test_decisions_are_idempotent_and_audited(tmp_path):
-    store = Store(tmp_path / "a.sqlite3")
+    records = Records(Database(tmp_path / "a.sqlite3"))
     key = EvaluationKey("o/r", 1, "a" * 40, "p" * 64, "i" * 64)
-    assert not store.evaluation_done(key)
-    store.record_decision(key, 7, "failure", "e" * 64, "d1", "Failed: confinement")
-    assert store.evaluation_done(key)
-    assert not store.evaluation_done(EvaluationKey("o/r", 1, "a" * 40, "q" * 64, "i" * 64))
-    [entry] = store.audit_log()
+    assert not records.evaluation_done(key)
+    records.record_decision(key, 7, "failure", "e" * 64, "d1", "Failed: confinement")
+    assert records.evaluation_done(key)
+    assert not records.evaluation_done(EvaluationKey("o/r", 1, "a" * 40, "q" * 64, "i" * 64))
+    [entry] = records.audit_log()
     assert (entry["kind"], entry["conclusion"], entry["evidence_sha256"]) == ("decision", "failure", "e" * 64)
 
 
@@ -184,10 +186,10 @@ def test_installation_tokens_are_cached_until_shortly_before_expiry(fake, rsa_ke
 
 def test_audit_command_lists_entries_as_json_and_table(tmp_path, capsys):
     db = tmp_path / "audit.sqlite3"
-    store = Store(db)
-    store.record_decision(EvaluationKey("o/r", 1, "a" * 40, "p" * 64, "i" * 64), 7, "failure", None, "d1", "t")
-    store.add_override("o/r", 1, "a" * 40, "alice", "known", "d2")
-    store.record_decision(EvaluationKey("x/y", 2, "b" * 40, "p" * 64, "i" * 64), 8, "success", None, "d3", "t")
+    records = Records(Database(db))
+    records.record_decision(EvaluationKey("o/r", 1, "a" * 40, "p" * 64, "i" * 64), 7, "failure", None, "d1", "t")
+    records.add_override("o/r", 1, "a" * 40, "alice", "known", "d2")
+    records.record_decision(EvaluationKey("x/y", 2, "b" * 40, "p" * 64, "i" * 64), 8, "success", None, "d3", "t")
     assert main(["audit", "--db", str(db), "--repo", "o/r", "--format", "json"]) == 0
     entries = json.loads(capsys.readouterr().out)
     assert [(e["kind"], e["actor"]) for e in entries] == [("decision", None), ("override", "alice")]

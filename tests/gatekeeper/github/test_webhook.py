@@ -11,11 +11,11 @@ from gatekeeper.github.signature import sign
 
 
 def _queued(app) -> int:
-    store = app.store()
+    queue = app.queue()
     try:
-        return sum(store.queue_counts().values())
+        return sum(queue.counts().values())
     finally:
-        store.close()
+        queue.db.close()
 
 
 def test_ping_is_acknowledged_before_any_installation(fake, start_app):

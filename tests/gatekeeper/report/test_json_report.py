@@ -3,7 +3,7 @@ from __future__ import annotations
 import json
 
 from gatekeeper.report import render_json
-from gatekeeper.verdict import Verdict
+from gatekeeper.verdict import CheckResult, Status, Verdict
 
 
 def test_json_is_the_versioned_contract(verdict):
@@ -22,3 +22,15 @@ def test_json_escapes_non_ascii(verdict):
     signal = verdict.signals[0].model_copy(update={"detail": "evil\u202e"})
     text = render_json(verdict.model_copy(update={"signals": (signal,)}))
     assert "\u202e" not in text and "\\u202e" in text
+
+
+def test_a_checks_table_stays_in_its_details_as_it_always_was(verdict):
+    """The checks return rows and the report renders their table; the JSON of schema_version 1 still carries
+    it, last in `details`, as it did when the checks wrote it."""
+    probe = {"probe": "tp4", "expect": "reject", "got": "raised ValueError: tp | 4", "ok": "yes"}
+    check = CheckResult(id="startup_guard", status=Status.passed, summary="ok", details={"probes": [probe]})
+    data = json.loads(render_json(verdict.model_copy(update={"checks": (check,)})))
+    assert list(data["checks"][0]["details"]) == ["probes", "markdown"]
+    assert data["checks"][0]["details"]["markdown"] == (
+        "| probe | expect | got | ok |\n|---|---|---|---|\n| tp4 | reject | raised ValueError: tp \\| 4 | ✅ |")
+    assert check.details == {"probes": [probe]}  # rendering adds nothing to the verdict itself

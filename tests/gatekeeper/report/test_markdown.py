@@ -82,11 +82,11 @@ def test_reports_that_still_do_not_fit_are_cut_with_a_note(verdict):
     assert text.endswith("run `gatekeeper check --format json` for all of it.\n")
 
 
-def test_a_checks_own_markdown_is_shown_with_hidden_characters_and_mentions_defused(verdict):
-    table = "| probe | got |\n|---|---|\n| tp4 | rejected: tp=4 @ops\u202e |"
-    check = CheckResult(id="startup_guard", status=Status.passed, summary="ok", details={"probes": [], "markdown": table})
+def test_a_checks_table_is_shown_with_hidden_characters_and_mentions_defused(verdict):
+    probe = {"probe": "tp4", "expect": "reject", "got": "rejected: tp=4 @ops\u202e", "ok": "yes"}
+    check = CheckResult(id="startup_guard", status=Status.passed, summary="ok", details={"probes": [probe]})
     text = render_markdown(verdict.model_copy(update={"checks": (check,)}))
-    assert "| probe | got |\n|---|---|\n| tp4 | rejected: tp=4 @\u2060ops\\u{202E} |" in text
+    assert "| probe | expect | got | ok |\n|---|---|---|---|\n| tp4 | reject | rejected: tp=4 @\u2060ops\\u{202E} | ✅ |" in text
     assert "**probes**" not in text  # the raw rows behind the table are not rendered twice
 
 

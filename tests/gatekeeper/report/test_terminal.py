@@ -43,8 +43,8 @@ def test_generic_details_and_markup_in_messages_stay_literal(verdict, details_ch
     assert '{"count": 8, "gpu": "NVIDIA H200"}' in text
 
 
-def test_a_checks_own_markdown_table_is_drawn(verdict):
-    table = "| probe | got |\n|---|---|\n| tp4 | rejected |"
-    check = CheckResult(id="startup_guard", status=Status.passed, summary="ok", details={"markdown": table})
+def test_a_checks_table_is_drawn(verdict):
+    probe = {"probe": "tp4", "expect": "reject", "got": "rejected", "ok": "yes"}
+    check = CheckResult(id="startup_guard", status=Status.passed, summary="ok", details={"probes": [probe]})
     text = _text(verdict.model_copy(update={"checks": (check,)}))
-    assert re.search(r"tp4 +│ +rejected", text) or re.search(r"tp4 +rejected", text)
+    assert re.search(r"tp4 +│ +reject +│ +rejected", text) or re.search(r"tp4 +reject +rejected", text)

@@ -5,7 +5,8 @@ import pytest
 from gatekeeper.changes import FileStatus
 from gatekeeper.errors import InputError
 from gatekeeper.changes import FileChange
-from gatekeeper.sources.git import GitSnapshot, _complete_from_raw, _Git, _parse_raw, changes_from_git
+from gatekeeper.git import Git
+from gatekeeper.sources.git import GitSnapshot, _complete_from_raw, _parse_raw, changes_from_git
 
 
 def _error(*args) -> InputError:
@@ -129,7 +130,7 @@ def test_patch_text_and_raw_listing_must_agree(repo):
     """The cross-check that guarantees no file goes missing between git's two outputs."""
     repo.write("a", "a\n")
     repo.commit("one")
-    git = _Git(repo.root)
+    git = Git.open(repo.root)
     raw = _parse_raw(":100644 100644 " + "1" * 40 + " " + "2" * 40 + " M\0a\0", git.source)
     seen = FileChange(path="a", status=FileStatus.modified, old_mode="100644", new_mode="100644")
     assert _complete_from_raw([seen], raw, git) == [seen]
