@@ -13,7 +13,6 @@ per-op implementations (`DecodeOps`): a kernel where one exists for this device,
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,9 +22,6 @@ import torch
 
 from kimi_k3_path.guard import UnsupportedDeployment, check_deployment, unsupported_fields
 from kimi_k3_path.reference import (
-    KdaState,
-    PagedLatentCache,
-    ResidualStream,
     kda_decode_step,
     kda_moe_layer,
     latent_moe,
@@ -131,7 +127,7 @@ class ReferenceLayers:
         return mla_moe_layer(delta, stream, weights, cache, pos, dims.mla, dims.moe)
 
 
-class _PerWeights:
+class PerWeights:
     """Device copies made once per weights object: converting a layer's weights every step would dominate."""
 
     def __init__(self) -> None:
@@ -144,74 +140,14 @@ class _PerWeights:
         return held[1]
 
 
-def _to_act(t: Any, device: str) -> Any:
+def to_act(t: Any, device: str) -> Any:
     return t.to(device=device, dtype=torch.bfloat16).contiguous()
 
 
-def _back_to(like: Any) -> Callable[[Any], Any]:
+def back_to(like: Any) -> Callable[[Any], Any]:
     """Converts a result to fp32 on the device of the caller's tensor `like`."""
     return lambda t: t.to(device=like.device, dtype=torch.float32)
 
-
-class StockLikeLayers:
-    """The stock-like op sequence (`reference.stock`: cuBLAS GEMMs + Triton kernels, bf16, what vLLM's stock decode
-    launches on Hopper) behind the reference signatures. Inputs are copied to `device` in the stock layouts and
-    results come back as fp32 reference types on the caller's device, so this is the stock path for correctness
-    (tests; on CPU under TRITON_INTERPRET=1), not for speed. Weights are converted once per weights object."""
-
-    name = "stock-like"
-
-    def __init__(self, device: str = "cuda"):
-        self.device = device
-        self._converted = _PerWeights()
-
-    # `reference.stock` imports Triton and fixes its dot dtype at import, so it is imported only when used.
-    def _weights(self, weights: Any, attention: str, dims: Any) -> tuple:
-        from kimi_k3_path.reference import stock
-
-        def convert() -> tuple:
-            attn = (
-                stock.GpuKda.from_reference(weights.kda, self.device)
-                if attention == "kda"
-                else stock.GpuMla.from_reference(weights.mla, dims.mla, self.device)
-            )
-            return (
-                stock.GpuNorms.from_reference(weights.norms, self.device),
-                attn,
-                stock.GpuMoe.from_reference(weights.moe, dims.moe, self.device),
-            )
-
-        return self._converted.get(weights, convert)
-
-    def kda_moe(self, delta, stream, weights, state, pos, dims):
-        from kimi_k3_path.reference import stock
-
-        norms, kda, moe = self._weights(weights, "kda", dims)
-        gpu_stream = stock.GpuStream.from_reference(stream, self.device)
-        gpu_state = stock.GpuKdaState.from_reference(state, self.device)
-        act = _to_act(delta, self.device)
-        out = stock.kda_moe_layer(act, gpu_stream, norms, kda, moe, gpu_state, pos, dims.kda, dims.moe)
-        back = _back_to(delta)
-        return (
-            back(out),
-            ResidualStream(blocks=back(gpu_stream.blocks), prefix=back(gpu_stream.prefix)),
-            KdaState(conv=back(gpu_state.conv), recurrent=back(gpu_state.recurrent)),
-        )
-
-    def mla_moe(self, delta, stream, weights, cache, pos, dims):
-        from kimi_k3_path.reference import stock
-
-        norms, mla, moe = self._weights(weights, "mla", dims)
-        gpu_stream = stock.GpuStream.from_reference(stream, self.device)
-        gpu_cache = stock.GpuLatentCache.from_reference(cache, self.device)
-        act = _to_act(delta, self.device)
-        out = stock.mla_moe_layer(act, gpu_stream, norms, mla, moe, gpu_cache, pos, dims.mla, dims.moe)
-        back = _back_to(delta)
-        return (
-            back(out),
-            ResidualStream(blocks=back(gpu_stream.blocks), prefix=back(gpu_stream.prefix)),
-            PagedLatentCache(pages=back(gpu_cache.pages), block_table=cache.block_table, seq_lens=cache.seq_lens),
-        )
 
 class KernelLatentMoe:
     """`latent_moe` on the CuTe DSL kernels (`kimi_k3_path.kernels.moe.latent_moe_decode`, sm_90a, decode batches
@@ -223,7 +159,7 @@ class KernelLatentMoe:
             from kimi_k3_path.kernels import moe as kernels
         self.kernels = kernels
         self.device = device
-        self._prepared = _PerWeights()
+        self._prepared = PerWeights()
 
     def __call__(self, x: Any, w: Any, d: Any) -> Any:
         def prepare() -> tuple:
@@ -233,8 +169,8 @@ class KernelLatentMoe:
         kernel_weights, workspace = self._prepared.get(w, prepare)
         out = torch.empty(x.shape[0], d.hidden, device=self.device, dtype=torch.bfloat16)
         stream = torch.cuda.current_stream() if str(self.device).startswith("cuda") else None
-        self.kernels.latent_moe_decode(_to_act(x, self.device), kernel_weights, workspace, out, stream)
-        return _back_to(x)(out)
+        self.kernels.latent_moe_decode(to_act(x, self.device), kernel_weights, workspace, out, stream)
+        return back_to(x)(out)
 
 
 def reference_ops() -> DecodeOps:
@@ -327,14 +263,13 @@ class DecodeExecutor:
 
 
 def build_executor(
-    deployment: Deployment, device: str = "cpu", matrix: SupportMatrix = SUPPORT_MATRIX
+    deployment: Deployment, device: str = "cpu", matrix: SupportMatrix = SUPPORT_MATRIX,
+    stock: LayerPath | None = None,
 ) -> DecodeExecutor:
     """The executor for `device`. Specialized: the kernel ops where the kernels run (`kernels_unavailable`), else
-    the reference ops (the path's name says which). Stock: the stock-like sequence where Triton runs (a CUDA
-    device, or any device under TRITON_INTERPRET=1), else the fp32 reference layers. Kernels are built only for a
-    deployment the guard admits."""
+    the reference ops (the path's name says which). Stock: what the caller runs outside the specialized path (in
+    vLLM its own layers; the bench and the tests pass the stock-like sequence, benchmarks/kimi_k3/stock_layers.py),
+    by default the fp32 reference layers. Kernels are built only for a deployment the guard admits."""
     admitted = not unsupported_fields(deployment, matrix)
     ops = kernel_ops(device) if admitted and kernels_unavailable(device) is None else reference_ops()
-    runs_triton = str(device).startswith("cuda") or os.environ.get("TRITON_INTERPRET") == "1"
-    stock: LayerPath = StockLikeLayers(device) if runs_triton else ReferenceLayers()
-    return DecodeExecutor(deployment, ComposedPath(ops), stock, matrix)
+    return DecodeExecutor(deployment, ComposedPath(ops), stock or ReferenceLayers(), matrix)

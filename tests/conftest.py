@@ -11,6 +11,8 @@ import os
 # so CI's compile checks and SASS tests inspected sm_100a code (test_compile.py now checks the target).
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
+import secrets  # noqa: E402
+
 import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
@@ -42,3 +44,33 @@ def pytest_collection_modifyitems(config, items):
         return
     for item in gpu_items:
         item.add_marker(pytest.mark.skip(reason=reason))
+
+
+# --- the Kimi K3 path's kernels and benchmarks: per-rank MoE shapes of the shipped config, seeds to replay ----------
+
+@pytest.fixture
+def dims():
+    """dims(tp) -> the reference MoeDims of one rank at tensor-parallel size tp (the shipped Kimi K3 config)."""
+    from kimi_k3_path.config import named_config, shard_shapes
+    from kimi_k3_path.reference import MoeDims
+
+    def moe_dims(tp: int):
+        t = named_config("kimi_k3").text_config
+        shards = shard_shapes(named_config("kimi_k3"), tp)
+        return MoeDims(
+            hidden=t.hidden_size, latent=t.routed_expert_hidden_size, experts=t.num_experts,
+            top_k=t.num_experts_per_token, intermediate=shards.expert_intermediate,
+            shared_intermediate=shards.shared_intermediate, routed_scaling_factor=t.routed_scaling_factor,
+            eps=t.rms_norm_eps,
+        )
+
+    return moe_dims
+
+
+@pytest.fixture
+def seed(request) -> int:
+    """A fresh random seed per test (printed, and recorded in JUnit), or KIMI_K3_TEST_SEED to replay one."""
+    value = int(os.environ.get("KIMI_K3_TEST_SEED", secrets.randbits(31)))
+    request.node.user_properties.append(("seed", value))
+    print(f"seed {value} (replay with KIMI_K3_TEST_SEED={value})")
+    return value

@@ -24,13 +24,14 @@
 # (BENCH=0: the tests only, when the perf matrix of an ancestor within the policy's commit window still holds.
 # TESTS=0: the benches only. The whole run took 521 s of a call's 600 at 6918563: split it into a BENCH=0 call and a
 # TESTS=0 call at the same SHA, then tools/gpu-evidence-import.sh <the first folder> <the second>.)
+# Assumes of the machine: one NVIDIA H200 (sm_90) with nvidia-smi, and what tools/gpu-env.sh assumes.
 set -uo pipefail
 : "${SHA:?set SHA to the commit being measured}" "${OUT:?}"
 . tools/gpu-env.sh
 mkdir -p "$OUT/gpu" "$OUT/perf" "$OUT/kernels"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv | tee "$OUT/tests.log"
 # The GPU's state throughout (every 500 ms), summarized into bench.log at the end: a slower run can then be told
-# from a throttled or hot GPU (kernels/NOTES.md v37a needed a separate call for that).
+# from a throttled or hot GPU (a slow matrix once needed a separate call for that).
 state=$(mktemp)
 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active \
   --format=csv,noheader,nounits -lms 500 >"$state" 2>&1 &
@@ -39,7 +40,7 @@ state_pid=$!
 # Only the gpu-marked tests: CI runs the rest, and the GPU image's Triton interpreter differs from CI's.
 tests_rc=0
 if [ "${TESTS:-1}" = 1 ]; then
-  gpu_tests=$(grep -l "pytest.mark.gpu" -r tests/kimi_k3_path | sort)
+  gpu_tests=$(grep -l "pytest.mark.gpu" -r tests/kimi_k3_path tests/benchmarks | sort)
   PYTHONPATH="$PYTHONPATH:gatekeeper/collect/plugin" GATEKEEPER_NODEIDS="$OUT/gpu/nodeids.txt" \
     python3 -m coverage run --source=kimi_k3_path --data-file="$OUT/gpu/.coverage" \
     -m pytest $gpu_tests -m gpu -q -p no:cacheprovider -p gatekeeper_pytest_contexts \
@@ -50,11 +51,11 @@ fi
 
 bench_rc=0
 if [ "${BENCH:-1}" = 1 ]; then
-  python3 -m kimi_k3_path.bench --layer kda_moe,mla_moe,moe --tp 8,16 --batch 1,2,4,8,16,32,64 \
+  python3 -m benchmarks.kimi_k3.bench --layer kda_moe,mla_moe,moe --tp 8,16 --batch 1,2,4,8,16,32,64 \
     --candidate kernels --replays "${REPLAYS:-200}" --commit "$SHA" --out "$OUT/perf/h200.json" 2>&1 | tee "$OUT/bench.log"
   bench_rc=${PIPESTATUS[0]}
 fi
-[ "${KERNEL_BENCH:-0}" = 1 ] && python3 -m kimi_k3_path.kernels.bench_moe --tp 8,16 --batch 1 --replays 50 --commit "$SHA" \
+[ "${KERNEL_BENCH:-0}" = 1 ] && python3 -m benchmarks.kimi_k3.bench_moe --tp 8,16 --batch 1 --replays 50 --commit "$SHA" \
   --out "$OUT/kernels/moe_block_m1.json" --kernels-out "$OUT/kernels/moe_kernels_m1.json" 2>&1 | tee -a "$OUT/bench.log"
 kill "$state_pid" 2>/dev/null
 python3 tools/gpu_state_summary.py "$state" | tee -a "$OUT/bench.log"

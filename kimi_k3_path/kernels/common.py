@@ -39,8 +39,8 @@ WEIGHT_LOADS = {
     "evict_first": "ld.global.nc.L1::evict_first.v4.b32",
     "plain": "ld.global.nc.v4.b32",
     # Not .nc: ptxas keeps a weak load on its side of a bar.sync or griddepcontrol.wait (another thread could have
-    # written the address before it), so loads issued ahead of one stay there without a pin on their values (v32a);
-    # bar.warp.sync does not hold them (v33: common.warp_barrier does).
+    # written the address before it), so loads issued ahead of one stay there without a pin on their values;
+    # bar.warp.sync does not hold them (common.warp_barrier does). kimi_k3_kernels.md §5.
     "ordered": "ld.global.L1::no_allocate.v4.b32",
 }
 DEFAULT_WEIGHT_LOAD = "no_allocate"
@@ -78,7 +78,7 @@ def ld_fresh_v4(addr: Int64):
 def after_all_loads(value: Int32, loaded, zero: Int32) -> Int32:
     """`value`, unchanged, but computed from every register in `loaded` (zero: 0 at run time, unknown to the compiler).
     ptxas sinks each load next to its first use to save registers, which turns a batch of loads meant to be in flight
-    together into one DRAM round trip per use (seen in the SASS of the experts kernels, v8). Feeding the batch's first
+    together into one DRAM round trip per use (seen in the SASS of the experts kernels). Feeding the batch's first
     use through this keeps every load of the batch ahead of it; one instruction of a vector load needs one register."""
     folded = loaded[0]
     for v in loaded[1:]:
@@ -131,7 +131,7 @@ def cp_async_16(dst: Int32, src: Int64, evict_first: bool = False) -> None:
     """Copy 16 bytes from global `src` to shared `dst` without registers (L2 only: .cg), completed by
     cute.arch.cp_async_commit_group / cp_async_wait_group. evict_first: the line gets L2's evict_first policy, for
     weights read once per step. Without it, 62 MB of such copies in the finalize pushed out of L2 what the next
-    launch reads and slowed it by ~1.4 us, where ld_weight_v4's loads of the same bytes did not (NOTES.md v23b)."""
+    launch reads and slowed it by ~1.4 us, where ld_weight_v4's loads of the same bytes did not."""
     if evict_first:
         cute.arch.inline_ptx("{ .reg .b64 policy; createpolicy.fractional.L2::evict_first.b64 policy, 1.0; "
                              "cp.async.cg.shared.global.L2::cache_hint [{$r0}], [{$r1}], 16, policy; }",
@@ -240,8 +240,7 @@ def kernel_fp4_bytes(packed):
     element 2i+1 in the high one; nibbles s|e1|e0|m) to the kernels' (moe.prepare_weights applies it; every kernel
     decodes through _FP4X8_TO_F16X2_PTX). Element 2i sits at bits 7|4|3|2, which is already the E4M3 byte
     s|0 0 e1 e0|m 0 0 below (one AND for four of them), and element 2i+1 at bits 5|6|1|0, two shifts from that form:
-    5 bit operations per 8 values instead of 7 (v36; the decode is issue-bound in the one-token experts, NOTES.md v31d,
-    v34)."""
+    5 bit operations per 8 values instead of 7 (the decode is issue-bound in the one-token experts)."""
     return (((packed & 0x08) << 4) | ((packed & 0x07) << 2)  # element 2i: s -> 7, e1 e0 m -> 4 3 2
             | ((packed & 0x80) >> 2) | (packed & 0x40) | ((packed & 0x30) >> 4))  # 2i+1: s -> 5, e1 -> 6, e0 m -> 1 0
 
@@ -272,7 +271,7 @@ def fp4x8_fma_f16x2_paired(word: Int32, q0: Int32, q1: Int32, q2: Int32, q3: Int
     """(acc0, acc1) + products of eight E2M1 values (a word in kernel_fp4_bytes' layout) with eight fp16
     activations already paired as the conversion pairs the nibbles (q0..q3 from pair_like_fp4x8), in packed f16x2
     arithmetic: 4 conversions and 4 HFMA2 for 8 values. Activations reused across many weight words are paired once
-    where they are staged (v17c: 14% fewer instructions in the one-token experts). The products carry a 2^-6 that
+    where they are staged (14% fewer instructions in the one-token experts). The products carry a 2^-6 that
     the group scale undoes (e8m0_scale_times_64)."""
     return cute.arch.inline_ptx(
         "{\n"

@@ -98,9 +98,8 @@ def alloc_tail_smem(smem):
 TAIL_SMEM_BYTES = 64
 
 
-# GEMM2's last CTAs share the latent norm, a token at a time each, up to one per token of the largest batch. Measured
-# on the H200 (NOTES.md, v10e; block medians, same run): TP8 M=64 1017 us with one CTA for all tokens, 841 with 16,
-# 834 with 64; TP16 M=64 751 / 575 / 566; M=8 205 -> 184 (TP8), 151 -> 131 (TP16); one token unchanged.
+# GEMM2's last CTAs share the latent norm, a token at a time each, up to one per token of the largest batch: one CTA
+# for all tokens took the TP8 M=64 block to 1017 us against 834 (kimi_k3_kernels.md §6).
 NORM_TAIL_CTAS = 64
 
 
@@ -213,11 +212,8 @@ class ExpertsGemm1Situ:
 
 
 # GEMM1 holds each CTA's weights in registers (ExpertsGemm1Held) for batches of at most this many tokens; the
-# tensor-core kernel (experts_mma.py) above. Measured on the H200 (NOTES.md v17e, block medians, TP8 / TP16, tensor
-# cores -> held): in one process, M=2 96.1 -> 91.2 and 78.2 -> 70.9 us, M=4 126.3 -> 119.2 and 96.4 -> 90.6, M=8
-# 183.4 -> 173.8 and 131.7 -> 125.4, M=16 274.0 -> 267.9 and 180.0 -> 177.2, M=32 443.0 -> 463.5 and 277.3 -> 286.9;
-# but bench.py's matrix at 16 tokens (1da21a0 against 4acff13) had M=2 -5.0 / -7.0%, M=4 -2.9 / -3.6%, M=8 +3.2 /
-# -0.6%, M=16 +11.1 / +6.8%: only up to 4 tokens do both agree.
+# tensor-core kernel (experts_mma.py) above: only up to 4 tokens did the probe and bench.py's matrix both see the held
+# form win (at 16 tokens the matrix had it 7-11% slower; kimi_k3_kernels.md §6).
 GEMM1_HELD_MAX_TOKENS = 4
 
 
@@ -238,7 +234,7 @@ class ExpertsGemm1Held:
     early) start at once.
     one_token: the batch is one token, so each slot has one pair; y_lat is left alone (GEMM2's one-token form writes
     it whole), and without the loop over further tokens the kernel needs 58 registers instead of 66 (4 CTAs per SM
-    instead of 3; at one token the loop's form took 0.3-0.7 us more, NOTES.md v17e). Otherwise the CTAs zero y_lat for
+    instead of 3; at one token the loop's form took 0.3-0.7 us more). Otherwise the CTAs zero y_lat for
     GEMM2's general form.
     Tensors as ExpertsGemm1Situ: x_lat [M, L] fp16, w13 [E, 2I, L/2] uint8, s13 [E, 2I, L/32] uint8, plan, a [M*k, I]
     fp16, y_lat [M, L] fp32."""
@@ -324,15 +320,14 @@ class ExpertsGemm1Held:
             for gi in cutlass.range_constexpr(self.groups_per_lane):
                 packed.append(list(ld_weight_v4(row_addr + Int64(gi * GEMM1_LANES_PER_ROW * VEC_BYTES), "ordered")))
                 scale_bytes.append(ld_u8(scale_addr + Int64(gi * GEMM1_LANES_PER_ROW), ordered=True))
-            # As measured in v32a; ptxas emits nothing for it at full convergence (v33): the copy's CTA barrier is
-            # what keeps the weak loads ahead (the CPU SASS test checks it).
+            # Kept as measured; ptxas emits nothing for it at full convergence: the copy's CTA barrier is what keeps
+            # the weak loads ahead (the CPU SASS test checks it).
             cute.arch.sync_warp()
             pieces = self.load_row(x_lat, pair, tidx)
-            # The row copy and the barrier wait for x_lat only, and each group's math then for its own weights. Before
-            # v32a the weights were pinned with x before the first store, so that the whole CTA's math waited for its
-            # slowest warp's last bytes; the math, issue-bound at 4 CTAs per SM, is GEMM1's excess over its bytes
-            # (NOTES.md v31d). Weak (ordered) loads stay ahead of the barriers without a pin (a CPU test reads the
-            # SASS).
+            # The row copy and the barrier wait for x_lat only, and each group's math then for its own weights (pinning
+            # the weights with x made the whole CTA's math wait for its slowest warp's last bytes); the math,
+            # issue-bound at 4 CTAs per SM, is GEMM1's excess over its bytes. Weak (ordered) loads stay ahead of the
+            # barriers without a pin (a CPU test reads the SASS).
             zero = after_all_loads(Int32(0), [w for piece in pieces for w in piece], slot >> 10)
             base = cutlass.memory.SmemAllocator().allocate_tensor(
                 Uint8, cute.make_layout(self.l * 2), byte_alignment=16).iterator.toint()
@@ -430,7 +425,7 @@ class ExpertsGemm2OneToken:
     every slot, a warp one row: lane (half, slot) the dot of half of the slot's w2 row (groups 2g + half, all loaded
     at once) with the slot's row of a, and the row's 32 lanes meet in a warp sum. So y[row] is final inside the CTA, and
     instead of the norm tail (every CTA counting in, the last ones waiting for all and normalizing: 4.4 us of the
-    one-token block, NOTES.md v16) the CTA writes
+    one-token block) the CTA writes
         y_lat[0, row] (fp32), normed[0, row] = y[row] * gamma[row] (bf16, not yet divided by the RMS),
         sq_parts[tile] = sum of y[row]^2 over its rows,
     and the finalize (finalize_part with rms_parts) applies rsqrt(sum(sq_parts) / L + eps) to its W_up dot.
@@ -442,8 +437,8 @@ class ExpertsGemm2OneToken:
     (shared.shared_part): they need neither the plan nor the wait, so their 11-22 MB stream while GEMM1 drains
     instead of ahead of it in the front, and the finalize still reads a_sh only after its wait for this grid.
     shared_first puts them before GEMM2's CTAs, which pays only where GEMM1 leaves SMs idle (moe.gate_up_first).
-    Measured on the H200 (NOTES.md v20a; block medians of 3 rounds, M=1): TP8 58.7 -> 58.2 us with them last (58.7
-    first), TP16 50.8 -> 49.7 first (50.7 last); the front without them at all would give 54.1 and 48.4.
+    In GEMM2's grid rather than the front's the block took TP8 58.7 -> 58.2 us (them last), TP16 50.8 -> 49.7 (them
+    first) when measured (kimi_k3_kernels.md §3.3).
     Tensors: a [k, I] fp16, w2 [E, L, I/2] uint8, s2 [E, L, I/32] uint8, plan, topk_w [1, k] fp32, gamma [L] fp32,
     y_lat [1, L] fp32, normed [1, L] bf16, sq_parts [L/8] fp32, x [1, H] bf16, w_sh13 [2*Ish, H] bf16, a_sh [1, Ish]
     bf16 (without shared_inter: placeholders, never read)."""
@@ -532,8 +527,8 @@ class ExpertsGemm2OneToken:
         for g in cutlass.range_constexpr(self.groups):
             packed.append(list(ld_weight_v4(row_addr + Int64(2 * g * VEC_BYTES), "ordered")))
             scale_bytes.append(ld_u8(scale_addr + Int64(2 * g), ordered=True))
-        # Every weight load in flight before the wait, and the wait not waiting for them (v32b): weak loads stay ahead
-        # of griddepcontrol.wait (the CPU SASS test checks it; the warp sync, as measured, compiles to nothing: v33),
+        # Every weight load in flight before the wait, and the wait not waiting for them: weak loads stay ahead
+        # of griddepcontrol.wait (the CPU SASS test checks it; the warp sync, as measured, compiles to nothing),
         # so only the plan's words are pinned; each group's math then waits for its own load, and a CTA that starts
         # after GEMM1 ended has its copy of a in flight beside its weights.
         cute.arch.sync_warp()
@@ -650,9 +645,8 @@ def _fake_plan(experts: int):
 def on_tensor_cores(m: int, tensor_cores: bool) -> bool:
     """Whether a batch of m tokens runs the experts on the tensor cores (experts_mma.py) rather than the older
     CUDA-core kernels of this module: always, if allowed (GEMM1 up to GEMM1_HELD_MAX_TOKENS runs ExpertsGemm1Held
-    instead, and GEMM2 at one token ExpertsGemm2OneToken). Measured on the H200 (NOTES.md, v7 and v8): both GEMMs are
-    faster there than on ExpertsGemm1Situ / ExpertsGemm2Combine from one token on (TP8 M=1: GEMM2 13.1 vs 17.9 us,
-    GEMM1 17.4 vs 20.3 us once its weight loads were pinned in v8), and GEMM1 1.4x faster above 4 tokens."""
+    instead, and GEMM2 at one token ExpertsGemm2OneToken). Both GEMMs measured faster there than on
+    ExpertsGemm1Situ / ExpertsGemm2Combine from one token on, GEMM1 1.4x faster above 4 tokens."""
     return tensor_cores
 
 
@@ -661,9 +655,8 @@ STAGED_FROM_TOKENS = 2
 
 def stages_weights(m: int) -> bool:
     """Whether the tensor-core experts stage each CTA's weight rows in shared memory (bulk copies) for a batch of m
-    tokens. Measured on the H200 (NOTES.md, v9; block medians, CUDA graphs): staged, M=8 and M=64 took 10-18% less
-    than v8's direct loads (TP8 M=64 1023 vs 1155 us, TP16 752 vs 917) and M=2 the same within 2%, but at one token
-    the TP8 block took 79 us against 72.5 (GEMM1 17.7 vs 15.6 us)."""
+    tokens: staged, M=8 and M=64 took 10-18% less than direct loads and M=2 the same within 2%, but at one token
+    the TP8 block was slower (79 us against 72.5 when measured)."""
     return m >= STAGED_FROM_TOKENS
 
 
@@ -728,10 +721,10 @@ def experts_gemm2_combine(
     a, w2, s2, plan, topk_w, y_lat, counter, gamma, normed, eps: float, stream,
     tensor_cores: bool = True, tail_ctas: int = NORM_TAIL_CTAS, early: bool = True,
     hold_weights: bool | None = None, early_finalize: bool = True,
-) -> None:  # tail_ctas: how many of the last CTAs share the norm (norm_tail; 1 = the single last CTA of v1-v9)
+) -> None:  # tail_ctas: how many of the last CTAs share the norm (norm_tail; 1 = a single last CTA for all tokens)
     """y_lat[t] += sum over t's pairs of weight * (a[pair] @ w2[e]^T) (y_lat must be zero: GEMM1 does it), then
     normed = rms_norm(y_lat, gamma, eps) in bf16. counter: int32 [2], zero before the first launch (left zero).
-    On the tensor cores it is launched early (experts_mma.py; early=False: not, as until v9); that is correct after any
+    On the tensor cores it is launched early (experts_mma.py; early=False: in stream order); that is correct after any
     launch, since it waits for its predecessor before reading a or y_lat. hold_weights (one token): None holds the
     weights across the wait for short rows only (experts_mma.HOLD_MAX_GROUPS); True / False force it (comparisons).
     early_finalize (tensor cores): lets the next launch (the finalize, launched early) start at once."""

@@ -1,5 +1,7 @@
-"""Routed experts on the tensor cores (every batch size, unless turned off): the two launches of experts.py (GEMM1 + SiTU-GLU; GEMM2 +
-weighted combine + latent-norm tail), grouped by the same router plan, with mma.sync m16n8k16 (fp16 in, fp32 out).
+"""Routed experts on the tensor cores (from 2 tokens, GEMM1 from 5; one token and GEMM1 up to 4 tokens run
+experts.py's CUDA-core forms: experts.on_tensor_cores, holds_gemm1_weights): the two launches of experts.py (GEMM1 +
+SiTU-GLU; GEMM2 + weighted combine + latent-norm tail), grouped by the same router plan, with mma.sync m16n8k16 (fp16
+in, fp32 out).
 
 A warp owns 16 weight rows of its slot's expert (GEMM1: a slice of their K groups, GEMM2: all of K) and the tokens
 that chose it, one tile of 8 at a time (a slot holds
@@ -21,9 +23,9 @@ reduction, and the last CTAs normalize, one token each (experts.norm_tail).
 
 GEMM2 is launched early (programmatic dependent launch): GEMM1 lets it start at once (griddepcontrol.launch_dependents),
 so its CTAs take the room GEMM1's finishing CTAs free, read the plan (and, staged, start their weight copies), and
-wait (griddepcontrol.wait) for GEMM1's results only before they read a or touch y_lat. Measured on the H200 (NOTES.md,
-v10; block medians, same run): 2-3% faster at 2 and 8 tokens with staged weights, 1.6% at one token with direct ones.
-At one token and for short rows (TP16's 6 groups; v11) each lane of GEMM2 holds all its weight words and scales in
+wait (griddepcontrol.wait) for GEMM1's results only before they read a or touch y_lat (measured 2-3% faster at 2 and
+8 tokens with staged weights, 1.6% at one token with direct ones).
+At one token and for short rows (TP16's 6 groups) each lane of GEMM2 holds all its weight words and scales in
 registers, loaded before the wait (HeldWeights), and after the wait the CTA copies the token tile's rows of a into
 shared memory in one round trip (stage_token_tile), from where the lanes read their fragments.
 """
@@ -62,9 +64,9 @@ from .mma import MMA_ROWS, TILE_TOKENS, alloc_tile_scratch, mma_16816, reduce_ti
 
 WARPS_PER_CTA = 8
 # MXFP4 groups whose weight words, scales and activations are loaded together before their MMAs (common.after_all_loads
-# keeps ptxas from splitting a batch into one round trip per group). Weights from DRAM (one token), v8 in one run at
-# TP8 M=1: GEMM1 with 4 17.2 us, with 7 20.1 (registers cost occupancy); GEMM2 with 4 of its 12 groups 14.3 us, 6
-# 16.6, 12 23.3, but at TP16 (6 groups) 4 + 2 took 17.4 us and all 6 at once 12.8: a short row goes in one batch.
+# keeps ptxas from splitting a batch into one round trip per group). Weights from DRAM (one token): more than 4
+# groups in flight cost occupancy (registers), but a short row (TP16's 6 groups) goes in one batch: 12.8 us against
+# 17.4 as 4 + 2 (kimi_k3_kernels.md §6).
 # Weights staged in shared memory (from 2 tokens): GEMM2 takes the largest equal batches of at most 4 (at TP16 as
 # 3 + 3: 48 registers, where 4 + 2 needs 122).
 GEMM1_GROUPS_IN_FLIGHT = 4
@@ -73,13 +75,12 @@ ONE_BATCH_GROUPS = 6
 # Held weights (one token, GEMM2): the token tile's activations come from shared memory two groups at a time: 64
 # registers at TP8 (4 CTAs per SM), where 3 took 70 and 6 took 74 (cuobjdump -res-usage).
 HELD_READS_IN_FLIGHT = 2
-# Held weights pay off for short rows only. Measured on the H200 (NOTES.md, v11; same run, M=1, block medians): TP16
-# (6 groups) 59.4 / 59.5 us held vs 61.4 / 61.4 direct; TP8 (12 groups) 73.8 / 73.9 held vs 72.1 / 72.2 direct (GEMM2
-# alone 16.3 vs 13.5 us; ncu: the held CTAs stay active longer, a longer chain per CTA, not bandwidth).
+# Held weights pay off for short rows only: at M=1 they won at TP16 (6 groups) and lost at TP8 (12 groups; ncu: the
+# held CTAs stay active longer, a longer chain per CTA, not bandwidth).
 HOLD_MAX_GROUPS = 6
 GEMM1_COLUMNS = MMA_ROWS // 2  # a's columns per warp: 8 gate rows + the 8 matching up rows
 GEMM2_ROWS = WARPS_PER_CTA * MMA_ROWS  # latent rows per GEMM2 CTA
-# Staged (from 2 tokens; v9): GEMM1 stages its 16 rows 16 bytes apart beyond their length: the 8 rows g of one MMA
+# Staged (from 2 tokens): GEMM1 stages its 16 rows 16 bytes apart beyond their length: the 8 rows g of one MMA
 # read word q of the same group, and unpadded rows of 1792 bytes would put all 8 in one bank. GEMM2's 128 rows go
 # unpadded, one bulk copy per warp's 16 contiguous rows (192 or 96 bytes each: a 4- or 2-way conflict on a few
 # loads): a bulk copy whose operands differ across lanes is issued once per lane in a loop, so one copy per row
@@ -264,7 +265,7 @@ class ExpertsGemm1SituMma:
     warps split the K groups (14 each at L = 3584) and meet in shared memory; threads (token, column) then apply
     SiTU-GLU to the totals. `staged` (from 2 tokens): the CTA's 16 packed rows and their scales (30 KB at L = 3584)
     come into shared memory by bulk copies in one round trip; otherwise each lane loads its weight words from global
-    memory in pinned batches (v8), which one token measured faster (NOTES.md, v9)."""
+    memory in pinned batches, which one token measured faster."""
 
     def __init__(self, experts: int, latent: int, inter: int, top_k: int, staged: bool = True,
                  in_flight: int = GEMM1_GROUPS_IN_FLIGHT, early_gemm2: bool = True):

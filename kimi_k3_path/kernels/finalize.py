@@ -7,10 +7,10 @@ The weighted top-k combine already happened in the GEMM2 epilogue (fp32 reductio
 CTAs wrote normed = rms_norm(y_lat) in bf16, so this is one skinny GEMM over two K segments with one accumulator per
 segment. At one token GEMM2 (experts.ExpertsGemm2OneToken) writes normed = y * gamma without the RMS, and partial
 sums of y^2 per CTA (`sq_parts`): the finalize sums those and scales its W_up dot by rsqrt(sum / L + eps), a scalar
-per token, so no CTA of GEMM2 has to wait for all the others (NOTES.md v16). Split-K over the CTA's warps as in
+per token, so no CTA of GEMM2 has to wait for all the others. Split-K over the CTA's warps as in
 gemv.py; from 2 tokens on the tensor cores (mma.py), where both segments accumulate into the same C fragments. At one
-token the block runs FinalizeStreamed: persistent CTAs that stream their row pairs through shared memory (NOTES.md
-v22d, v23); Finalize, holding its weights in registers across the wait, stays the A/B baseline.
+token the block runs FinalizeStreamed: persistent CTAs that stream their row pairs through shared memory
+(kimi_k3_kernels.md §3.4); Finalize, holding its weights in registers across the wait, stays the A/B baseline.
 """
 
 from __future__ import annotations
@@ -64,14 +64,13 @@ from .mma import (
 
 FINALIZE_SPLIT = 4
 # The CUDA-core finalize is compiled to fit this many CTAs per SM (ptxas register bound; 66 -> 63 registers, 8 bytes
-# of stack): resident while GEMM2 runs, more of them hold their weights. Measured on the H200 (NOTES.md v14; same run,
-# TP8 / TP16 M=1 block): 70.1 / 70.7 and 57.6 / 57.7 us against 70.7 / 70.6 and 58.7 / 58.9 at 3; with 5 (48
-# registers, 104 bytes of stack) 91.2 and 76.9.
+# of stack): resident while GEMM2 runs, more of them hold their weights. 4 measured ~1 us faster than 3 in the M=1
+# block at TP16, level at TP8; 5 (48 registers, 104 bytes of stack) far slower.
 SIMT_MIN_CTAS_PER_SM = 4
 
 
 # The streamed one-token finalize (FinalizeStreamed): persistent CTAs per SM and row pairs in flight per CTA.
-# Measured on the H200 (NOTES.md v22d; M=1 block, 3 rounds): 3 x 3 against 2 x 4 and 2 x 2, all within 0.5 us.
+# 3 x 3, 2 x 4 and 2 x 2 measured within 0.5 us of each other in the M=1 block.
 STREAMED_CTAS_PER_SM = 3
 STREAMED_STAGES = 3
 
@@ -254,10 +253,10 @@ class FinalizeStreamed:
     its weight vectors of a pair by 16-byte cp.async into `stages` slots, so `stages - 1` pairs are in flight while it
     computes one, and no register holds a byte in flight. The first pairs are issued before griddepcontrol.wait (the
     weights do not depend on GEMM2); the lane's slices of normed and a_sh and the RMS scale are read once per CTA,
-    after the wait, not once per pair. Why (NOTES.md v22): a CTA of Finalize holds its place on the SM for ~2.1 us,
+    after the wait, not once per pair. Why: a CTA of Finalize holds its place on the SM for ~2.1 us,
     and after its weights land its chain (activations, sums of squares, FMAs, reductions) leaves that place without
     bytes in flight, so the finalize's segment moves ~3.6 TB/s where a read of its bytes moves 4.0. The copies take
-    L2's evict_first policy: without it the next block's front ran ~1.4 us slower behind this launch (NOTES.md v23b)."""
+    L2's evict_first policy: without it the next block's front ran ~1.4 us slower behind this launch."""
 
     def __init__(self, hidden: int, latent: int, shared_inter: int, rms_parts: int, eps: float, ctas: int,
                  stages: int, trace_addr: int = 0):
@@ -277,9 +276,8 @@ class FinalizeStreamed:
         self.up_steps = -(-self.up_vec // WARP)
         self.sh_steps = -(-self.sh_vec // WARP)
         # Fused: a warp's up and shared vectors as one slice of fused_vec vectors (up first), wherever the shared part
-        # then fills the up part's ragged last step. Measured on the H200 (NOTES.md v38d; same process, 3 rounds,
-        # M=1): at TP16 (112 + 12 vectors per warp: 4 steps instead of 4 + 1) the finalize alone 16.8 -> 15.5 us and
-        # the block 45.2 -> 43.9; at TP8 (112 + 24: 5 steps either way) the block +0.2-0.3 us, so apart there.
+        # then fills the up part's ragged last step: at TP16 (112 + 12 vectors per warp: 4 steps instead of 4 + 1) the
+        # finalize alone 16.8 -> 15.5 us; at TP8 (112 + 24: 5 steps either way) the block +0.2-0.3 us, so apart there.
         self.fused_vec = self.up_vec + self.sh_vec
         self.fused_steps = -(-self.fused_vec // WARP)
         self.fused = self.fused_steps < self.up_steps + self.sh_steps
@@ -443,8 +441,7 @@ def finalize_streamed(normed, w_up, a_sh, w_sh2, out, sq_parts, eps: float, stre
 
 def holds_weights(early: bool, mt: int) -> bool:
     """Whether the finalize loads its weights before it waits for GEMM2: whenever it is launched early on the CUDA
-    cores (one token). Measured on the H200 (NOTES.md v14; same run, M=1 block, 3 CTAs per SM): TP8 70.5 / 70.5 us
-    against 71.3 / 71.3 loading them after the wait, TP16 58.7 / 58.6 against 59.7 / 59.7."""
+    cores (one token): the M=1 block measured 0.8-1.0 us faster than loading them after the wait."""
     return early and not uses_tensor_cores(mt)
 
 

@@ -35,10 +35,9 @@ from .mma import MAX_MMA_TOKENS, MMA_ROWS, alloc_tile_scratch, check_mma, mma_ro
 
 WARPS_PER_CTA = 8
 MAX_TILE = 8  # largest token tile; shared-memory scratch holds WARPS_PER_CTA x 2 rows x MAX_TILE partials
-# Warps of a CTA sharing one weight row in the standalone one-token GEMV (8 / split rows per CTA). Measured on the
-# H200 (NOTES.md v40; 7168 -> 3584, 51.4 MB, same process, 3 rounds): 14.03-14.19 us with 4 against 14.22-14.34 with
-# 8, once the weight words stay packed (in_tile: 64 and 48 registers); before that 8 won (v14e: 14.4 against 15.0 with
-# 4), and it ran 14.42-14.48 in v40's rounds. The front uses 4 as well (moe.FRONT_DOWN_SPLIT).
+# Warps of a CTA sharing one weight row in the standalone one-token GEMV (8 / split rows per CTA): 4 gives a warp 7
+# full 16-byte steps of a 7168-wide row, and with the weight words packed (in_tile) it beat 8 by 0.05-0.2 us
+# (kimi_k3_kernels.md §6). The front uses 4 as well (moe.FRONT_DOWN_SPLIT).
 GEMV_SPLIT = 4
 
 
@@ -121,7 +120,7 @@ def in_tile(addr: Int64, m_first) -> Int64:
     batch, 16-byte aligned in any case, and unknown to the compiler. A one-token kernel's tile loop runs once, and LLVM
     would otherwise hoist a slice's loop-invariant weight loads out of it together with their bf16 -> fp32
     conversions, holding two fp32 registers per weight word across the loop: 110 registers in the one-token front
-    instead of 78, 94 in the standalone GEMV at split 4 instead of 64 (NOTES.md v40)."""
+    instead of 78, 94 in the standalone GEMV at split 4 instead of 64."""
     return addr + (Int64(m_first >> 30) << 4)
 
 
@@ -131,9 +130,9 @@ def dot_slice(acc, row_addrs: list, x_addr: Int64, first_vec: Int32, lane: Int32
     token m_first + mi (rows of x_elems values), over the n_vec 16-byte vectors starting at first_vec. The caller
     reduces across lanes and warps. Up to WORDS_IN_FLIGHT weight words are loaded at once. pinned (default: one
     token per tile, mt == 1): the first FMA waits for all of them (common.after_all_loads), since left to itself
-    ptxas sank loads next to their uses, one DRAM round trip per step (the shared experts' SASS, v14); unpinned: weak
-    loads ahead of the warp's own barrier, which holds them there while each FMA waits for its own words (v35: faster
-    from 4 tokens and in the shared gate_up, slower in the one-token front, v33). At one token the weight loads stay
+    ptxas sank loads next to their uses, one DRAM round trip per step (the shared experts' SASS); unpinned: weak
+    loads ahead of the warp's own barrier, which holds them there while each FMA waits for its own words (faster
+    from 4 tokens and in the shared gate_up, slower in the one-token front). At one token the weight loads stay
     in the caller's tile loop (in_tile) and x's loads go out beside them."""
     steps = -(-n_vec // WARP)
     in_flight = max(1, WORDS_IN_FLIGHT // (4 * len(row_addrs)))
@@ -146,7 +145,7 @@ def dot_slice(acc, row_addrs: list, x_addr: Int64, first_vec: Int32, lane: Int32
             pin_first_words(held, after_all_loads(Int32(0), loaded_words(held), batch_zero(m_count)))
             slice_dot(acc, acc_row, held, batch, x_addr, first_vec, lane, m_first, m_count, x_elems, n_vec, mt, fresh)
         else:
-            # v35: weak weight loads ahead of the warp's own barrier, each FMA waiting for its own words only; x by
+            # Weak weight loads ahead of the warp's own barrier, each FMA waiting for its own words only; x by
             # weak loads after it (a .nc load, like the FMAs it feeds, could move above the barrier)
             held = load_slice(row_addrs, first_vec, lane, n_vec, batch, "ordered")
             warp_barrier()

@@ -34,12 +34,9 @@ MAX_MMA_TOKENS = 64
 
 def chunks_in_flight(mt: int) -> int:
     """K chunks whose weight loads a warp issues before the first of their MMAs, for token tile mt (the front may
-    choose otherwise: moe.front_chunks_in_flight). Measured on the H200 (NOTES.md v15d; same run, one process per
-    value, block medians TP8 / TP16 for 1, 2, 3): 32 tokens 460.4, 450.2, 437.7 / 299.2, 289.1, 278.6 us; 64 tokens
-    751.1, 763.4, 721.5 / 489.6, 505.4, 461.1; at 16 tokens the launches other than the front did not care (block
-    minus front alone within 1%), and 2 was the value before. Not monotonic in registers (64 tokens: the front has 80,
-    108 and 104, and takes 79.6, 108.7 and 60.8 us alone); the chunk order changes too, and with it, presumably (not
-    measured), how the CTAs on an SM meet in L1 on x."""
+    choose otherwise: moe.front_chunks_in_flight). 3 measured fastest at 32 and 64 tokens (the block 3-9% faster
+    than with 2); at 16 tokens the launches other than the front did not care. Not monotonic in registers; the
+    chunk order changes too, and with it, presumably (not measured), how the CTAs on an SM meet in L1 on x."""
     return 2 if mt <= 16 else 3
 
 

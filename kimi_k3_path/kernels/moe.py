@@ -2,7 +2,7 @@
 the caller's stream, with no host synchronization and no allocation, so it can be captured in a CUDA graph:
 
   1 front           one grid, three CTA ranges over the same input x:                    (router, W_down, W_sh13)
-                      router: logits, sigmoid + bias top-k, weights, expert plan (the last router CTAs)
+                      router: logits, sigmoid + bias top-k, weights, expert plan (router.py says which CTAs)
                       down-projection x_lat = x @ W_down^T (stored fp16 for the experts)
                       shared experts' a_sh = situ_glu(x @ W_sh13^T) (one token: in GEMM2's grid instead)
   2 experts GEMM1   a[pair] = situ_glu(x_lat[t] @ w13[e]^T); y_lat = 0                    (active experts' w13)
@@ -71,35 +71,28 @@ from .trace import trace_address
 
 # At least this much shared memory per front CTA, so that no more than 3 share an SM (4 x (57 + 1 reserved) KB >
 # 228 KB) and L1 keeps room for x, which every CTA rereads. At M = 4 the front needs only 64 registers, and with 4 CTAs
-# per SM (v10, after the router's smem shrank by 4 KB) L1 kept ~28 KB for 57 KB of x: the front took 58 us at M = 4
-# against 41 at M = 8 (TP8, NOTES.md v10g).
+# per SM L1 kept ~28 KB for 57 KB of x: the front took 58 us at M = 4 against 41 at M = 8 (TP8).
 FRONT_MIN_SMEM_BYTES = 57 * 1024
-# At one token, CTAs per SM: the launch bounds the front's registers to 64 (the down-projection needs 64, v40's
+# At one token, CTAs per SM: the launch bounds the front's registers to 64 (the down-projection needs 64; the batch
 # selection took the front to 78) and its CTAs carry only the one-token selection's 9.8 KB of shared memory
-# (router.one_token_select), so 4 share an SM with L1 192 KB. Measured on the H200 (NOTES.md v41g; same process, 3
-# rounds, TP8 / TP16): the front alone 17.14-17.23 / 17.17-17.24 us against 18.29-18.55 / 18.23-18.31 for v40's form
-# (2 CTAs, L1 92 KB), the block 50.95-51.09 / 42.23-42.31 against 51.71-52.16 / 43.37-43.41. At 4 CTAs the selection
-# had to become parallel too (v41d-f): one warp through all 896 experts ended ~0.9 us after the last down-projection
-# CTA; and 4 CTAs beside v40's 45.7 KB of state (L1 ~60 KB) took 21.1-21.5 us.
+# (router.one_token_select), so 4 share an SM with L1 192 KB: the front alone ~1.1 us faster than at 2 CTAs per SM
+# (L1 92 KB), which needed the selection spread over the CTA's warps; 4 CTAs beside the batch selection's 45.7 KB
+# (L1 ~60 KB) were ~3 us slower (kimi_k3_kernels.md §3.1).
 ONE_TOKEN_FRONT_CTAS_PER_SM = 4
-# Warps sharing a down-projection row in the one-token front (4 rows per CTA). Measured on the H200 (NOTES.md v14e;
-# same run, TP8 / TP16): the front alone 27.1 / 27.2 and 24.9 / 24.9 us with 4 against 29.1 / 28.9 and 26.4 / 26.4
-# with 8 (gemv.GEMV_SPLIT, the standalone GEMV's, was 8 until v40).
+# Warps sharing a down-projection row in the one-token front (2 rows per CTA): 7 full 16-byte steps per warp, and the
+# front alone measured 1.5-2 us faster than with 8 (kimi_k3_kernels.md §6).
 FRONT_DOWN_SPLIT = 4
-# From this many tokens the front's router logits run on the tensor cores (FrontKernel, router_mma). Measured on the
-# H200 (NOTES.md v15c; same run, block medians TP8 / TP16, CUDA cores -> tensor cores): M=16 281.2 -> 279.2 and 189.4
-# -> 186.3 us, M=32 489.5 -> 459.1 and 316.9 -> 287.8, M=64 791.2 -> 770.6 and 525.1 -> 505.9; but M=8 182.1 -> 187.1,
-# M=2 96.2 -> 108.2 (read, not measured: 56 CTAs of 16 experts each have 14 load round trips per warp before the top-k
-# can start, where 896 one-expert CTAs finish early and one 8-token pass reads x once).
+# From this many tokens the front's router logits run on the tensor cores (FrontKernel, router_mma): they won at 16,
+# 32 and 64 tokens and lost at 2 and 8 (read, not measured: 56 CTAs of 16 experts each have 14 load round trips per
+# warp before the top-k can start, where 896 one-expert CTAs finish early and one 8-token pass reads x once).
 ROUTER_MMA_FROM_TOKENS = 16
 # At one token the shared experts' gate_up runs in GEMM2's grid rather than the front's (ExpertsGemm2OneToken with
-# shared_inter). Measured on the H200 (NOTES.md v20a; block medians of 3 rounds, alternating processes): TP8 58.7 ->
-# 58.2 us, TP16 50.8 -> 49.7; a probe sets it False to measure the front's form.
+# shared_inter): its 11-22 MB stream while GEMM1 drains (block -0.5 us TP8, -1.1 TP16 when measured); a probe sets it
+# False to measure the front's form.
 ONE_TOKEN_SHARED_IN_GEMM2 = True
 # The one-token finalize as persistent CTAs streaming their weights through shared memory with L2's evict_first
-# policy (finalize.FinalizeStreamed) instead of one CTA per row pair holding them in registers (Finalize). Measured on
-# the H200 (NOTES.md v23c; block medians of 3 rounds, alternating processes): TP8 58.4 -> 56.6 us, TP16 49.8 -> 48.3;
-# a probe sets it False to measure the held form.
+# policy (finalize.FinalizeStreamed) instead of one CTA per row pair holding them in registers (Finalize): block
+# -1.8 us TP8, -1.5 TP16 when measured; a probe sets it False to measure the held form.
 ONE_TOKEN_FINALIZE_STREAMED = True
 # Resident CTAs per SM of the one-token GEMM1 (experts.ExpertsGemm1Held: <= 64 registers, 256 threads; a CPU test
 # checks the registers).
@@ -108,10 +101,8 @@ ONE_TOKEN_GEMM1_CTAS_PER_SM = 4
 
 def front_chunks_in_flight(mt: int, router_mma: bool) -> int:
     """K chunks in flight per warp in the front's tensor-core parts (mma.mma_segment): as mma.chunks_in_flight, but
-    one with a 16-token tile when the router is on the tensor cores (16 tokens). Measured on the H200 (NOTES.md v15d;
-    same run, block medians TP8 / TP16, 1 vs 2): 16 tokens, router on the tensor cores, 276.4 vs 283.4 / 182.4 vs
-    189.1 us (front alone 41.8 vs 48.7); 8 tokens, router on the CUDA cores, 192.2 vs 180.7 / 142.2 vs 131.2; 2 and 4
-    tokens ~1% slower with 1."""
+    one with a 16-token tile when the router is on the tensor cores (16 tokens): there the front alone measured 41.8
+    us with 1 against 48.7 with 2; with the router on the CUDA cores 1 lost (8 tokens) or was ~1% slower (2, 4)."""
     return 1 if router_mma and mt <= 16 else chunks_in_flight(mt)
 
 
@@ -212,7 +203,7 @@ def gate_up_first(w, device) -> bool:
     """Whether GEMM2's one-token grid runs the shared gate_up's CTAs before its own: where all of GEMM1's CTAs are
     resident at once (TP16: 16 x 24 on 132 x 4 places), SMs left idle while GEMM1 runs take them; where GEMM1 needs a
     second wave (TP8: 16 x 48), GEMM2's CTAs take the places it frees first and load their weights ahead of the wait.
-    Measured (NOTES.md v20a, block medians of 3 rounds): TP8 58.2 us last, 58.7 first; TP16 50.7 last, 49.7 first."""
+    Measured: TP8 0.5 us faster with them last, TP16 1.0 us faster with them first."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     return held_gemm1_ctas(1, w.top_k, w.experts, w.intermediate) <= sms * ONE_TOKEN_GEMM1_CTAS_PER_SM
 
@@ -369,10 +360,9 @@ class Step:
 def one_token_experts(m: int) -> bool:
     """Whether the experts run in their one-token forms: GEMM1 as experts.ExpertsGemm1Held(one_token=True) (no loop
     over a slot's further tokens: 58 registers instead of 66; y_lat left alone) and GEMM2 as
-    experts.ExpertsGemm2OneToken (no cross-CTA norm tail; the finalize applies the RMS). Measured on the H200
-    (NOTES.md v16, v17; same-run block medians): the norm tail cost the one-token block 4.4 us (TP8 and TP16), moving
-    the whole norm into the finalize instead 7 us more than it saved; GEMM1 holding its weights took the block from
-    68.2 to 62.8 us at TP8 and 57.4 to 53.3 at TP16 (against the tensor cores)."""
+    experts.ExpertsGemm2OneToken (no cross-CTA norm tail; the finalize applies the RMS). The norm tail cost the
+    one-token block 4.4 us (TP8 and TP16), moving the whole norm into the finalize instead 7 us more than it saved;
+    GEMM1 holding its weights took 4.1-5.4 us off the block against the tensor cores (kimi_k3_kernels.md §3.2)."""
     return m == 1
 
 

@@ -10,7 +10,7 @@ themselves, without masks or counters. Who selects, and how it knows the logits 
   - CUDA-core logits: the first n CTAs. Every logit word holds LOGIT_UNSET until its CTA stores the logit (a strong
     store), and a selecting warp polls its token's words until none is unset; it then sets them back to LOGIT_UNSET
     for the next launch. No CTA counts in: the count-in (barrier, device-scope fence, atomic round trip) held each of
-    the 448 one-token router CTAs ~1-2 us past its last load, 2.4 us of the front alone (NOTES.md v30).
+    the 448 one-token router CTAs ~1-2 us past its last load, 2.4 us of the front alone.
   - tensor-core logits (plain stores from mma.py's epilogue): every CTA counts in, and the last n select.
 Counters and masks in `sync` are left zero, and the logits LOGIT_UNSET, for the next launch, so CUDA-graph replays need
 no host work.
@@ -59,9 +59,8 @@ ROUTER_SPLIT = 8  # at most 8 warps share an expert row (K split over them)
 LOAD_BATCHES = 2  # a selecting CTA reads a token's E logits in this many batches of E/32/LOAD_BATCHES loads per lane
 CANDIDATES = WARPS_PER_CTA * WARP  # each warp's k <= 32 winners of its current token, in index order
 ONE_TOKEN_CANDIDATES = CANDIDATES + WARP  # one token: each warp's k candidates, then the final k (select_one_token)
-# At most this many of the last router CTAs select, 8 tokens at a time each. Measured on the H200 (NOTES.md, v10f; same
-# run): with one CTA selecting for every token the front took 167 us at M=64 (TP8), with 4 or 8 CTAs 125 us; the block
-# 838 -> 795 us at TP8 M=64, 572 -> 530 at TP16, 506 -> 481 at TP8 M=32; M <= 8 needs one CTA anyway.
+# At most this many router CTAs select (see the module docstring for which), 8 tokens at a time each: with one CTA
+# selecting for every token the front took 167 us at M=64 (TP8), with 4 or 8 CTAs 125 us; M <= 8 needs one anyway.
 ROUTER_TAIL_CTAS = 8
 MASKS = 4  # sync words: [0] arrivals, [1] waiters done (both tensor-core logits only), [2] selections done, [3] unused;
 # then the masks
@@ -119,12 +118,9 @@ def one_token_select(mt: int, mma_mt: int) -> bool:
 def router_split(mt: int) -> int:
     """Warps sharing an expert row (each 1/split of K) in the CUDA-core logits at token tile mt: 4 (two experts per
     CTA: 448 CTAs of 28 KB at E = 896, each lane 7 vectors of a row in flight) at tiles of 1 and 8 tokens, 8 (896 CTAs
-    of 14 KB, 3.5 vectors per lane) at 2 and 4. Measured on the H200 (NOTES.md v18c; same process, two rounds, block
-    medians, split 8 -> 4): M=1 TP8 62.1 / 63.6 -> 61.1 / 62.2 us, TP16 53.8 / 54.8 -> 51.7 / 51.7 (front alone -1.1
-    to -2.4 us); M=8 TP8 167.3 / 165.5 -> 161.5 / 161.7, TP16 121.8 / 121.9 -> 117.8 / 117.7; but M=2 TP8 91.1 / 90.6
-    -> 92.5 / 92.3, TP16 71.7 / 71.9 -> 75.2 / 75.4, and M=4 116.3 / 116.2 -> 127.0 / 126.7 (TP16 90.2 -> 102.3; the
-    front alone 33.5 -> 45.4: not explained). 2 (four experts per CTA) takes the one-token front from 112 to 183
-    registers (one CTA per SM)."""
+    of 14 KB, 3.5 vectors per lane) at 2 and 4. Split 4 measured faster at 1 and 8 tokens (front alone -1.1 to -2.4
+    us at one token) and slower at 2 and 4 (the front alone at 4 tokens 33.5 -> 45.4 us: not explained). 2 (four
+    experts per CTA) takes the one-token front from 112 to 183 registers (one CTA per SM)."""
     return 4 if mt in (1, MAX_TILE) else ROUTER_SPLIT
 
 
@@ -234,7 +230,7 @@ def router_part(
 def copy_bias(bias: cute.Tensor, bias_s: cute.Tensor, tidx: Int32, experts: cutlass.Constexpr):
     """All threads of the one-token selecting CTA: the correction bias into shared memory by cp.async, 16 bytes per
     thread and no registers, issued before the CTA's own logits so that it has landed when the selection starts and
-    no load of it sits on the selection's chain (v41e measured no change from this alone). The caller waits for the
+    no load of it sits on the selection's chain (measured: no change from this alone). The caller waits for the
     group (cp_async_wait_group) and synchronizes before reading it."""
     for i in cutlass.range_constexpr((experts // 4 + WARPS_PER_CTA * WARP - 1) // (WARPS_PER_CTA * WARP)):
         v = tidx + i * WARPS_PER_CTA * WARP
@@ -400,8 +396,8 @@ def select_one_token(
     its own E/32/w slots (a contiguous run of experts), polls for their logits and picks its k candidates; warp 0
     then picks the k among the w * k candidates (the top k of the whole is among them, by the same order), and writes
     the plan itself: the token's k experts in index order, one pair each (no masks or planning pass). One warp
-    through all 896 experts spent ~8 us of the front's time in its sigmoids and 32 rounds over 28 keys a lane (v41f,
-    at 4 CTAs per SM), past the last down-projection CTA."""
+    through all 896 experts spent ~8 us of the front's time in its sigmoids and 32 rounds over 28 keys a lane (at 4
+    CTAs per SM), past the last down-projection CTA."""
     per_lane: cutlass.Constexpr = experts // WARP
     pickers: cutlass.Constexpr = one_token_warps(experts)
     slots: cutlass.Constexpr = per_lane // pickers
@@ -446,7 +442,7 @@ def token_keys(keys, row_addr, bias_s, score_rows, score_base, lane, first_j, n:
     """keys[i] = the order key of sigmoid(logit) + bias of expert lane + 32 (first_j + i), i < n, from the token's
     logit row at row_addr (+ lane * 4); its score into score_rows[score_base + expert]; its logit word LOGIT_UNSET
     again. Loads first, then the arithmetic: the sigmoid's IEEE reciprocal expands to a branch, and loads interleaved
-    with it were issued one L2 round trip at a time (v3 and v4's first try: ~14 us per token). The words land in
+    with it were issued one L2 round trip at a time (~14 us per token). The words land in
     keys, which take their order keys in place; in `batches` batches of loads (two keep the 28-slot selection's
     registers under the streaming part's)."""
     per_batch: cutlass.Constexpr = n // batches

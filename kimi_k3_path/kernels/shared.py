@@ -30,8 +30,7 @@ from .mma import (
 SHARED_SPLIT = 8  # warps sharing one (gate, up) row pair's K; a CTA owns WARPS_PER_CTA / split pairs
 # The split of the shared gate_up's one-token CTAs in GEMM2's grid (experts.ExpertsGemm2OneToken): 4, two row pairs
 # per CTA, gives a warp 224 of a row's 896 vectors, 7 full 16-byte steps, where 8 leaves the last of 4 steps half
-# empty. Measured on the H200 (NOTES.md v39a; one process, 3 rounds, block medians at M=1): TP8 53.08 us with 8,
-# 52.23 with 4, 53.09 with 2, 53.79 with 1; TP16 43.77, 43.60, 43.80, 44.84.
+# empty: the M=1 block measured 0.85 us faster than with 8 at TP8, 0.17 at TP16; 2 and 1 were slower.
 ONE_TOKEN_SHARED_SPLIT = 4
 
 

@@ -7,7 +7,7 @@ each launch ran at: the H200 moves its clock with power, which a timeline in nan
 slower kernel. Untraced launches compile exactly as before (the address is a compile-time 0), so a trace costs
 nothing unless asked for:
 
-    trace = CtaTrace(bench_moe.block_ctas(dims, sms), "cuda")   # TP8, 132 SMs: 2240, 768, 1216 and 396 CTAs
+    trace = CtaTrace(bench_moe.block_ctas(dims, sms), "cuda")   # TP8, 132 SMs: 2240, 768, 832 and 396 CTAs
     with tracing(trace):
         steps = moe.decode_steps(...)   # the launches read the addresses when they are compiled and launched
     ... run the block ...

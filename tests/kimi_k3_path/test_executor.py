@@ -286,7 +286,8 @@ os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported: runs the stoc
 import torch
 from kimi_k3_path import reference as R
 from kimi_k3_path.config import named_config
-from kimi_k3_path.executor import SPECIALIZED, StepBatch, StockLikeLayers, build_executor
+from benchmarks.kimi_k3.stock_layers import StockLikeLayers
+from kimi_k3_path.executor import SPECIALIZED, StepBatch, build_executor
 from kimi_k3_path.reference.compare import rel_err
 from kimi_k3_path.reference.dims import layer_dims
 from kimi_k3_path.support import Deployment
@@ -297,8 +298,7 @@ from test_executor import decisive_routing
 gen = torch.Generator().manual_seed(int(sys.argv[1]))
 
 d = layer_dims(named_config("tiny"), tp=8)
-executor = build_executor(Deployment(arch="sm_90", tp=8, max_batch=64), device="cpu")
-assert isinstance(executor.stock, StockLikeLayers), executor.stock
+executor = build_executor(Deployment(arch="sm_90", tp=8, max_batch=64), device="cpu", stock=StockLikeLayers("cpu"))
 decode = StepBatch.decode([6, 9, 1])
 prefill = StepBatch(query_lens=(1, 1, 1), context_lens=(0, 0, 0))  # same rows, routed to the stock path
 stream = R.random_residual_stream(3, d.kda.hidden, d.max_blocks, gen)
@@ -336,8 +336,8 @@ print("ok")
 
 
 def test_the_stock_like_sequence_agrees_with_the_specialized_path_on_cpu():
-    """build_executor's stock path is the real stock-like op sequence (cuBLAS-style GEMMs + Triton kernels, bf16),
-    run here by Triton's CPU interpreter in a fresh process (the interpreter must be chosen before Triton loads)."""
+    """Given the stock-like op sequence as its stock path (cuBLAS-style GEMMs + Triton kernels, bf16), the two
+    paths agree; run by Triton's CPU interpreter in a fresh process (chosen before Triton loads)."""
     import subprocess
     import sys
 
@@ -420,7 +420,9 @@ def test_on_the_h200_the_specialized_path_runs_the_kernels_and_agrees_with_stock
     """Real TP8 per-rank shapes: the KDA reference op on the host and the latent MoE on the CuTe DSL kernels,
     against the stock-like sequence (cuBLAS + Triton) on the GPU, for one decode step of 4 sequences."""
     d = layer_dims(named_config("kimi_k3"), tp=8)
-    executor = build_executor(H200_TP8, device="cuda")
+    from benchmarks.kimi_k3.stock_layers import StockLikeLayers
+
+    executor = build_executor(H200_TP8, device="cuda", stock=StockLikeLayers("cuda"))
     assert executor.specialized.name == f"{SPECIALIZED}[cute-moe]" and executor.stock.name == "stock-like"
     # The MXFP4 experts are made packed (random_moe_weights): packing 2.5e9 fp32 values on the host is too slow.
     w = decisive_routing(

@@ -31,7 +31,7 @@ from kimi_k3_path.kernels.experts_mma import (  # noqa: E402
     ExpertsGemm1SituMma,
     ExpertsGemm2CombineMma,
 )
-from kimi_k3_path.kernels.bench_moe import H200_SMS  # noqa: E402
+from benchmarks.kimi_k3.bench_moe import H200_SMS  # noqa: E402
 from kimi_k3_path.kernels.finalize import (  # noqa: E402
     SIMT_MIN_CTAS_PER_SM,
     STREAMED_CTAS_PER_SM,
@@ -45,7 +45,7 @@ from kimi_k3_path.kernels.moe import FRONT_DOWN_SPLIT, ONE_TOKEN_GEMM1_CTAS_PER_
 from kimi_k3_path.kernels.router import MAX_TOKENS, RouterTopK, router_sync_words  # noqa: E402
 from kimi_k3_path.kernels.runtime import dyn, fake, fake_stream  # noqa: E402
 from kimi_k3_path.kernels.shared import ONE_TOKEN_SHARED_SPLIT, SharedGateUpSitu  # noqa: E402
-from kimi_k3_path.kernels.stream import ReadStream  # noqa: E402
+from benchmarks.kimi_k3.stream import ReadStream  # noqa: E402
 
 
 SM_REGISTERS = 65536  # per SM on the H200 (sm_90)
@@ -556,8 +556,8 @@ def test_front_keeps_the_occupancy_and_l1_it_was_measured_at(tp, mt, router_mma,
     against 18.5, and the M=8 block 183 us against 161; and so does occupancy itself: with 78 registers (v40) 3 CTAs
     per SM took it to 19.1 us alone at L1 92 KB against 18.0 at 2, and 4 at L1 ~60 KB to 21.1-21.5 (v41a), but 4
     with the one-token selection's 9.8 KB of shared memory (L1 192 KB, bounded to 64 registers) to 17.1-17.2 against
-    18.2-18.6 (v41g). A change that moves these numbers needs a new measurement on the H200 (NOTES.md) and this
-    table."""
+    18.2-18.6 (v41g). A change that moves these numbers needs a new measurement on the H200 and this table
+    (docs/design/kimi_k3_kernels.md)."""
     d = dims(tp)
     op = _front(d, mt, router_mma)
     registers = -(-_registers(op, _front_args(d), tmp_path) // 8) * 8
@@ -568,7 +568,8 @@ def test_front_keeps_the_occupancy_and_l1_it_was_measured_at(tp, mt, router_mma,
     l1 = SM_L1_AND_SHARED_KB - next(kb for kb in SM_CARVEOUTS_KB if kb * 1024 >= shared)
     assert (ctas, l1) == (ctas_per_sm, l1_kb), (
         f"{registers} registers, {op.smem_bytes()} bytes of smem: the front's occupancy or L1 moved (a kernel change, "
-        f"or another CuTe DSL / ptxas version); time it on the H200 (NOTES.md v15d, v31a) before updating this table")
+        f"or another CuTe DSL / ptxas version); time it on the H200 (docs/design/kimi_k3_kernels.md) before updating"
+        " this table")
 
 
 @pytest.mark.parametrize("in_flight", [2, 4, 8])
@@ -644,7 +645,7 @@ def test_one_token_gemm2_holds_its_weights_across_the_wait_in_one_wave(tp, dims,
     after = [n for n, line in enumerate(lines) if "LDG.E.128" in line and n > wait]
     assert after and not any("CONSTANT" in lines[n] for n in after)
     # a in one L2 round trip: every 16-byte load of it before its first shared store. v18b's rewrite of this kernel
-    # let ptxas interleave them (load, store, load, store) and the TP8 block took 3.6 us longer (NOTES.md v18b).
+    # let ptxas interleave them (load, store, load, store) and the TP8 block took 3.6 us longer.
     stores = [n for n, line in enumerate(lines) if "STS.128" in line and n > wait]
     assert stores and max(after) < min(stores)
     assert _activations_paired_once(lines)

@@ -565,7 +565,7 @@ def test_cta_trace_of_the_one_token_block_records_every_cta_in_launch_order(tp, 
     raises otherwise), the traced block's output matches the reference, GEMM1 starts only after the front has ended
     (stream order) while GEMM2 and the finalize start before their predecessors end (launched early), and no SM ever
     holds more CTAs of a launch than its registers allow, and each launch's SM clock is one an H200 runs at."""
-    from kimi_k3_path.kernels.bench_moe import block_ctas, trace_one_token_block
+    from benchmarks.kimi_k3.bench_moe import block_ctas, trace_one_token_block
     from kimi_k3_path.kernels.finalize import STREAMED_CTAS_PER_SM
     from kimi_k3_path.kernels.moe import ONE_TOKEN_FRONT_CTAS_PER_SM
 

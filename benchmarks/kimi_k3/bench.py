@@ -1,0 +1,609 @@
+"""Per-layer decode benchmark of one TP rank: the stock-like path against the specialized path, with the byte
+floor, written as `gatekeeper.evidence.PerfEvidence` (the perf-matrix evidence the gatekeeper checks).
+
+    python -m benchmarks.kimi_k3.bench --layer kda_moe,mla_moe --tp 8,16 --batch 1,2,4,8,16,32,64 --out FILE
+    python -m benchmarks.kimi_k3.bench --cpu-smoke --out FILE      # the same harness on CPU, tiny dims (CI)
+
+Method (GPU): per (layer, tp) one set of random weights per copy, per batch fresh random inputs and state per
+copy; each variant captured in one CUDA graph that cycles through its copies until it holds MIN_STEPS_PER_GRAPH
+layer steps, so consecutive steps touch disjoint weights and inputs and the L2 (about 60 MB on the H200) never
+serves a step from the previous one, and the graph launch (~9 us between events, more than a small layer) is spread
+over the steps as a decode step's graph spreads it over its layers. Replays alternate variants and are timed with
+CUDA events; a sample is one replay's time per step, and rows report the samples' median, p10-p90 spread and count.
+Before timing, the candidate MoE's output is checked against the fp32 reference. Each (layer, tp) runs in a fresh
+child process (`--processes per-case`, the GPU default), as a server maps its weights once in a fresh process: in one
+process, a case run after another layer's measured slower in both variants, and running the stock-like kda_moe
+case once was enough to slow the next, not the memory it mapped (docs/design/kimi_k3_kernels.md §9).
+
+Variants: `baseline` is `benchmarks.kimi_k3.stock` (vLLM's stock op sequence on Hopper). `candidate` is the
+specialized path: the same stock-like layer with its latent MoE replaced by
+`kimi_k3_path.kernels.moe.latent_moe_decode` (`--candidate kernels`), or the stock ops themselves
+(`--candidate stock`: an A/A measurement until kernels land). `auto` takes the kernels when they import.
+
+Byte floor: the bytes one layer step must move (every weight it reads once, only the experts the batch routes
+to and at their unpadded size, the KDA state read and written, the MLA cache rows read, the residual stream)
+over 4.3e12 B/s, the device-to-device copy bandwidth measured on the H200 (see ../shared/gpu/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, fields, is_dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+LAYERS = ("kda_moe", "mla_moe", "moe")
+COPY_BANDWIDTH = 4.3e12  # B/s, device-to-device copy on the H200
+L2_BYTES_DEFAULT = 60 * 2**20
+MAX_COPIES = 8
+MIN_STEPS_PER_GRAPH = 12  # layer steps per CUDA graph (see time_variants)
+MIN_SAMPLES = 20
+# A layer position with the most AttnRes sources (8 completed blocks + prefix) for each attention kind.
+KDA_LAYER, MLA_LAYER = 90, 91
+TINY_KDA_LAYER, TINY_MLA_LAYER = 5, 7  # the tiny config: 8 layers, blocks of 4; MLA at 1-based 4 and 8
+
+
+class BenchError(RuntimeError):
+    """A benchmark that cannot produce trustworthy numbers (bad arguments, failed correctness check)."""
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from exc
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _layer_list(text: str) -> tuple[str, ...]:
+    values = tuple(v.strip() for v in text.split(",") if v.strip())
+    bad = [v for v in values if v not in LAYERS]
+    if not values or bad:
+        raise argparse.ArgumentTypeError(f"unknown layer kind(s) {bad or text!r}; choose from {', '.join(LAYERS)}")
+    return values
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.kimi_k3.bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--layer", type=_layer_list, default=("kda_moe", "mla_moe"), help="kda_moe, mla_moe, moe (comma list)")
+    p.add_argument("--tp", type=_int_list, default=(8, 16))
+    p.add_argument("--batch", type=_int_list, default=(1, 2, 4, 8, 16, 32, 64))
+    p.add_argument("--out", type=Path, help="write the PerfEvidence JSON here")
+    p.add_argument("--config", default="kimi_k3", help="a shipped config name (kimi_k3, tiny) or a config.json path")
+    p.add_argument("--context", type=int, default=4096, help="MLA: tokens already in each sequence's cache")
+    p.add_argument("--page", type=int, default=64, help="MLA: latent cache page size (tokens)")
+    p.add_argument("--replays", type=int, default=300,
+                   help="layer steps timed per variant (in samples of >= MIN_STEPS_PER_GRAPH steps; CPU: one step each)")
+    p.add_argument("--candidate", choices=("auto", "kernels", "stock"), default="auto")
+    p.add_argument("--commit", help="the commit measured (default: git rev-parse HEAD)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--breakdown", action="store_true", help="print the baseline's time per kernel (torch profiler) per case")
+    p.add_argument("--cpu-smoke", action="store_true", help="run the harness on CPU with the tiny config (CI)")
+    p.add_argument("--processes", choices=("per-case", "one"),
+                   help="per-case: each (layer, tp) in a fresh child process (default on the GPU); one: every case in "
+                        "this process (default with --cpu-smoke)")
+    args = p.parse_args(argv)
+    if args.processes is None:
+        args.processes = "one" if args.cpu_smoke else "per-case"
+    if args.cpu_smoke:
+        args.config, args.replays = "tiny", min(args.replays, 3)
+        args.context, args.page = min(args.context, 24), min(args.page, 8)
+        args.batch = tuple(b for b in args.batch if b <= 4) or (1,)
+        args.candidate = "stock"
+    if args.replays < 1 or args.context < 1 or args.page < 1:
+        p.error("--replays, --context and --page must be positive")
+    return args
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Timing
+
+
+def measurement_of(samples_us: list[float]) -> dict[str, float | int]:
+    """Median, (p90 - p10) / median in percent, and the count, as gatekeeper.evidence.Measurement wants them."""
+    if not samples_us:
+        raise BenchError("no timing samples")
+    ordered = sorted(samples_us)
+
+    def pct(q: float) -> float:
+        pos = q * (len(ordered) - 1)
+        lo, hi = math.floor(pos), math.ceil(pos)
+        return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+    median = statistics.median(ordered)
+    return {"median": median, "spread_pct": (pct(0.9) - pct(0.1)) / median * 100.0, "runs": len(ordered)}
+
+
+def time_variants(variants: dict[str, list[Callable[[], Any]]], replays: int, device: str) -> dict[str, list[float]]:
+    """Per variant, timings in microseconds per layer step (`replays` steps in all on the GPU, in samples that each
+    average MIN_STEPS_PER_GRAPH or more); each variant has one callable per copy."""
+    import torch
+
+    if device == "cpu":
+        samples: dict[str, list[float]] = {name: [] for name in variants}
+        for r in range(replays):
+            for name, fns in variants.items():
+                start = time.perf_counter()
+                fns[r % len(fns)]()
+                samples[name].append((time.perf_counter() - start) * 1e6)
+        return {name: per_cycle(times, len(variants[name])) for name, times in samples.items()}
+
+    # One graph per variant: its copies in order, the cycle repeated until the graph holds MIN_STEPS_PER_GRAPH layer
+    # steps. Consecutive steps still touch different copies (a cycle moves >= 4x the L2), and the ~9 us a graph launch
+    # costs between two events (bench_gemv: one tiny kernel per graph 9.2 us, 30 per graph 1.2 us each) is spread
+    # over the steps as a decode step's graph spreads it over all its layers. A sample is one replay / its steps.
+    graphs: dict[str, torch.cuda.CUDAGraph] = {}
+    steps: dict[str, int] = {}
+    side = torch.cuda.Stream()
+    for name, fns in variants.items():
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up compiles the Triton kernels and creates cuBLAS handles
+            for fn in fns:
+                fn()
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        cycles = math.ceil(MIN_STEPS_PER_GRAPH / len(fns))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(cycles):
+                for fn in fns:
+                    fn()
+        graphs[name], steps[name] = graph, cycles * len(fns)
+    for graph in graphs.values():  # one untimed replay of every graph
+        graph.replay()
+    samples = max(MIN_SAMPLES, replays // min(steps.values()))  # about `replays` layer steps per variant
+    events = {name: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                     for _ in range(samples)] for name in graphs}
+    for r in range(samples):
+        for name, graph in graphs.items():
+            start, end = events[name][r]
+            start.record()
+            graph.replay()
+            end.record()
+    torch.cuda.synchronize()
+    return {name: [s.elapsed_time(e) * 1e3 / steps[name] for s, e in evs] for name, evs in events.items()}
+
+
+def per_cycle(replay_us: list[float], copies: int) -> list[float]:
+    """One sample per pass over the copies (their mean): the copies route differently and so do different work, and a
+    sample that always covers all of them keeps that difference out of the spread, which then measures noise only."""
+    cycles = [statistics.fmean(replay_us[i : i + copies]) for i in range(0, len(replay_us) - copies + 1, copies)]
+    return cycles or ([statistics.fmean(replay_us)] if replay_us else [])  # fewer replays than copies: one sample
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Workloads
+
+
+def tensor_bytes(obj: Any, skip: tuple[str, ...] = ()) -> int:
+    """Bytes of every tensor field of a dataclass (recursively), except the named fields."""
+    import torch
+
+    total = 0
+    for f in fields(obj):
+        if f.name in skip:
+            continue
+        value = getattr(obj, f.name)
+        if isinstance(value, torch.Tensor):
+            total += value.numel() * value.element_size()
+        elif is_dataclass(value):
+            total += tensor_bytes(value, skip)
+    return total
+
+
+def expert_bytes(latent: int, inter: int) -> int:
+    """One expert's MXFP4 w13 and w2 with their scales, unpadded."""
+    per_matrix = 2 * inter * latent  # w13 elements; w2 has half as many
+    return (per_matrix + per_matrix // 2) // 2 + (per_matrix + per_matrix // 2) // 32
+
+
+@dataclass
+class Case:
+    layer: str
+    tp: int
+    batch: int
+    baseline: list[Callable[[], Any]]
+    candidate: list[Callable[[], Any]]
+    floor_bytes: int
+    note: str
+
+
+class CandidateMoe:
+    """The specialized latent MoE plugged into the candidate layers: the kernel engineer's `latent_moe_decode`."""
+
+    def __init__(self, ref_weights: Any, dims: Any, device: str):
+        import torch
+
+        from kimi_k3_path.kernels import moe as kernels_moe
+
+        self._kernels = kernels_moe
+        self.weights = kernels_moe.prepare_weights(ref_weights, dims.top_k, dims.routed_scaling_factor, dims.eps, device)
+        self.workspace = kernels_moe.MoeWorkspace(self.weights, device)
+        self._torch = torch
+
+    def __call__(self, x: Any) -> Any:
+        out = self._torch.empty_like(x)
+        self._kernels.latent_moe_decode(x, self.weights, self.workspace, out, self._torch.cuda.current_stream())
+        return out
+
+
+def resolve_candidate(choice: str, device: str) -> tuple[str, str]:
+    """('kernels' | 'stock', why)."""
+    if choice == "stock":
+        return "stock", "candidate = the stock-like ops (A/A: no specialized kernels measured in this run)"
+    if device == "cpu":
+        if choice == "kernels":
+            raise BenchError("--candidate kernels needs a GPU")
+        return "stock", "candidate = the stock-like ops (CPU smoke)"
+    try:
+        from kimi_k3_path.kernels import moe  # noqa: F401
+    except ImportError as exc:
+        if choice == "kernels":
+            raise BenchError(f"--candidate kernels: kimi_k3_path.kernels.moe does not import: {exc}") from exc
+        return "stock", f"candidate = the stock-like ops (kernels not importable: {exc})"
+    return "kernels", "candidate = stock-like layer with kimi_k3_path.kernels.moe.latent_moe_decode"
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, device: str):
+        from kimi_k3_path.config import load_config, named_config
+
+        self.args = args
+        self.device = device
+        self.config = named_config(args.config) if args.config in ("kimi_k3", "tiny") else load_config(args.config)
+        self.candidate_kind, self.candidate_note = resolve_candidate(args.candidate, device)
+        self.l2_bytes = L2_BYTES_DEFAULT
+        if device == "cuda":
+            import torch
+
+            self.l2_bytes = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", L2_BYTES_DEFAULT))
+
+    def generator(self, salt: int) -> Any:
+        import torch
+
+        return torch.Generator(device=self.device).manual_seed(self.args.seed * 1_000_003 + salt)
+
+    def copies_for(self, bytes_per_step: int) -> int:
+        """Enough copies that one cycle through them moves at least 4x the L2."""
+        if self.device == "cpu":
+            return 2
+        return min(MAX_COPIES, max(2, math.ceil(4 * self.l2_bytes / max(bytes_per_step, 1))))
+
+    def cases(self, layer: str, tp: int) -> Iterator[Case]:
+        import torch
+
+        from kimi_k3_path.reference import (
+            LayerPosition, random_kda_state, random_kda_weights, random_layer_norms, random_mla_weights,
+            random_moe_weights, random_paged_cache, random_residual_stream,
+        )
+        from benchmarks.kimi_k3 import stock
+        from kimi_k3_path.reference.dims import layer_dims
+
+        dims = layer_dims(self.config, tp)
+        tiny = self.args.config == "tiny"
+        pos = LayerPosition(
+            (TINY_KDA_LAYER if tiny else KDA_LAYER) if layer != "mla_moe" else (TINY_MLA_LAYER if tiny else MLA_LAYER),
+            dims.attn_res_block,
+        )
+        expected_kind = {"kda_moe": "kda", "mla_moe": "mla"}.get(layer)
+        if expected_kind is not None and self.config.attention_kind(pos.layer) != expected_kind:
+            raise BenchError(f"layer {pos.layer} (0-based) of this config is not a {expected_kind} layer")
+        sms = torch.cuda.get_device_properties(0).multi_processor_count if self.device == "cuda" else 4
+
+        # Weights: one probe set first to size the copies, then the rest.
+        def make_weights(copy: int) -> dict[str, Any]:
+            gen = self.generator(10_000 * tp + 100 * LAYERS.index(layer) + copy)
+            ref_moe = random_moe_weights(dims.moe, gen)
+            w = {
+                "norms": stock.GpuNorms.from_reference(random_layer_norms(dims.moe.hidden, gen), self.device),
+                "moe": stock.GpuMoe.from_reference(ref_moe, dims.moe, self.device, pad_intermediate=dims.stock_intermediate),
+            }
+            if layer == "kda_moe":
+                w["kda"] = stock.GpuKda.from_reference(random_kda_weights(dims.kda, gen), self.device)
+            if layer == "mla_moe":
+                w["mla"] = stock.GpuMla.from_reference(random_mla_weights(dims.mla, gen), dims.mla, self.device)
+            w["candidate_moe"] = CandidateMoe(ref_moe, dims.moe, self.device) if self.candidate_kind == "kernels" else None
+            w["ref_moe"] = ref_moe if copy == 0 and w["candidate_moe"] is not None else None  # for check() only
+            return w
+
+        weights = [make_weights(0)]
+        for batch in self.args.batch:
+            inputs: list[dict[str, Any]] = []
+            floor, copies = 0, 1
+            while len(inputs) < copies:
+                c = len(inputs)
+                if c >= len(weights):
+                    weights.append(make_weights(c))
+                gen = self.generator(1_000_000 + 10_000 * tp + 100 * batch + c)
+                item: dict[str, Any] = {"x": torch.randn(batch, dims.moe.hidden, generator=gen, device=self.device).to(torch.bfloat16)}
+                if layer != "moe":
+                    item["stream"] = random_residual_stream(batch, dims.moe.hidden, dims.max_blocks, gen)
+                if layer == "kda_moe":
+                    item["state"] = random_kda_state(dims.kda, batch, gen)
+                if layer == "mla_moe":
+                    item["cache"] = random_paged_cache(dims.mla, [self.args.context + 1] * batch, self.args.page, gen)
+                inputs.append(item)
+                if c == 0:
+                    floor = self.floor_bytes(layer, dims, pos, weights[0], item)
+                    copies = self.copies_for(floor)
+            pairs = list(zip(weights, inputs))
+            base_fns = [self.layer_fn(layer, dims, pos, w, item, None) for w, item in pairs]
+            cand_fns = [self.layer_fn(layer, dims, pos, w, item, w["candidate_moe"]) for w, item in pairs]
+            err = self.check(layer, dims, pos, weights[0], inputs[0], tp, batch)
+            checked = "" if err is None else f"; candidate MoE rel err {err:.2e} vs the fp32 reference"
+            for fn in (base_fns[0], cand_fns[0]):  # compile and autotune outside the profiler
+                fn()
+            base_kernels = self.kernel_count(base_fns[0], f"{layer} tp={tp} batch={batch}" if self.args.breakdown else None)
+            cand_kernels = self.kernel_count(cand_fns[0])
+            ctx = f"; MLA context {self.args.context} tokens, page {self.args.page}" if layer == "mla_moe" else ""
+            yield Case(layer, tp, batch, base_fns, cand_fns, floor, (
+                f"baseline = stock-like ({base_kernels} kernels); {self.candidate_note} ({cand_kernels} kernels); "
+                f"layer {pos.layer} (0-based); {copies} copies of weights+inputs rotated; "
+                f"floor = {floor} B / 4.3e12 B/s; stock expert intermediate {dims.stock_intermediate}{ctx}{checked}"
+            ))
+
+    def attention_fn(self, layer: str, dims: Any, pos: Any, w: dict[str, Any], item: dict[str, Any]) -> Callable[[], Any]:
+        """A closure computing the MoE input of one decode step on copy `item`: the stock attention part (the same
+        code in both variants, on its own copies of the stream/state/cache), or the input itself for the bare block."""
+        from benchmarks.kimi_k3 import stock
+
+        if layer == "moe":
+            x = item["x"]
+            return lambda: x
+        stream = stock.GpuStream.from_reference(item["stream"], self.device)
+        delta = item["x"]
+        norms = w["norms"]
+        if layer == "kda_moe":
+            state = stock.GpuKdaState.from_reference(item["state"], self.device)
+            return lambda: stock.kda_attention_part(delta, stream, norms, w["kda"], state, pos, dims.kda)
+        cache = stock.GpuLatentCache.from_reference(item["cache"], self.device, sms=self.sms())
+        return lambda: stock.mla_attention_part(delta, stream, norms, w["mla"], cache, pos, dims.mla)
+
+    def layer_fn(self, layer: str, dims: Any, pos: Any, w: dict[str, Any], item: dict[str, Any], cand_moe: Any) -> Callable[[], Any]:
+        """A closure running one decode step of `layer` on copy `item` (its own stream/state/cache)."""
+        from benchmarks.kimi_k3 import stock
+
+        moe = w["moe"]
+        moe_fn = cand_moe if cand_moe is not None else (lambda h: stock.latent_moe(h, moe, dims.moe))
+        attention = self.attention_fn(layer, dims, pos, w, item)
+        return lambda: moe_fn(attention())
+
+    def sms(self) -> int:
+        import torch
+
+        return torch.cuda.get_device_properties(0).multi_processor_count if self.device == "cuda" else 4
+
+    def check(self, layer: str, dims: Any, pos: Any, w: dict[str, Any], item: dict[str, Any], tp: int, batch: int) -> float | None:
+        """The candidate computes the latent MoE: on this step's MoE input, its bf16 output is within 1e-2 of the fp32
+        reference (issue 6's bar). Only the MoE differs between the variants, so that is what is compared; the
+        stock-like baseline has its own GPU tests. Returns the relative error, or None with no candidate."""
+        from kimi_k3_path.reference import latent_moe, rel_err
+
+        if w["candidate_moe"] is None:
+            return None
+        h = self.attention_fn(layer, dims, pos, w, item)()
+        err = rel_err(w["candidate_moe"](h), latent_moe(h.float(), w["ref_moe"], dims.moe))
+        if not err < 1e-2:
+            raise BenchError(f"{layer} tp={tp} batch={batch}: the candidate MoE is {err:.3g} from the fp32 reference (bar 1e-2)")
+        return err
+
+    def kernel_count(self, fn: Callable[[], Any], breakdown_label: str | None = None) -> int | str:
+        """Kernels one step launches; with a label, also print the step's device time per kernel name."""
+        if self.device != "cuda":
+            return "n/a on CPU"
+        from benchmarks.kimi_k3.stock import kernel_profile
+
+        profile = kernel_profile(fn)
+        if breakdown_label is not None:
+            per_name: dict[str, list[float]] = {}
+            for name, us in profile:
+                per_name.setdefault(name[:70], []).append(us)
+            total = sum(us for _, us in profile)
+            print(f"breakdown {breakdown_label}: {len(profile)} kernels, {total:.1f} us of kernel time (eager)")
+            for name, times in sorted(per_name.items(), key=lambda kv: -sum(kv[1])):
+                print(f"    {sum(times):9.1f} us {len(times):3d}x  {name}")
+        return len(profile)
+
+    def floor_bytes(self, layer: str, dims: Any, pos: Any, w: dict[str, Any], item: dict[str, Any]) -> int:
+        """Bytes one step must move at minimum (module docstring); experts: those this batch routes to."""
+        from benchmarks.kimi_k3 import stock
+
+        moe = w["moe"]
+        x = item["x"]
+        ids, _ = stock.route(x, moe, dims.moe)
+        active = int(ids.unique().numel())
+        act = x.element_size()
+        total = tensor_bytes(moe, skip=("w13_packed", "w13_scales", "w2_packed", "w2_scales"))
+        total += active * expert_bytes(dims.moe.latent, dims.moe.intermediate)
+        m, h = x.shape
+        total += 2 * m * h * act  # MoE input and output
+        if layer == "moe":
+            return total
+        total += tensor_bytes(w["norms"])
+        # Each AttnRes mix reads its blocks, the prefix and the delta, and writes the prefix and its output.
+        total += (pos.blocks_before_attn + pos.blocks_before_mlp + 8) * m * h * act
+        if layer == "kda_moe":
+            state = item["state"]
+            total += tensor_bytes(w["kda"])
+            total += 2 * state.recurrent.numel() * 4 + 2 * state.conv.numel() * act  # read + write
+        else:
+            cache = item["cache"]
+            total += tensor_bytes(w["mla"])
+            total += int(cache.seq_lens.sum()) * dims.mla.cache_row * act + m * dims.mla.cache_row * act
+        return total
+
+
+def hardware(device: str) -> dict[str, Any]:
+    if device == "cpu":
+        return {"gpu": f"none (CPU smoke run on {platform.machine()})", "count": 1, "driver": "none", "arch": None}
+    import torch
+
+    name = torch.cuda.get_device_name(0)
+    driver = "unknown"
+    count = torch.cuda.device_count()
+    try:
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout.strip().splitlines()
+        name, driver = (part.strip() for part in smi[0].split(",", 1))
+        count = len(smi)
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
+        print(f"warning: nvidia-smi unavailable ({exc}); hardware from torch", file=sys.stderr)
+    major, minor = torch.cuda.get_device_capability(0)
+    return {"gpu": name, "count": count, "driver": driver, "arch": f"sm_{major}{minor}"}
+
+
+def software() -> dict[str, str]:
+    import torch
+    import triton
+
+    info = {"python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__}
+    if torch.version.cuda:
+        info["cuda"] = torch.version.cuda
+    return info
+
+
+def current_commit(explicit: str | None) -> str:
+    if explicit:
+        return explicit
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise BenchError(f"cannot read the commit with git ({exc}); pass --commit") from exc
+
+
+def case_argv(args: argparse.Namespace, layer: str, tp: int, commit: str) -> list[str]:
+    """The arguments that measure only (layer, tp) of `args`, in the process they start."""
+    argv = ["--layer", layer, "--tp", str(tp), "--batch", ",".join(map(str, args.batch)), "--config", args.config,
+            "--context", str(args.context), "--page", str(args.page), "--replays", str(args.replays),
+            "--candidate", args.candidate, "--commit", commit, "--seed", str(args.seed), "--processes", "one"]
+    return argv + ["--breakdown"] * args.breakdown + ["--cpu-smoke"] * args.cpu_smoke
+
+
+def child_env() -> dict[str, str]:
+    """This process's environment with the repository first on PYTHONPATH, for a child that imports kimi_k3_path
+    (benchmarks.kimi_k3.bench here, bench_moe) however this one was started."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")) if p)}
+
+
+def run_per_case(args: argparse.Namespace, commit: str, command: str, created: datetime,
+                 on_rows: Callable[[Any], None] | None = None) -> Any:
+    """run() with each (layer, tp) in a fresh child process of this module, the rows merged in order into one
+    PerfEvidence (every child must report the same hardware and software); `on_rows` as for run()."""
+    from gatekeeper.evidence import PerfEvidence
+
+    env = child_env()
+    parts: list[Any] = []
+    with tempfile.TemporaryDirectory(prefix="kimi-bench-") as tmp:
+        for layer in args.layer:
+            for tp in args.tp:
+                out = Path(tmp) / f"{layer}-tp{tp}.json"
+                child = [sys.executable, "-m", "benchmarks.kimi_k3.bench", *case_argv(args, layer, tp, commit),
+                         "--out", str(out)]
+                rc = subprocess.run(child, env=env).returncode
+                if rc != 0 or not out.is_file():
+                    raise BenchError(f"the {layer} tp={tp} case failed in its own process (exit {rc}; its output is "
+                                     "above)")
+                part = PerfEvidence.model_validate_json(out.read_text())
+                if parts and (part.hardware, part.software) != (parts[0].hardware, parts[0].software):
+                    raise BenchError(f"the {layer} tp={tp} case ran on {part.hardware} / {part.software}, the first "
+                                     f"on {parts[0].hardware} / {parts[0].software}: not one machine")
+                parts.append(part.model_copy(update={"rows": tuple(
+                    row.model_copy(update={"note": f"{row.note}; measured in a process of its own"})
+                    for row in part.rows)}))
+                merged = parts[0].model_copy(update={
+                    "command": command, "created": created, "rows": tuple(row for p in parts for row in p.rows)})
+                if on_rows is not None:
+                    on_rows(merged)
+    return merged
+
+
+def run(args: argparse.Namespace, on_rows: Callable[[Any], None] | None = None) -> Any:
+    """Measure every case (each (layer, tp) in its own process with --processes per-case); `on_rows` gets the
+    PerfEvidence so far after each row (a long run killed part-way still leaves valid evidence for the rows it
+    finished)."""
+    from gatekeeper.evidence import PerfEvidence
+    from kimi_k3_path.support import SUPPORT_MATRIX, spec_label
+
+    import torch
+
+    device = "cpu" if args.cpu_smoke else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise BenchError("no CUDA GPU here; use --cpu-smoke to exercise the harness on CPU")
+    command = "python -m benchmarks.kimi_k3.bench " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("bench.py") else " ".join(sys.argv)
+    commit, created = current_commit(args.commit), datetime.now(timezone.utc)
+    if args.processes == "per-case" and len(args.layer) * len(args.tp) > 1:
+        return run_per_case(args, commit, command, created, on_rows)
+    hw, sw = hardware(device), software()
+    bench = Bench(args, device)
+    rows: list[dict[str, Any]] = []
+
+    def evidence(rows_so_far: list[dict[str, Any]]) -> Any:
+        return PerfEvidence(commit=commit, command=command, created=created, hardware=hw, software=sw, rows=tuple(rows_so_far))
+
+    print(f"{'layer':8} {'tp':>3} {'batch':>5} {'baseline us':>12} {'spread%':>8} {'candidate us':>13} {'spread%':>8} {'floor us':>9} {'base/floor':>10}")
+    for layer in args.layer:
+        for tp in args.tp:
+            for case in bench.cases(layer, tp):
+                samples = time_variants({"baseline": case.baseline, "candidate": case.candidate}, args.replays, device)
+                base, cand = measurement_of(samples["baseline"]), measurement_of(samples["candidate"])
+                floor_us = case.floor_bytes / COPY_BANDWIDTH * 1e6
+                print(f"{layer:8} {tp:>3} {case.batch:>5} {base['median']:>12.1f} {base['spread_pct']:>8.1f} "
+                      f"{cand['median']:>13.1f} {cand['spread_pct']:>8.1f} {floor_us:>9.1f} {base['median'] / floor_us:>10.2f}", flush=True)
+                rows.append({
+                    "axes": {
+                        "arch": hw["arch"] or "cpu", "tp": tp, "dcp": 1, "batch": case.batch,
+                        "spec": spec_label(None, 0), "layer": layer,
+                    },
+                    "metric": "latency", "unit": "us", "candidate": cand, "baseline": base,
+                    "floor": floor_us, "note": case.note,
+                })
+                del case
+                if device == "cuda":
+                    torch.cuda.empty_cache()
+                if on_rows is not None:
+                    on_rows(evidence(rows))
+    if device == "cuda" and hw["arch"] not in SUPPORT_MATRIX.arch:
+        print(f"warning: measured on {hw['arch']}, which the support matrix does not admit", file=sys.stderr)
+    return evidence(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.cpu_smoke:
+        # The stock path's Triton kernels run in Triton's CPU interpreter; it is read when they are defined.
+        os.environ["TRITON_INTERPRET"] = "1"
+
+    def write(evidence: Any) -> None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.out.with_suffix(args.out.suffix + ".tmp")
+        tmp.write_text(evidence.model_dump_json(indent=2) + "\n")
+        tmp.replace(args.out)
+
+    try:
+        evidence = run(args, write if args.out else None)
+    except BenchError as exc:
+        print(f"bench: error: {exc}", file=sys.stderr)
+        return 2
+    if args.out:
+        write(evidence)
+        print(f"wrote {len(evidence.rows)} rows to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
