@@ -19,7 +19,7 @@ C fragment of token tile t: lane (g, q) holds rows (g, g + 8) x slot columns (8t
 GEMM1: MMA row g is gate row j0 + g and row g + 8 the up row I + j0 + g, so each lane holds gate and up of the same
 (column, token) and applies SiTU-GLU in registers; a[pair, j0 + g] is stored fp16.
 GEMM2: MMA rows are latent rows; each result times the pair's routing weight goes into y_lat with one fp32
-reduction, and the last CTAs normalize, one token each (experts.norm_tail).
+reduction, and the last CTAs normalize, one token each (norm_tail.norm_tail).
 
 GEMM2 is launched early (programmatic dependent launch): GEMM1 lets it start at once (griddepcontrol.launch_dependents),
 so its CTAs take the room GEMM1's finishing CTAs free, read the plan (and, staged, start their weight copies), and
@@ -59,7 +59,7 @@ from .common import (
     situ_glu,
     st_shared_v4,
 )
-from .experts import NORM_TAIL_CTAS, TAIL_SMEM_BYTES, alloc_tail_smem, norm_tail, zero_y_lat
+from .norm_tail import NORM_TAIL_CTAS, TAIL_SMEM_BYTES, alloc_tail_smem, norm_tail, zero_y_lat
 from .mma import MMA_ROWS, TILE_TOKENS, alloc_tile_scratch, mma_16816, reduce_tiles, scratch_bytes, zero_tiles
 
 WARPS_PER_CTA = 8

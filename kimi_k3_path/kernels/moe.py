@@ -335,7 +335,7 @@ class MoeWorkspace:
         # token masks) for the last CTAs' work; each launch leaves them so.
         self.logits = unset_logits(m, e, device)
         self.router_sync = torch.zeros(router_sync_words(e), **i32)
-        self.gemm2_counter = torch.zeros(2, **i32)  # arrivals, and the norm's CTAs done waiting (experts.norm_tail)
+        self.gemm2_counter = torch.zeros(2, **i32)  # arrivals, and the norm's CTAs done waiting (norm_tail.py)
         self.ids = torch.empty(m, k, **i32)
         self.weights = torch.empty(m, k, **f32)
         self.plan = (torch.empty(1, **i32), torch.empty(e, **i32), torch.empty(e, **i32), torch.empty(e, m, **i32))

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import string
-from typing import NamedTuple
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gatekeeper.changes import ChangeSet, FileChange, FileStatus
 from gatekeeper.sources.diff import changes_from_diff
-from gatekeeper.sources.git import changes_from_git
+from gatekeeper.sources.git import changes_from_git, tree_entries
 from gatekeeper.sources.github import changes_from_pr_files, with_tree_facts
 
 BASE_LINES = "".join(f"line {i}\n" for i in range(1, 21))
@@ -220,28 +219,12 @@ def test_git_range_and_diff_text_agree_on_random_trees(new_repo, base_tree, head
 
 # --- the App: GitHub's file list plus the trees and blobs it reads ---------------------------------------
 
-class _TreeEntry(NamedTuple):
-    mode: str
-    type: str
-    sha: str
-
-
-def _tree(repo, commit: str) -> dict[str, _TreeEntry]:
-    listing = repo.git("ls-tree", "-r", "-z", commit)
-    tree = {}
-    for record in filter(None, listing.split("\0")):
-        meta, path = record.split("\t", 1)
-        mode, kind, sha = meta.split()
-        tree[path] = _TreeEntry(mode, kind, sha)
-    return tree
-
-
 def test_github_with_tree_facts_agrees_with_git_on_every_file(repo):
     """What the App sees (PR files + head and merge-base trees + the blobs of symlinks and files without a
     patch) is what `gatekeeper check --base` sees: modes, symlink targets, binaries, no-line renames."""
     base = _build_scenario(repo)
     from_git = _by_path(changes_from_git(repo.root, base, "feature"))
-    head_tree, old_tree = _tree(repo, "feature"), _tree(repo, base)
+    head_tree, old_tree = tree_entries(repo.root, "feature"), tree_entries(repo.root, base)
     blobs = {entry.sha: repo.git_bytes("cat-file", "blob", entry.sha)
              for entry in (*head_tree.values(), *old_tree.values()) if entry.type == "blob"}
     from_github = changes_from_pr_files(repo.pr_files_json(base, "feature"), "pr-files.json")
