@@ -296,7 +296,8 @@ def run_per_tp(args) -> tuple[dict, list[dict]]:
 def run(args) -> tuple[dict, list[dict]]:
     from kimi_k3_path.kernels.experts import on_tensor_cores
     from kimi_k3_path.kernels.moe import decode_steps
-    from kimi_k3_path.reference import rel_err, stock
+    from benchmarks.kimi_k3 import stock
+    from kimi_k3_path.reference import rel_err
 
     standalone_at = args.tp[0] if args.standalone_at is None else args.standalone_at
     bandwidth = copy_bandwidth()
