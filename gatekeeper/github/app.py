@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Literal
 
 from pydantic import ValidationError
@@ -42,6 +42,7 @@ def create_app(config: AppConfig, workers: Literal["process", "threads"] = "proc
     """`process`: the workers run in a child process (what `gatekeeper serve` does: acknowledging stays fast
     under load). `threads`: in this process (tests: quicker to start, one process to reason about)."""
     config.private_key()  # a key that does not parse stops the server here, naming the file (InputError)
+    inflight = InflightBodies(config.max_inflight_body_bytes)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -75,12 +76,16 @@ def create_app(config: AppConfig, workers: Literal["process", "threads"] = "proc
             return _error(413, f"body over {config.max_body_bytes} bytes", close=True)
         mac = signature.hasher(config.webhook_secret.get_secret_value())
         try:
-            chunks = await _read_capped(request, config.max_body_bytes, mac)
+            with inflight.hold() as held:
+                chunks = await _read_capped(request, config.max_body_bytes, mac, held)
+                if not signature.matches(mac, header):
+                    return _error(401, "missing or invalid X-Hub-Signature-256")
+                body = b"".join(chunks)  # only now: joining copies the body, and a forged one is not worth a copy
         except _TooLarge:
             return _error(413, f"body over {config.max_body_bytes} bytes", close=True)
-        if not signature.matches(mac, header):
-            return _error(401, "missing or invalid X-Hub-Signature-256")
-        body = b"".join(chunks)  # only now: joining copies the body, and a forged one is not worth a copy
+        except _Busy:
+            return JSONResponse({"error": "too many bodies being received at once; retry"}, status_code=503,
+                                headers={"Retry-After": "5", "Connection": "close"})
         media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if media_type != "application/json":
             return _error(415, "set the webhook content type to application/json")
@@ -120,14 +125,43 @@ def create_app(config: AppConfig, workers: Literal["process", "threads"] = "proc
     )
 
 
-async def _read_capped(request: Request, limit: int, mac: hmac.HMAC) -> list[bytes]:
-    """The body's chunks, fed to `mac` as they arrive; refused as soon as they pass `limit`, so no more is
-    ever held."""
+class _Busy(Exception):
+    pass
+
+
+class InflightBodies:
+    """The bytes of all bodies being received and not yet judged, against one budget. The event loop is the
+    only writer, so a plain counter is enough."""
+
+    def __init__(self, budget: int):
+        self.budget, self.held = budget, 0
+
+    @contextmanager
+    def hold(self) -> Iterator[Callable[[int], None]]:
+        taken = 0
+
+        def take(n: int) -> None:
+            nonlocal taken
+            if self.held + n > self.budget:
+                raise _Busy
+            self.held += n
+            taken += n
+
+        try:
+            yield take
+        finally:
+            self.held -= taken
+
+
+async def _read_capped(request: Request, limit: int, mac: hmac.HMAC, take: Callable[[int], None]) -> list[bytes]:
+    """The body's chunks, fed to `mac` as they arrive; refused as soon as they pass `limit` (or the budget of
+    all bodies in flight, through `take`), so no more is ever held."""
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
             raise _TooLarge
+        take(len(chunk))
         mac.update(chunk)
         chunks.append(chunk)
     return chunks

@@ -41,6 +41,9 @@ class AppConfig(BaseModel):
     github_api_url: str = GITHUB_API_URL
     policy_path: str = ".github/gatekeeper.yml"  # read from the PR's base branch, never from its head
     max_body_bytes: int = Field(default=25 * 1024 * 1024, gt=0)  # GitHub caps webhook payloads at 25 MB
+    # All bodies being received at once, before their signatures are checked: a flood of forged 25 MB bodies is
+    # answered 503 beyond it instead of filling memory (GitHub's own deliveries are mostly a few kB).
+    max_inflight_body_bytes: int = Field(default=100 * 1024 * 1024, gt=0)
     workers: int = Field(default=4, ge=1, le=64)
     max_attempts: int = Field(default=5, ge=1)  # per delivery, before it becomes a failed check
     retry_backoff_s: float = Field(default=2.0, ge=0)  # job-level backoff base (doubles per attempt)

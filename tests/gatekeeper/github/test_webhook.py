@@ -96,3 +96,16 @@ def test_healthz_reports_the_queue(start_app):
     response = app.client.get(app.url + "/healthz")
     assert response.status_code == 200
     assert response.json()["status"] == "ok" and response.json()["workers"] == 2
+
+
+def test_bodies_past_the_inflight_budget_are_503_and_the_budget_comes_back(start_app):
+    """Forged but well-formed signatures still make the server read the body before it can tell: all bodies
+    being received share one budget, and past it the answer is 503 with Retry-After (not a larger heap)."""
+    app = start_app(max_inflight_body_bytes=16 * 1024)
+    big = webhook_example("pull_request.opened")  # ~28 kB: more than the whole 16 kB budget
+    response = app.send("pull_request", big, headers={"X-Hub-Signature-256": "sha256=" + "0" * 64})
+    assert response.status_code == 503 and response.headers["retry-after"] == "5"
+    ping = webhook_example("ping.with-app_id")  # small: fits, so the budget was given back after the 503
+    for _ in range(3):
+        assert app.send("ping", ping).status_code == 200
+    assert _queued(app) == 0
