@@ -1,10 +1,16 @@
-"""JUnit XML (pytest's `--junitxml`, or a GPU run's report) -> test outcomes."""
+"""JUnit XML (pytest's `--junitxml`, or a GPU run's report) -> test outcomes.
+
+A GPU report is committed in the pull request it judges, so its XML is untrusted: it is parsed with defusedxml,
+which refuses entity and DTD tricks (billion laughs, external entities) instead of expanding them."""
 
 from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
+
+import defusedxml.ElementTree as SafeET
+from defusedxml import DefusedXmlException
 
 from gatekeeper.errors import InputError
 from gatekeeper.evidence import MAX_MESSAGE_CHARS, TestCase
@@ -28,9 +34,12 @@ def parse_junit(path: Path, nodeids: dict[str, str] | None = None) -> tuple[Test
         size = path.stat().st_size
         if size > MAX_JUNIT_BYTES:
             raise InputError(str(path), f"JUnit report is {size} bytes, more than the {MAX_JUNIT_BYTES}-byte limit")
-        root = ET.parse(path).getroot()
+        root = SafeET.parse(path, forbid_dtd=True).getroot()
     except OSError as exc:
         raise InputError(str(path), f"cannot read JUnit report: {exc.strerror or exc}") from None
+    except DefusedXmlException as exc:
+        raise InputError(str(path), f"unsafe JUnit XML refused ({type(exc).__name__}): a report needs no DTD or "
+                                    "entities") from None
     except ET.ParseError as exc:
         raise InputError(str(path), f"invalid JUnit XML: {exc}", exc.position[0]) from None
     if root.tag not in ("testsuites", "testsuite"):

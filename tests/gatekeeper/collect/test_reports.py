@@ -51,6 +51,15 @@ def test_parse_junit_outcomes_and_node_ids(tmp_path):
     ("<testsuites><testcase", "invalid JUnit XML"),
     ("<html><body/></html>", "not a JUnit report"),
     ("<testsuite><testcase classname='x'/></testsuite>", "has no name"),
+    # A report committed in a PR is untrusted XML: entity expansion (billion laughs), external entities and
+    # DTDs are refused, not expanded.
+    ('<?xml version="1.0"?><!DOCTYPE t [<!ENTITY a "aaaaaaaaaa"><!ENTITY b "&a;&a;&a;&a;&a;&a;&a;&a;&a;&a;">'
+     '<!ENTITY c "&b;&b;&b;&b;&b;&b;&b;&b;&b;&b;">]><testsuite><testcase name="&c;"/></testsuite>',
+     "unsafe JUnit XML refused"),
+    ('<?xml version="1.0"?><!DOCTYPE t [<!ENTITY x SYSTEM "file:///etc/passwd">]>'
+     '<testsuite><testcase name="&x;"/></testsuite>', "unsafe JUnit XML refused"),
+    ('<?xml version="1.0"?><!DOCTYPE testsuite><testsuite><testcase name="t"/></testsuite>',
+     "unsafe JUnit XML refused"),
 ])
 def test_bad_junit_is_an_input_error(tmp_path, text, reason):
     report = tmp_path / "junit.xml"
