@@ -6,11 +6,20 @@ Loaders live in `gatekeeper/sources/`; this module holds only the model, so the 
 from __future__ import annotations
 
 from enum import Enum
+from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
 SYMLINK_MODE = "120000"
 SUBMODULE_MODE = "160000"
+
+
+class TreeEntry(NamedTuple):
+    """One entry of a commit's tree, as `git ls-tree -r` and GitHub's trees API list it."""
+
+    mode: str  # git's: 100644, 100755, 120000 (symlink), 160000 (submodule), 040000 (tree)
+    type: str  # blob | tree | commit
+    sha: str  # the object id
 
 
 class FileStatus(str, Enum):

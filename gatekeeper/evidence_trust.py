@@ -11,19 +11,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 import yaml
+
+from gatekeeper.changes import TreeEntry
 
 _COMMIT_SHA = re.compile(r"[0-9a-f]{40}")
 
 
-class _Entry(Protocol):
-    sha: str
-
-
-def untrusted_because(workflow_path: str, workflow_text: str | None, head_tree: Mapping[str, _Entry],
-                      base_tree: Mapping[str, _Entry]) -> str | None:
+def untrusted_because(workflow_path: str, workflow_text: str | None, head_tree: Mapping[str, TreeEntry],
+                      base_tree: Mapping[str, TreeEntry]) -> str | None:
     """None when the evidence of this workflow can be trusted; otherwise the reason it cannot."""
     base, head = base_tree.get(workflow_path), head_tree.get(workflow_path)
     if base is None:
@@ -57,7 +55,7 @@ def _uses(workflow: Any) -> Iterator[str]:
                 yield step["uses"]
 
 
-def _unpinned(ref: str, head_tree: Mapping[str, _Entry], base_tree: Mapping[str, _Entry]) -> str | None:
+def _unpinned(ref: str, head_tree: Mapping[str, TreeEntry], base_tree: Mapping[str, TreeEntry]) -> str | None:
     if ref.startswith("./"):
         local = ref[2:].rstrip("/")  # "" for `./`: the repository itself is the action
         changed = sorted(p for p in set(head_tree) | set(base_tree)

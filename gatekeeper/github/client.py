@@ -13,20 +13,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
-from typing import Any, NamedTuple
+from typing import Any
 
 from github import Auth, Github, GithubIntegration, GithubRetry
 from github.GithubException import UnknownObjectException
 
+from gatekeeper.changes import TreeEntry
 from gatekeeper.github.config import AppConfig
 
-
-
-class TreeEntry(NamedTuple):
-    mode: str  # git's: 100644, 100755, 120000 (symlink), 160000 (submodule), 040000 (tree)
-    type: str  # blob | tree | commit
-    sha: str
-    size: int | None
 
 
 CHECK_RUN_ACTIONS = [{"label": "Re-run", "description": "Evaluate this PR again", "identifier": "rerun"}]
@@ -153,7 +147,7 @@ class Installation:
                                                          parameters={"recursive": "1"})
         if data.get("truncated"):
             raise ValueError(f"GitHub truncated the tree of {repo}@{sha[:12]}: too many entries to judge")
-        return {item["path"]: TreeEntry(item["mode"], item["type"], item["sha"], item.get("size"))
+        return {item["path"]: TreeEntry(item["mode"], item["type"], item["sha"])
                 for item in data["tree"]}
 
     def blob(self, repo: str, sha: str) -> bytes:

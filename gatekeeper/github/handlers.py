@@ -34,12 +34,12 @@ from gatekeeper.github.events import (
     WorkflowRunEvent,
     installation_id,
 )
+from gatekeeper.github.inputs import read_base_policy
 from gatekeeper.github.overrides import OverrideRequest, may_override, parse_override
 from gatekeeper.github.publish import publish
 from gatekeeper.github.review import DEADLINE_EVENT, review_pull_request
 from gatekeeper.github.queue import Job
 from gatekeeper.github.records import EvaluationKey
-from gatekeeper.policy import load_policy_text
 
 SWEEP_EVENT = "gatekeeper_sweep"  # synthetic deliveries queued by the reconciliation sweep
 EVIDENCE_FILE = "evidence.json"  # inside the evidence artifact's zip
@@ -174,11 +174,8 @@ def _override_refusal(ctx: AppContext, gh, repo: str, pr: dict, actor: str, requ
 
 def _policy_allows_author_override(ctx: AppContext, gh, repo: str, pr: dict) -> bool:
     """The base commit's policy decides; a missing or invalid policy allows nothing."""
-    text = gh.file_text(repo, ctx.config.policy_path, pr["base"]["sha"])
-    try:
-        return text is not None and load_policy_text(text, ctx.config.policy_path).policy.app.allow_author_override
-    except InputError:
-        return False
+    loaded, _ = read_base_policy(ctx.config, gh, repo, pr["base"]["sha"], "on the base branch")
+    return loaded is not None and loaded.policy.app.allow_author_override
 
 
 def _reply(ctx: AppContext, gh, repo: str, number: int, head_sha: str, job: Job, body: str) -> None:
@@ -202,12 +199,7 @@ def _merge_group(ctx: AppContext, event: MergeGroupEvent, job: Job, progress: Pr
     gh = ctx.github.installation(installation_id(event))
     progress.installation_id, progress.repo, progress.head_sha = installation_id(event), repo, group.head_sha
     base = group.base_sha or group.base_ref
-    text = gh.file_text(repo, ctx.config.policy_path, base)
-    loaded, problem = None, f"No policy file `{ctx.config.policy_path}` at the group's base `{base}`."
-    try:
-        loaded = load_policy_text(text, f"{repo}@{base}:{ctx.config.policy_path}") if text is not None else None
-    except InputError as exc:
-        problem = f"The policy at the group's base is invalid: `{exc}`"
+    loaded, problem = read_base_policy(ctx.config, gh, repo, base, f"at the group's base `{base}`")
     if loaded is None:
         report, name = error_report(problem, title="No valid gatekeeper policy"), NO_POLICY_NAME
     else:

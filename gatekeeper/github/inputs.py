@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gatekeeper.changes import SUBMODULE_MODE, SYMLINK_MODE
+from gatekeeper.changes import SUBMODULE_MODE, SYMLINK_MODE, TreeEntry
 from gatekeeper.errors import InputError
-from gatekeeper.github.client import Installation, TreeEntry
+from gatekeeper.github.client import Installation
 from gatekeeper.github.checkrun import NO_POLICY_NAME, check_run_name
 from gatekeeper.github.config import AppConfig
 from gatekeeper.github.context import Progress
@@ -101,7 +101,8 @@ def read_inputs(config: AppConfig, records: Records, gh: Installation, repo: str
 def _read_once(config: AppConfig, records: Records, gh: Installation, repo: str, number: int, pr: dict[str, Any],
                progress: Progress) -> ReviewInputs:
     head_sha, base_sha = pr["head"]["sha"], pr["base"]["sha"]
-    policy, problem = _policy(config, repo, pr, gh.file_text(repo, config.policy_path, base_sha))
+    policy, problem = read_base_policy(config, gh, repo, base_sha,
+                                       f"on the base branch (`{pr['base']['ref']}` at `{base_sha[:12]}`)")
     progress.check_name = check_run_name(policy.policy.name) if policy else NO_POLICY_NAME
     now = time.time()
     base = ReviewInputs(repo, number, pr, head_sha, base_sha, policy, problem,
@@ -132,16 +133,17 @@ def _read_once(config: AppConfig, records: Records, gh: Installation, repo: str,
                     evidence=evidence, evidence_untrusted=untrusted)
 
 
-def _policy(config: AppConfig, repo: str, pr: dict[str, Any],
-            text: str | None) -> tuple[LoadedPolicy | None, str | None]:
-    base_sha = pr["base"]["sha"]
+def read_base_policy(config: AppConfig, gh: Installation, repo: str, ref: str,
+                     where: str) -> tuple[LoadedPolicy | None, str | None]:
+    """The policy at `ref`, a base commit (a change is never judged by its own policy), or why there is none to
+    judge by; `where` says which base, for that reason."""
+    text = gh.file_text(repo, config.policy_path, ref)
     if text is None:
-        return None, (f"No policy file `{config.policy_path}` on the base branch (`{pr['base']['ref']}` at "
-                      f"`{base_sha[:12]}`). Add one to enable the gatekeeper.")
+        return None, f"No policy file `{config.policy_path}` {where}. Add one to enable the gatekeeper."
     try:
-        return load_policy_text(text, f"{repo}@{base_sha}:{config.policy_path}"), None
+        return load_policy_text(text, f"{repo}@{ref}:{config.policy_path}"), None
     except InputError as exc:
-        return None, f"The policy on the base branch is invalid:\n\n`{exc}`"
+        return None, f"The policy {where} is invalid:\n\n`{exc}`"
 
 
 def _blobs_to_read(entries, head_tree: Mapping[str, TreeEntry], old_tree: Mapping[str, TreeEntry]) -> list[str]:

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
+from gatekeeper.changes import TreeEntry
 from gatekeeper.evidence import parse_evidence
 from gatekeeper.github.checkrun import (
     NO_POLICY_NAME,
@@ -19,7 +20,6 @@ from gatekeeper.github.checkrun import (
     too_many_files_report,
     verdict_report,
 )
-from gatekeeper.github.client import TreeEntry
 from gatekeeper.github.config import AppConfig
 from gatekeeper.github.inputs import ReviewInputs
 from gatekeeper.inputs import EvaluationInputs, verdict_for

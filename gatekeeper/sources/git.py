@@ -15,9 +15,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
-from typing import NamedTuple
 
-from gatekeeper.changes import SYMLINK_MODE, ChangeSet, Commit, FileChange, FileStatus
+from gatekeeper.changes import SYMLINK_MODE, ChangeSet, Commit, FileChange, FileStatus, TreeEntry
 from gatekeeper.errors import InputError
 from gatekeeper.git import Git
 from gatekeeper.sources.diff import parse_git_diff
@@ -47,12 +46,6 @@ def changes_from_git(repo: str | Path, base: str, head: str = "HEAD") -> ChangeS
     files = _complete_from_raw(files, _parse_raw(raw, git.source), git)
     commits = _commits(git, base_sha, head_sha)
     return ChangeSet(source="git", files=tuple(files), base_sha=merge_base, head_sha=head_sha, commits=commits)
-
-
-class TreeEntry(NamedTuple):
-    mode: str
-    type: str
-    sha: str
 
 
 def tree_entries(repo: str | Path, ref: str) -> dict[str, TreeEntry]:

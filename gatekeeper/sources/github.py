@@ -27,11 +27,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gatekeeper.changes import SUBMODULE_MODE, SYMLINK_MODE, ChangeSet, Commit, FileChange, FileStatus
+from gatekeeper.changes import SUBMODULE_MODE, SYMLINK_MODE, ChangeSet, Commit, FileChange, FileStatus, TreeEntry
 from gatekeeper.errors import InputError
 from gatekeeper.provenance import PullRequestInfo
 from gatekeeper.sources.diff import hunk_line_numbers, parse_hunks
@@ -195,12 +195,7 @@ def _looks_like_submodule(entry: DiffEntry) -> bool:
 BINARY_SNIFF_BYTES = 8000  # git's own test: a NUL byte in the first 8000 bytes makes content binary
 
 
-class _TreeEntry(Protocol):
-    mode: str
-    sha: str
-
-
-def with_tree_facts(changes: ChangeSet, head_tree: Mapping[str, _TreeEntry], old_tree: Mapping[str, _TreeEntry],
+def with_tree_facts(changes: ChangeSet, head_tree: Mapping[str, TreeEntry], old_tree: Mapping[str, TreeEntry],
                     blobs: Mapping[str, bytes]) -> ChangeSet:
     """The ChangeSet with what git shows and the file list does not, so that the App judges exactly as
     `gatekeeper check --base` does: both modes of every file (from the head's and the merge base's trees),
@@ -211,7 +206,7 @@ def with_tree_facts(changes: ChangeSet, head_tree: Mapping[str, _TreeEntry], old
     return changes.model_copy(update={"files": files})
 
 
-def _tree_facts(change: FileChange, head_tree: Mapping[str, _TreeEntry], old_tree: Mapping[str, _TreeEntry],
+def _tree_facts(change: FileChange, head_tree: Mapping[str, TreeEntry], old_tree: Mapping[str, TreeEntry],
                 blobs: Mapping[str, bytes]) -> FileChange:
     new = head_tree.get(change.path) if change.status is not FileStatus.removed else None
     old = old_tree.get(change.old_path or change.path) if change.status is not FileStatus.added else None
