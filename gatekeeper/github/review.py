@@ -17,7 +17,7 @@ from gatekeeper.github.client import Installation
 from gatekeeper.github.context import AppContext, Progress
 from gatekeeper.github.failures import describe
 from gatekeeper.github.inputs import ReviewInputs, read_inputs
-from gatekeeper.github.judge import Judgement, judge
+from gatekeeper.github.judge import STICKY_MARKER, Judgement, judge
 from gatekeeper.github.publish import publish
 from gatekeeper.github.records import EvaluationKey
 
@@ -71,7 +71,7 @@ def _after_publish(ctx: AppContext, gh: Installation, inputs: ReviewInputs, judg
         try:
             comment_id = gh.upsert_comment(inputs.repo, inputs.number,
                                            ctx.records.sticky_comment_id(inputs.repo, inputs.number),
-                                           judgement.comment, judgement.comment.split("\n", 1)[0])
+                                           judgement.comment, STICKY_MARKER)
             ctx.records.remember_sticky_comment(inputs.repo, inputs.number, comment_id)
         except Exception as exc:  # noqa: BLE001 - see the docstring
             reason = f"the sticky comment could not be written: {describe(exc)}"
