@@ -98,8 +98,27 @@ def rotated_weight_sets(d, gen) -> tuple[list, list, list]:
     return refs, ours, [MoeWorkspace(w, "cuda") for w in ours]
 
 
+def launch_weight_bytes(step, w, active: int) -> int:
+    """Weight bytes one launch of the block reads (kimi_k3_path.kernels.moe.Step), the routed experts' for the
+    `active` experts this step's routing chose (the plan's n_active): the bytes of its floor."""
+    e, h, lat, i, s = w.experts, w.hidden, w.latent, w.intermediate, w.shared_intermediate
+    shared_gate_up = 2 * s * h * 2
+    in_front = "shared_gate_up" in step.name if step.kind == "front" else False
+    return {
+        "front": e * h * 2 + e * 4 + lat * h * 2 + (shared_gate_up if in_front else 0),
+        "gemm1": active * (2 * i * lat // 2 + 2 * i * lat // 32),
+        "gemm2": active * (lat * i // 2 + lat * i // 32) + lat * 4 + (shared_gate_up if "shared_gate_up" in step.name
+                                                                       else 0),
+        "finalize": h * lat * 2 + h * s * 2,
+    }[step.kind]
+
+
+def block_weight_bytes(steps, w, ws) -> int:
+    return sum(launch_weight_bytes(step, w, int(ws.plan[0][0])) for step in steps)
+
+
 def profile_once() -> None:
-    """One eager pass of the TP8 M=1 block and the standalone kernels, for `ncu` (registers, occupancy, DRAM)."""
+    """One eager pass of the TP8 M=1 block, for `ncu` (registers, occupancy, DRAM)."""
     from kimi_k3_path.kernels.moe import MoeWorkspace, decode_steps, prepare_weights
     from kimi_k3_path.reference import random_moe_weights
 
@@ -113,43 +132,7 @@ def profile_once() -> None:
     st = torch.cuda.current_stream()
     for step in decode_steps(x, w, ws, out):
         step.launch(st)
-    for _, one in standalone_steps([x], [w], [ws], d):
-        one(st)
     torch.cuda.synchronize()
-
-
-def STANDALONE_BYTES(d) -> list[tuple[str, int]]:
-    return [
-        ("router_topk (alone)", d.experts * d.hidden * 2 + d.experts * 4),
-        ("down_proj skinny_gemm (alone)", d.latent * d.hidden * 2),
-        ("shared_gate_up_situ (alone)", 2 * d.shared_intermediate * d.hidden * 2),
-    ]
-
-
-def standalone_steps(xs, ours, spaces, d):
-    """The front kernel's three parts as their own launches (the GEMV-class bandwidth criteria are per kernel)."""
-    from kimi_k3_path.kernels.gemv import skinny_gemm
-    from kimi_k3_path.kernels.router import router_topk
-    from kimi_k3_path.kernels.shared import shared_gate_up_situ
-
-    m = xs[0].shape[0]
-    lat_outs = [torch.empty(m, d.latent, device="cuda", dtype=torch.bfloat16) for _ in xs]
-
-    def router(st):
-        for x, w, ws in zip(xs, ours, spaces):
-            router_topk(x, w.router, w.router_bias, w.top_k, w.routed_scaling_factor, ws.logits, ws.router_sync,
-                        ws.ids[:m], ws.weights[:m], ws.plan, st)
-
-    def down(st):
-        for x, w, o in zip(xs, ours, lat_outs):
-            skinny_gemm(x, w.down, o, st)
-
-    def shared(st):
-        for x, w, ws in zip(xs, ours, spaces):
-            shared_gate_up_situ(x, w.shared13, ws.a_sh[:m], st)
-
-    names = [name for name, _ in STANDALONE_BYTES(d)]
-    return list(zip(names, (router, down, shared)))
 
 
 def trace_one_token_block(tp: int, replays: int, seed: int) -> dict:
@@ -204,21 +187,20 @@ def trace_one_token_block(tp: int, replays: int, seed: int) -> dict:
 def block_ctas(d, sms: int = H200_SMS) -> dict[str, int]:
     """CTAs of each launch of the one-token block on a GPU with `sms` SMs, for the trace's buffers (kernels/trace.py
     checks each launch's grid against them)."""
-    from kimi_k3_path.kernels import moe
-    from kimi_k3_path.kernels.experts import ExpertsGemm2OneToken, held_gemm1_ctas
-    from kimi_k3_path.kernels.finalize import Finalize, streamed_ctas
+    from kimi_k3_path.kernels.finalize_streamed import streamed_ctas
+    from kimi_k3_path.kernels.front import FrontKernel
+    from kimi_k3_path.kernels.gemm1_held import held_gemm1_ctas
+    from kimi_k3_path.kernels.gemm2_one_token import ExpertsGemm2OneToken
     from kimi_k3_path.kernels.gemv import token_tile
 
-    # The module's knobs as they are now (probes set them), not as they were at import.
-    in_gemm2 = d.shared_intermediate if moe.ONE_TOKEN_SHARED_IN_GEMM2 else 0
-    front = moe.FrontKernel(d.experts, d.hidden, d.latent, d.shared_intermediate, d.top_k, d.routed_scaling_factor, 1,
-                        token_tile(1, tensor_cores=False), shared=not in_gemm2)
+    front = FrontKernel(d.experts, d.hidden, d.latent, d.shared_intermediate, d.top_k, d.routed_scaling_factor, 1,
+                        token_tile(1, tensor_cores=False), shared=False)
     return {
         "front": front.ctas(),
         "gemm1": held_gemm1_ctas(1, d.top_k, d.experts, d.intermediate),
-        "gemm2": ExpertsGemm2OneToken(d.experts, d.latent, d.intermediate, d.top_k, in_gemm2, d.hidden).ctas(),
-        "finalize": (streamed_ctas(sms) if moe.ONE_TOKEN_FINALIZE_STREAMED
-                     else Finalize(d.hidden, d.latent, d.shared_intermediate, 1).ctas()),
+        "gemm2": ExpertsGemm2OneToken(d.experts, d.latent, d.intermediate, d.top_k, d.shared_intermediate,
+                                      d.hidden).ctas(),
+        "finalize": streamed_ctas(sms),
     }
 
 
@@ -249,14 +231,13 @@ def git_commit() -> str:
         return "0000000"
 
 
-def tp_argv(args, tp: int, standalone: bool) -> list[str]:
-    """The arguments that measure only `tp` of `args`, in one process (the standalone kernels only if asked)."""
+def tp_argv(args, tp: int) -> list[str]:
+    """The arguments that measure only `tp` of `args`, in one process."""
     def csv(values):
         return ",".join(map(str, values))
 
-    return (["--tp", str(tp), "--batch", csv(args.batch), "--replays", str(args.replays), "--seed", str(args.seed),
-             "--steps-at", csv(args.steps_at), "--processes", "one", "--standalone-at", str(tp if standalone else 0)]
-            + ["--compare-cuda-cores"] * args.compare_cuda_cores)
+    return ["--tp", str(tp), "--batch", csv(args.batch), "--replays", str(args.replays), "--seed", str(args.seed),
+            "--steps-at", csv(args.steps_at), "--processes", "one"]
 
 
 def merge_tp_runs(parts: list[tuple[dict, list[dict]]], commit: str, command: str) -> tuple[dict, list[dict]]:
@@ -276,14 +257,14 @@ def merge_tp_runs(parts: list[tuple[dict, list[dict]]], commit: str, command: st
 
 
 def run_per_tp(args) -> tuple[dict, list[dict]]:
-    """run() with each TP in a fresh child process of this module (the standalone kernels in the first TP's)."""
+    """run() with each TP in a fresh child process of this module."""
     env = child_env()
     commit = args.commit or git_commit()
     parts = []
     with tempfile.TemporaryDirectory(prefix="kimi-bench-moe-") as tmp:
         for tp in args.tp:
             out, kernels_out = Path(tmp) / f"tp{tp}.json", Path(tmp) / f"tp{tp}-kernels.json"
-            child = [sys.executable, "-m", "benchmarks.kimi_k3.bench_moe", *tp_argv(args, tp, tp == args.tp[0]),
+            child = [sys.executable, "-m", "benchmarks.kimi_k3.bench_moe", *tp_argv(args, tp),
                      "--commit", commit, "--out", str(out), "--kernels-out", str(kernels_out)]
             rc = subprocess.run(child, env=env).returncode
             if rc != 0 or not out.is_file() or not kernels_out.is_file():
@@ -294,12 +275,10 @@ def run_per_tp(args) -> tuple[dict, list[dict]]:
 
 
 def run(args) -> tuple[dict, list[dict]]:
-    from kimi_k3_path.kernels.experts import on_tensor_cores
-    from kimi_k3_path.kernels.moe import decode_steps
     from benchmarks.kimi_k3 import stock
+    from kimi_k3_path.kernels.moe import decode_steps
     from kimi_k3_path.reference import rel_err
 
-    standalone_at = args.tp[0] if args.standalone_at is None else args.standalone_at
     bandwidth = copy_bandwidth()
     print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + write)", flush=True)
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
@@ -328,7 +307,7 @@ def run(args) -> tuple[dict, list[dict]]:
             cand = measurement_of(time_graph(candidate, args.replays, len(refs)))
             base = measurement_of(time_graph(baseline, args.replays, len(refs)))
             err = rel_err(outs[0], stock.latent_moe(xs[0], stocks[0], d).float())
-            weight_bytes = sum(step.weight_bytes() for step in steps[0])
+            weight_bytes = block_weight_bytes(steps[0], ours[0], spaces[0])
             floor_us = weight_bytes / bandwidth * 1e6
             launches = stock.count_kernels(lambda: [s.launch(torch.cuda.current_stream()) for s in steps[0]])
             stock_launches = stock.count_kernels(lambda: stock.latent_moe(xs[0], stocks[0], d))
@@ -343,55 +322,23 @@ def run(args) -> tuple[dict, list[dict]]:
                          f"({int(spaces[0].plan[0][0])} active experts); launches {launches} vs stock-like "
                          f"{stock_launches}; rel err vs stock-like {err:.1e}"),
             })
-            if m == 1 and tp == standalone_at:  # router and down-projection shapes do not depend on TP
-                standalone = standalone_steps(xs, ours, spaces, d)
-                for name, one in standalone:
-                    t = measurement_of(time_graph(one, args.replays, len(refs)))
-                    nbytes = dict(STANDALONE_BYTES(d))[name]
-                    kernel_rows.append({
-                        "tp": tp, "batch": 1, "kernel": name, "median_us": t["median"], "spread_pct": t["spread_pct"],
-                        "weight_bytes": nbytes, "effective_tb_s": nbytes / (t["median"] * 1e-6) / 1e12,
-                        "floor_us": nbytes / bandwidth * 1e6,
-                    })
-                    print(f"    {name:44} {t['median']:7.1f} us {nbytes / 1e6:7.1f} MB "
-                          f"{nbytes / (t['median'] * 1e-6) / 1e12:5.2f} TB/s  floor {nbytes / bandwidth * 1e6:6.1f} us",
-                          flush=True)
-            variants = [("", steps)]
-            if on_tensor_cores(m, True) and args.compare_cuda_cores:
-                simt = [decode_steps(x, w, ws, o, tensor_cores=False)
-                        for x, w, ws, o in zip(xs, ours, spaces, outs)]
-                variants.append((" [CUDA cores]", simt))
+            for i, step in enumerate(steps[0]) if m in args.steps_at else ():
+                def one(st, i=i, steps=steps):
+                    for block in steps:
+                        block[i].launch(st)
 
-                def simt_block(st, simt=simt):
-                    for block in simt:
-                        for step in block:
-                            step.launch(st)
-
-                t = measurement_of(time_graph(simt_block, args.replays, len(refs)))
-                simt_err = rel_err(outs[0], stock.latent_moe(xs[0], stocks[0], d).float())
-                print(f"    block on CUDA cores only{'':20} {t['median']:7.1f} us (spread {t['spread_pct']:.1f}%), "
-                      f"tensor cores {cand['median']:.1f} us: {t['median'] / cand['median']:.2f}x; err {simt_err:.1e}",
+                t = measurement_of(time_graph(one, args.replays, len(refs)))
+                nbytes = launch_weight_bytes(step, ours[0], int(spaces[0].plan[0][0]))
+                kernel_rows.append({
+                    "tp": tp, "batch": m, "kernel": step.name, "median_us": t["median"],
+                    "spread_pct": t["spread_pct"], "weight_bytes": nbytes,
+                    "effective_tb_s": nbytes / (t["median"] * 1e-6) / 1e12,
+                    "floor_us": nbytes / bandwidth * 1e6,
+                })
+                print(f"    {step.name:44} {t['median']:7.1f} us {nbytes / 1e6:7.1f} MB "
+                      f"{nbytes / (t['median'] * 1e-6) / 1e12:5.2f} TB/s  floor {nbytes / bandwidth * 1e6:6.1f} us",
                       flush=True)
-                kernel_rows.append({"tp": tp, "batch": m, "kernel": "block [CUDA cores]", "median_us": t["median"],
-                                    "spread_pct": t["spread_pct"], "tensor_core_block_us": cand["median"]})
-            for suffix, variant in variants if m in args.steps_at else ():
-                for i, step in enumerate(variant[0]):
-                    def one(st, i=i, variant=variant):
-                        for block in variant:
-                            block[i].launch(st)
-
-                    t = measurement_of(time_graph(one, args.replays, len(refs)))
-                    nbytes = step.weight_bytes()
-                    kernel_rows.append({
-                        "tp": tp, "batch": m, "kernel": step.name + suffix, "median_us": t["median"],
-                        "spread_pct": t["spread_pct"], "weight_bytes": nbytes,
-                        "effective_tb_s": nbytes / (t["median"] * 1e-6) / 1e12,
-                        "floor_us": nbytes / bandwidth * 1e6,
-                    })
-                    print(f"    {step.name + suffix:44} {t['median']:7.1f} us {nbytes / 1e6:7.1f} MB "
-                          f"{nbytes / (t['median'] * 1e-6) / 1e12:5.2f} TB/s  floor {nbytes / bandwidth * 1e6:6.1f} us",
-                          flush=True)
-            del steps, variants, xs, outs
+            del steps, xs, outs
         del refs, ours, spaces, stocks
         torch.cuda.empty_cache()
     props = torch.cuda.get_device_properties(0)
@@ -420,13 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kernels-out", type=Path, default=None)
     p.add_argument("--steps-at", type=lambda s: [int(v) for v in s.split(",")], default=[1],
                    help="batches at which each launch of the block is also timed alone (default: 1)")
-    p.add_argument("--compare-cuda-cores", action="store_true",
-                   help="also time the block with every kernel on the CUDA cores (same run)")
     p.add_argument("--processes", choices=("per-tp", "one"), default="per-tp",
                    help="per-tp: each TP in a fresh child process (default); one: every TP in this process")
-    p.add_argument("--standalone-at", type=int, default=None,
-                   help="the TP at which the front's parts are also timed as their own launches (default: the first; "
-                        "0: none)")
     p.add_argument("--profile-once", action="store_true", help="one eager pass for ncu, then exit")
     p.add_argument("--trace-out", type=Path, default=None,
                    help="instead of timing: per-CTA timelines of the M=1 block at each --tp (kernels/trace.py), JSON")

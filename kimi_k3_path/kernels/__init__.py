@@ -1,7 +1,17 @@
-"""CuTe DSL kernels of the Kimi K3 latent-MoE decode block for the H200 (sm_90a), one family per module:
-`router` (logits + top-k + expert plan), `gemv` (skinny bf16 GEMM: down-projection, whole or sharded), `experts`
-(MXFP4 W4A16 GEMM1+SiTU and GEMM2+combine; `experts_mma` on the tensor cores), `norm_tail` (the latent RMSNorm
-both GEMM2 forms end with), `shared` (shared experts), `finalize` (latent RMSNorm, up-projection
-+ shared-expert add) and `moe` (`latent_moe_decode`). Importing needs torch and nvidia-cutlass-dsl (the [kernels]
-extra); running needs an sm_90 GPU. Design, byte floors, measurements and what was
-tried: docs/design/kimi_k3_kernels.md (the per-version history: git history of kernels/NOTES.md, last at 91cdaff)."""
+"""CuTe DSL kernels of the Kimi K3 latent-MoE decode block for the H200 (sm_90a), one kernel per module:
+
+  moe.py                 `latent_moe_decode`: the block's 4 launches, weights and workspace
+  dispatch.py            which form of each launch a (TP, M) runs: the one table (pure, no GPU)
+  front.py               launch 1: router + down-projection (+ shared gate_up from 2 tokens)
+  gemm1_held.py          launch 2, 1..4 tokens: experts' GEMM1 + SiTU-GLU on the CUDA cores, weights in registers
+  gemm1_mma.py           launch 2, 5..64 tokens: the same on the tensor cores
+  gemm2_one_token.py     launch 3, 1 token: GEMM2 + combine, whole rows per CTA (+ shared gate_up)
+  gemm2_mma.py           launch 3, 2..64 tokens: GEMM2 + combine + latent RMSNorm on the tensor cores
+  finalize_streamed.py   launch 4, 1 token: up-projection + shared down, weights streamed through shared memory
+  finalize_mma.py        launch 4, 2..64 tokens: the same on the tensor cores
+
+and the device functions they share: `router` (logits, top-k, plan), `gemv` (split-K row dots), `mma` (bf16
+mma.sync tiles), `fp4_mma` (MXFP4 on the tensor cores), `shared` (shared experts' gate_up), `norm_tail` (the batch
+RMSNorm), `common` (PTX helpers); `runtime` compiles and caches, `trace` records when each CTA ran.
+Importing needs torch and nvidia-cutlass-dsl (the [kernels] extra); running needs an sm_90 GPU. Design, byte floors,
+measurements and what was tried: docs/design/kimi_k3_kernels.md."""

@@ -1,9 +1,8 @@
 """Device helpers shared by the latent-MoE kernels (traced inline into each @cute.kernel).
 
 Everything here is plain PTX the sm_90a target has: vector loads with cache hints, bf16 and MXFP4 unpacking, lane-group
-reductions, the SiTU-GLU activation. The SIMT (CUDA-core) kernels serve one-token bf16 GEMMs, the router, and every
-batch when tensor cores are turned off; the rest runs on mma.sync (mma.py, experts_mma.py), with fragments loaded
-straight from global memory.
+reductions, the SiTU-GLU activation. The CUDA-core parts serve one-token bf16 GEMMs, the router and the held GEMM1;
+the rest runs on mma.sync (mma.py, fp4_mma.py).
 """
 
 from __future__ import annotations
@@ -291,12 +290,6 @@ def fp4x8_fma_f16x2_paired(word: Int32, q0: Int32, q1: Int32, q2: Int32, q3: Int
     )
 
 
-def fp4x8_fma_f16x2(word: Int32, x01: Int32, x23: Int32, x45: Int32, x67: Int32, acc0: Int32, acc1: Int32):
-    """fp4x8_fma_f16x2_paired for activations in element order (x01..x67: packed pairs), paired here with four
-    byte permutes."""
-    return fp4x8_fma_f16x2_paired(word, *pair_like_fp4x8(x01, x23, x45, x67), acc0, acc1)
-
-
 def fp4x8_to_f16x2(word: Int32):
     """The eight E2M1 values of `word` (kernel_fp4_bytes' layout) as four f16x2 pairs, elements (0, 2), (4, 6), (1, 3),
     (5, 7), times 2^-6."""
@@ -328,30 +321,9 @@ def ld_weight_b32(addr: Int64) -> Int32:
     )
 
 
-def f16x2_pair_sum_f32(acc0: Int32, acc1: Int32) -> Float32:
-    """The four fp16 lanes of two packed accumulators, summed in fp32."""
-    return cute.arch.inline_ptx(
-        "{\n"
-        ".reg .b16 l0, h0, l1, h1;\n"
-        ".reg .f32 f0, f1, f2, f3;\n"
-        "mov.b32 {l0, h0}, {$r0};\n"
-        "mov.b32 {l1, h1}, {$r1};\n"
-        "cvt.f32.f16 f0, l0;\n"
-        "cvt.f32.f16 f1, h0;\n"
-        "cvt.f32.f16 f2, l1;\n"
-        "cvt.f32.f16 f3, h1;\n"
-        "add.f32 f0, f0, f1;\n"
-        "add.f32 f2, f2, f3;\n"
-        "add.f32 {$w0}, f0, f2;\n"
-        "}",
-        write_only_types=[Float32],
-        read_only_args=[acc0, acc1],
-    )
-
-
 def f16x2_add_sum_f32(acc0: Int32, acc1: Int32) -> Float32:
-    """f16x2_pair_sum_f32 with the two accumulators added as f16x2 first: one HADD2, two conversions and one add
-    instead of four conversions and three adds (each fp16 lane then sums 16 products of a group instead of 8)."""
+    """The four fp16 lanes of two packed accumulators summed in fp32, the two added as f16x2 first: one HADD2, two
+    conversions and one add instead of four conversions and three adds (each fp16 lane sums 16 products of a group)."""
     return cute.arch.inline_ptx(
         "{\n"
         ".reg .b32 t;\n"
@@ -368,8 +340,21 @@ def f16x2_add_sum_f32(acc0: Int32, acc1: Int32) -> Float32:
     )
 
 
+def fp4_group_dot_shared(packed, x_addr: Int32, quarter_stride: int = VEC_BYTES) -> Float32:
+    """Unscaled dot (times 2^-6) of one MXFP4 group (4 words of packed nibbles) with 32 fp16 activations in shared
+    memory at x_addr, the group's four 16-byte quarters `quarter_stride` bytes apart and each stored paired like the
+    weights (pair_like_fp4x8): packed f16x2 products within the group, the two accumulators added as f16x2, fp32 from
+    the group sum on."""
+    acc0 = Int32(0)
+    acc1 = Int32(0)
+    for q in range(4):
+        xw = ld_shared_v4(x_addr + q * quarter_stride)
+        acc0, acc1 = fp4x8_fma_f16x2_paired(packed[q], xw[0], xw[1], xw[2], xw[3], acc0, acc1)
+    return f16x2_add_sum_f32(acc0, acc1)
+
+
 def e8m0_scale_times_64(s: Int32) -> Float32:
-    """2^(s-127) * 2^6 as fp32 (the 2^6 undoes fp4x8_fma_f16x2's offset). Exact for s in 0..248; 255 is E8M0 NaN."""
+    """2^(s-127) * 2^6 as fp32 (the 2^6 undoes the fp4x8 conversions' offset). Exact for s in 0..248; 255 is E8M0 NaN."""
     return cute.arch.inline_ptx(
         "{ .reg .b32 t; add.s32 t, {$r0}, 6; shl.b32 {$w0}, t, 23; }",
         write_only_types=[Float32],

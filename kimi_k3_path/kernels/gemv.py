@@ -1,6 +1,5 @@
-"""Skinny bf16 GEMM for decode batches (y[M, N] = x[M, K] @ W[N, K]^T): the routed down-projection 7168 -> 3584,
-whole or as this rank's column shard, and the split-K row-dot core the router, shared-expert and finalize kernels
-reuse.
+"""The split-K row-dot core of the skinny bf16 GEMMs on the CUDA cores (y[M, N] = x[M, K] @ W[N, K]^T) that the
+front (router logits, down-projection, shared gate_up) and the one-token finalize run as device functions.
 
 Mapping: a CTA of 8 warps owns 8/split weight rows; the `split` warps of a row each take 1/split of K, their lanes
 striding it in 16-byte vectors (coalesced 512 B per warp load); partial sums meet in shared memory. Splitting K
@@ -12,17 +11,14 @@ Batches of 2 or more tokens run on the tensor cores instead (mma.py): 16 rows pe
 
 from __future__ import annotations
 
-import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import BFloat16, Float32, Int32, Int64
+from cutlass import Float32, Int32, Int64
 
 from .common import (
     BF16_PER_VEC,
-    DEFAULT_WEIGHT_LOAD,
     VEC_BYTES,
     WARP,
-    WEIGHT_LOADS,
     after_all_loads,
     batch_zero,
     dot_bf16x8,
@@ -31,14 +27,10 @@ from .common import (
     load_bf16_tokens,
     warp_barrier,
 )
-from .mma import MAX_MMA_TOKENS, MMA_ROWS, alloc_tile_scratch, check_mma, mma_rows_part, scratch_bytes, uses_tensor_cores
+from .mma import MAX_MMA_TOKENS
 
 WARPS_PER_CTA = 8
 MAX_TILE = 8  # largest token tile; shared-memory scratch holds WARPS_PER_CTA x 2 rows x MAX_TILE partials
-# Warps of a CTA sharing one weight row in the standalone one-token GEMV (8 / split rows per CTA): 4 gives a warp 7
-# full 16-byte steps of a 7168-wide row, and with the weight words packed (in_tile) it beat 8 by 0.05-0.2 us
-# (kimi_k3_kernels.md §6). The front uses 4 as well (moe.FRONT_DOWN_SPLIT).
-GEMV_SPLIT = 4
 
 
 def token_tile(m: int, tensor_cores: bool = True) -> int:
@@ -228,77 +220,3 @@ def gemv_part(
             for mi in cutlass.range_constexpr(mt):
                 if m_first + mi < m_count:
                     y[m_first + mi, row] = acc[0, mi].to(y.element_type)
-
-
-class SkinnyGemm:
-    """y = x @ W^T for bf16 x [M, K] (M dynamic), W [N, K] and y [M, N]."""
-
-    def __init__(self, n: int, k: int, mt: int, split: int = GEMV_SPLIT, hint: str = DEFAULT_WEIGHT_LOAD):
-        if uses_tensor_cores(mt):
-            check_mma(n, k, "SkinnyGemm")
-        elif n % (WARPS_PER_CTA // split):
-            raise ValueError(f"SkinnyGemm: N={n} is not a multiple of {WARPS_PER_CTA // split}")
-        check_k(k, split, "SkinnyGemm")
-        self.n, self.k, self.mt, self.split, self.hint = n, k, mt, split, hint
-
-    def ctas(self) -> int:
-        return self.n // (MMA_ROWS if uses_tensor_cores(self.mt) else WARPS_PER_CTA // self.split)
-
-    def smem_bytes(self) -> int:
-        return scratch_bytes(self.mt) if uses_tensor_cores(self.mt) else SCRATCH_BYTES
-
-    @cute.jit
-    def __call__(self, x: cute.Tensor, w: cute.Tensor, y: cute.Tensor, stream: cuda.CUstream):
-        self.kernel(x, w, y, x.shape[0]).launch(
-            grid=[self.ctas(), 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1], smem=self.smem_bytes(), stream=stream
-        )
-
-    @cute.kernel
-    def kernel(self, x: cute.Tensor, w: cute.Tensor, y: cute.Tensor, m_count: Int32):
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        smem = cutlass.memory.SmemAllocator()
-        if cutlass.const_expr(uses_tensor_cores(self.mt)):
-            mma_rows_part(x, w, y, alloc_tile_scratch(smem, self.mt), bidx, tidx, m_count, self.k, self.mt, self.hint)
-        else:
-            gemv_part(x, w, y, alloc_scratch(smem), bidx, tidx // WARP, tidx % WARP, m_count, self.k, self.split,
-                      self.mt, self.hint)
-
-
-def _compile_skinny_gemm(n: int, k: int, mt: int, split: int, hint: str):
-    from .runtime import compile_cached, dyn, fake, fake_stream
-
-    def build():
-        m = dyn()
-        op = SkinnyGemm(n, k, mt, split, hint)
-        return op, (fake(BFloat16, (m, k)), fake(BFloat16, (n, k)), fake(BFloat16, (m, n)), fake_stream())
-
-    return compile_cached(("skinny_gemm", n, k, mt, split, hint), build)
-
-
-def skinny_gemm(x, w, out, stream, split: int = GEMV_SPLIT, hint: str = DEFAULT_WEIGHT_LOAD) -> None:
-    """out[M, N] = x[M, K] @ w[N, K]^T, all bf16 CUDA tensors, launched on the torch `stream` (split: warps per row
-    sharing K, 1..8; hint: the weight-load cache hint, a key of common.WEIGHT_LOADS)."""
-    from .runtime import cu_stream, expect, to_cute
-
-    if split not in (1, 2, 4, 8):
-        raise ValueError(f"skinny_gemm: split={split} must be 1, 2, 4 or 8 (warps of a CTA sharing one row)")
-    if hint not in WEIGHT_LOADS:
-        raise ValueError(f"skinny_gemm: weight-load hint {hint!r} is not one of {sorted(WEIGHT_LOADS)}")
-    m, k = x.shape
-    n = w.shape[0]
-    expect("x", x, (m, k), "bfloat16")
-    expect("w", w, (n, k), "bfloat16")
-    expect("out", out, (m, n), "bfloat16")
-    fn = _compile_skinny_gemm(n, k, token_tile(m), split, hint)
-    fn(to_cute(x, True), to_cute(w), to_cute(out, True), cu_stream(stream))
-
-
-def down_proj_sharded(x, w_down, out, rank: int, tp: int, stream) -> None:
-    """This rank's column shard of the latent down-projection: out[M, L/tp] = x @ w_down[rank*L/tp:(rank+1)*L/tp]^T
-    (w_down is the full replicated [L, H] weight; the communication path gathers the shards)."""
-    latent = w_down.shape[0]
-    if tp < 1 or latent % tp or not 0 <= rank < tp:
-        raise ValueError(f"down_proj_sharded: rank={rank}, tp={tp} do not split latent={latent} evenly")
-    cols = latent // tp
-    skinny_gemm(x, w_down[rank * cols : (rank + 1) * cols], out, stream)

@@ -1,5 +1,5 @@
-"""The latent RMSNorm at the end of GEMM2, shared by both GEMM2 forms (CUDA cores, experts.py; tensor cores,
-experts_mma.py): GEMM2's last CTAs to arrive normalize y_lat a token each, and every GEMM1 zeroes y_lat for it."""
+"""The latent RMSNorm at the end of GEMM2 from 2 tokens (gemm2_mma.py): GEMM2's last CTAs to arrive normalize y_lat
+a token each, and GEMM1 (either form) zeroes y_lat for it."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 selection only, top-k, renormalized weights; and the expert plan the grouped expert kernels read.
 
 Every CTA computes the logits of one expert for all tokens (two at one token: router_split; in the block's front from
-16 tokens: of 16 experts, on the tensor cores; moe.FrontKernel); n = min(ceil(M / 8), 8) CTAs select the top-k once
+16 tokens: of 16 experts, on the tensor cores; front.FrontKernel); n = min(ceil(M / 8), 8) CTAs select the top-k once
 all logits are in (8 tokens at a time each, one warp per token: radix select of the k-th key, then a rank sort of the
 k winners), marking each token in its chosen experts' masks; the last of them to finish groups the (token, slot) pairs
 by expert with all its warps. One token (one_token_select): the first CTA's warps select together and write the plan
@@ -22,7 +22,9 @@ no host work.
 
 from __future__ import annotations
 
-import cuda.bindings.driver as cuda
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
@@ -45,7 +47,6 @@ from .gemv import (
     MAX_TILE,
     SCRATCH_BYTES,
     WARPS_PER_CTA,
-    alloc_scratch,
     check_k,
     dot_slice,
     split_k_reduce,
@@ -67,6 +68,67 @@ MASKS = 4  # sync words: [0] arrivals, [1] waiters done (both tensor-core logits
 # What every logit word holds until its logit is stored: the NaN bit pattern 0xFFFFFFFF, which arithmetic never yields
 # (the GPU's NaN results are 0x7FFFFFFF) and publish_logit never stores.
 LOGIT_UNSET = -1
+
+
+class ExpertPlan(NamedTuple):
+    """The expert plan the router writes and the expert GEMMs read (int32 tensors; S = E plan slots): n_active [1]
+    active experts, slot_expert [S] the expert of each slot (ascending), slot_count [S] how many tokens chose it,
+    slot_pairs [S, MAX_TOKENS] their pairs p = token * k + rank (ascending token)."""
+
+    n_active: Any
+    slot_expert: Any
+    slot_count: Any
+    slot_pairs: Any
+
+
+class RouterOutputs(NamedTuple):
+    """The router's results and cross-CTA state in global memory: logits [M, E] fp32 (LOGIT_UNSET until stored; left
+    so), sync [router_sync_words(E)] int32 (counters and token masks; left zero), ids [M, k] int32 and weights [M, k]
+    fp32 (each token's experts by rank and their renormalized, scaled weights)."""
+
+    logits: Any
+    sync: Any
+    ids: Any
+    weights: Any
+
+
+class RouterSmem(NamedTuple):
+    """A router CTA's shared memory (alloc_router_smem): what the selecting CTAs need, and for a batch (not one
+    token) the planning pass's masks, slot numbers, arrival flag and per-chunk active counts."""
+
+    bias_s: Any
+    score_rows: Any
+    cand_key: Any
+    cand_id: Any
+    mask_lo: Any = None
+    mask_hi: Any = None
+    slot_of: Any = None
+    flag: Any = None
+    chunk_active: Any = None
+
+
+@dataclass(frozen=True)
+class RouterShape:
+    """What a router is compiled for: E experts of hidden width H, top_k of them, the routed scaling factor; the token
+    tile mt of the CUDA-core logits, or with mma_mt > 0 the tensor cores' (one CTA per 16 experts, mma_in_flight
+    K chunks in flight per warp); at most tail_ctas selecting CTAs."""
+
+    experts: int
+    hidden: int
+    top_k: int
+    scaling: float
+    mt: int
+    tail_ctas: int = ROUTER_TAIL_CTAS
+    mma_mt: int = 0
+    mma_in_flight: int = 0
+
+    @property
+    def one_token(self) -> bool:
+        return one_token_select(self.mt, self.mma_mt)
+
+    @property
+    def ctas(self) -> int:
+        return router_ctas(self.experts, self.mma_mt, self.mt)
 
 
 def router_sync_words(experts: int) -> int:
@@ -103,9 +165,9 @@ def alloc_router_smem(smem, experts: int, top_k: int, one_token: bool = False):
     selecting = (words(Float32, experts), words(Float32, rows * _words(experts)), words(Int32, candidates),
                  words(Int32, candidates))
     if one_token:
-        return selecting
-    return selecting + (words(Int32, experts), words(Int32, experts), words(Int32, experts), words(Int32, 4),
-                        words(Int32, experts // WARP))
+        return RouterSmem(*selecting)
+    return RouterSmem(*selecting, words(Int32, experts), words(Int32, experts), words(Int32, experts),
+                      words(Int32, 4), words(Int32, experts // WARP))
 
 
 def one_token_select(mt: int, mma_mt: int) -> bool:
@@ -132,11 +194,11 @@ def router_ctas(experts: int, mma_mt: int, mt: int) -> int:
 
 def check_router(experts: int, hidden: int, top_k: int) -> None:
     if experts % (WARP * LOAD_BATCHES):
-        raise ValueError(f"RouterTopK: experts={experts} is not a multiple of {WARP * LOAD_BATCHES} (experts per lane "
+        raise ValueError(f"router: experts={experts} is not a multiple of {WARP * LOAD_BATCHES} (experts per lane "
                          f"in top-k, loaded in {LOAD_BATCHES} batches)")
     if not 0 < top_k <= WARP:
-        raise ValueError(f"RouterTopK: top_k={top_k} must be in 1..{WARP} (one lane per selected expert)")
-    check_k(hidden, ROUTER_SPLIT, "RouterTopK")
+        raise ValueError(f"router: top_k={top_k} must be in 1..{WARP} (one lane per selected expert)")
+    check_k(hidden, ROUTER_SPLIT, "router")
 
 
 def publish_logit(addr: Int64, logit: Float32) -> None:
@@ -156,49 +218,25 @@ def publish_logit(addr: Int64, logit: Float32) -> None:
 
 
 @cute.jit
-def router_part(
-    x: cute.Tensor,
-    w: cute.Tensor,
-    bias: cute.Tensor,
-    logits: cute.Tensor,
-    sync: cute.Tensor,
-    ids: cute.Tensor,
-    weights: cute.Tensor,
-    n_active: cute.Tensor,
-    slot_expert: cute.Tensor,
-    slot_count: cute.Tensor,
-    slot_pairs: cute.Tensor,
-    state,
-    scratch: cute.Tensor,
-    cta: Int32,
-    tidx: Int32,
-    m_count: Int32,
-    experts: cutlass.Constexpr,
-    hidden: cutlass.Constexpr,
-    top_k: cutlass.Constexpr,
-    scaling: cutlass.Constexpr,
-    mt: cutlass.Constexpr,
-    tail_ctas: cutlass.Constexpr = ROUTER_TAIL_CTAS,
-    mma_mt: cutlass.Constexpr = 0,
-    mma_scratch=None,
-    mma_in_flight: cutlass.Constexpr = 0,
-):
-    """CTA `cta` of the router CTAs: the logits of expert `cta` for every token on the CUDA cores (mt tokens at a
-    time), or with mma_mt > 0 those of experts 16*cta .. 16*cta + 15 on the tensor cores (mma.mma_rows_part, token
-    tile mma_mt, mma_scratch its shared memory); up to tail_ctas of the router CTAs then select (the first ones on the
-    CUDA cores, the last to finish on the tensor cores: see the module docstring) and the last of those plans for all
+def router_part(x: cute.Tensor, w: cute.Tensor, bias: cute.Tensor, out: RouterOutputs, plan: ExpertPlan,
+                state: RouterSmem, scratch: cute.Tensor, mma_scratch, cta: Int32, tidx: Int32, m_count: Int32,
+                shape: RouterShape):
+    """CTA `cta` of the router CTAs: the logits of expert `cta` for every token on the CUDA cores (shape.mt tokens at a
+    time), or with shape.mma_mt > 0 those of experts 16*cta .. 16*cta + 15 on the tensor cores (mma.mma_rows_part,
+    mma_scratch its shared memory); up to shape.tail_ctas of the router CTAs then select (the first ones on the CUDA
+    cores, the last to finish on the tensor cores: see the module docstring) and the last of those plans for all
     tokens (one token: one_token_select)."""
-    one_token: cutlass.Constexpr = one_token_select(mt, mma_mt)
-    bias_s, score_rows, cand_key, cand_id = state[:4]
+    experts: cutlass.Constexpr = shape.experts
+    hidden: cutlass.Constexpr = shape.hidden
+    mt: cutlass.Constexpr = shape.mt
     lane = tidx % WARP
     warp = tidx // WARP
-    ctas: cutlass.Constexpr = router_ctas(experts, mma_mt, mt)
-    if cutlass.const_expr(one_token):
+    if cutlass.const_expr(shape.one_token):
         if cta == 0:
-            copy_bias(bias, bias_s, tidx, experts)  # lands while the CTA computes its logits
-    if cutlass.const_expr(mma_mt > 0):
-        mma_rows_part(x, w, logits, mma_scratch, cta, tidx, m_count, hidden, mma_mt, DEFAULT_WEIGHT_LOAD,
-                      mma_in_flight)
+            copy_bias(bias, state.bias_s, tidx, experts)  # lands while the CTA computes its logits
+    if cutlass.const_expr(shape.mma_mt > 0):
+        mma_rows_part(x, w, out.logits, mma_scratch, cta, tidx, m_count, hidden, shape.mma_mt, DEFAULT_WEIGHT_LOAD,
+                      shape.mma_in_flight)
     else:
         split: cutlass.Constexpr = router_split(mt)
         n_vec: cutlass.Constexpr = hidden // BF16_PER_VEC // split
@@ -212,18 +250,16 @@ def router_part(
             if lane == 0 and warp % split == 0:
                 for mi in cutlass.range_constexpr(mt):
                     if m_first + mi < m_count:
-                        publish_logit(logits.iterator.toint() + (Int64(m_first + mi) * experts + expert) * 4,
+                        publish_logit(out.logits.iterator.toint() + (Int64(m_first + mi) * experts + expert) * 4,
                                       acc[0, mi])
 
-    if cutlass.const_expr(one_token):
+    if cutlass.const_expr(shape.one_token):
         if cta == 0:
             cute.arch.cp_async_wait_group(0)
             cute.arch.sync_threads()
-            select_one_token(logits, bias_s, ids, weights, cand_key, cand_id, score_rows,
-                             (n_active, slot_expert, slot_count, slot_pairs), lane, warp, experts, top_k, scaling)
+            select_one_token(out, state, plan, lane, warp, shape)
     else:
-        select_and_plan(bias, logits, sync, ids, weights, n_active, slot_expert, slot_count, slot_pairs, state, cta,
-                        tidx, m_count, experts, top_k, scaling, tail_ctas, mma_mt, ctas)
+        select_and_plan(bias, out, plan, state, cta, tidx, m_count, shape)
 
 
 @cute.jit
@@ -251,28 +287,29 @@ def load_bias(bias: cute.Tensor, bias_s: cute.Tensor, tidx: Int32, experts: cutl
 
 
 @cute.jit
-def select_and_plan(bias, logits, sync, ids, weights, n_active, slot_expert, slot_count, slot_pairs, state, cta,
-                    tidx, m_count, experts: cutlass.Constexpr, top_k: cutlass.Constexpr, scaling: cutlass.Constexpr,
-                    tail_ctas: cutlass.Constexpr, mma_mt: cutlass.Constexpr, ctas: cutlass.Constexpr):
-    """A batch's selection and plan, after a router CTA's logits: up to tail_ctas CTAs select 8 tokens at a time each
-    and mark each token in its chosen experts' masks; the last of them to finish plans for all tokens."""
-    bias_s, score_rows, cand_key, cand_id, mask_lo, mask_hi, slot_of, flag, chunk_active = state
+def select_and_plan(bias, out: RouterOutputs, plan: ExpertPlan, state: RouterSmem, cta, tidx, m_count,
+                    shape: RouterShape):
+    """A batch's selection and plan, after a router CTA's logits: up to shape.tail_ctas CTAs select 8 tokens at a
+    time each and mark each token in its chosen experts' masks; the last of them to finish plans for all tokens."""
+    sync, ids = out.sync, out.ids
+    mask_lo, mask_hi, slot_of, flag = state.mask_lo, state.mask_hi, state.slot_of, state.flag
+    experts: cutlass.Constexpr = shape.experts
+    top_k: cutlass.Constexpr = shape.top_k
     lane = tidx % WARP
     warp = tidx // WARP
-    n = cutlass.min((m_count + WARPS_PER_CTA - 1) // WARPS_PER_CTA, tail_ctas)
-    if cutlass.const_expr(mma_mt > 0):
-        place = arrival(sync.iterator, flag, tidx) - (ctas - n)  # the last n to count in select
+    n = cutlass.min((m_count + WARPS_PER_CTA - 1) // WARPS_PER_CTA, shape.tail_ctas)
+    if cutlass.const_expr(shape.mma_mt > 0):
+        place = arrival(sync.iterator, flag, tidx) - (shape.ctas - n)  # the last n to count in select
     else:
         # The first n CTAs select: they poll while the others run beside them (n <= 8 of the GPU's 264+ CTA places).
         place = Int32(-1)
         if cta < n:
             place = cta
     if place >= 0:
-        if cutlass.const_expr(mma_mt > 0):
-            wait_for_all(sync, tidx, ctas, n)
-        load_bias(bias, bias_s, tidx, experts)
-        select_top_k(logits, bias_s, ids, weights, sync, cand_key, cand_id, score_rows, lane, warp,
-                     place * WARPS_PER_CTA, n * WARPS_PER_CTA, m_count, experts, top_k, scaling, mma_mt == 0)
+        if cutlass.const_expr(shape.mma_mt > 0):
+            wait_for_all(sync, tidx, shape.ctas, n)
+        load_bias(bias, state.bias_s, tidx, experts)
+        select_top_k(out, state, lane, warp, place * WARPS_PER_CTA, n * WARPS_PER_CTA, m_count, shape)
         if arrival(sync.iterator + 2, flag, tidx) == n - 1:  # every selection is in: plan, and leave sync zero
             cute.arch.fence_acq_rel_gpu()
             # All of a thread's mask words are loaded before any is used: one L2 round trip, not one per word.
@@ -292,8 +329,7 @@ def select_and_plan(bias, logits, sync, ids, weights, n_active, slot_expert, slo
             if tidx == 0:
                 sync[2] = Int32(0)
             cute.arch.sync_threads()
-            number_active(mask_lo, mask_hi, slot_of, n_active, slot_expert, slot_count, chunk_active, lane, warp,
-                          experts)
+            number_active(mask_lo, mask_hi, slot_of, plan, state.chunk_active, lane, warp, experts)
             cute.arch.sync_threads()
             for p in cutlass.range(tidx, m_count * top_k, WARPS_PER_CTA * WARP):
                 m = p // top_k
@@ -306,7 +342,7 @@ def select_and_plan(bias, logits, sync, ids, weights, n_active, slot_expert, slo
                 if m > 32:
                     below_hi = mask_hi[e] & ((Int32(1) << (m - 32)) - 1)
                 rank = cute.arch.popc(below_lo) + cute.arch.popc(below_hi)
-                slot_pairs[slot_of[e], rank] = p
+                plan.slot_pairs[slot_of[e], rank] = p
 
 
 def any_unset(words, first: int, n: int):
@@ -351,26 +387,28 @@ def warp_sum_i32(value: Int32) -> Int32:
 
 
 @cute.jit
-def select_top_k(
-    logits, bias_s, ids, weights, sync, cand_key, cand_id, score_rows, lane, warp, first, step, m_count,
-    experts: cutlass.Constexpr, top_k: cutlass.Constexpr, scaling: cutlass.Constexpr, poll: cutlass.Constexpr,
-):
+def select_top_k(out: RouterOutputs, state: RouterSmem, lane, warp, first, step, m_count, shape: RouterShape):
     """One warp per token (tokens first + warp, then every `step`-th): top-k of sigmoid(logit) + bias over E experts
     (expert lane + 32j in lane `lane`, slot j), ties to the lower index; renormalized weights; the token's bit in each
-    chosen expert's mask in `sync` (device-scope atomics: the selecting CTAs share the masks). poll: wait until none
-    of the token's logit words is LOGIT_UNSET; either way they are LOGIT_UNSET again once read (for the next launch).
-    (One token: select_one_token, with every warp of the CTA.)"""
+    chosen expert's mask in `sync` (device-scope atomics: the selecting CTAs share the masks). With the logits on the
+    CUDA cores it polls until none of the token's logit words is LOGIT_UNSET; either way they are LOGIT_UNSET again
+    once read (for the next launch). (One token: select_one_token, with every warp of the CTA.)"""
+    logits, sync = out.logits, out.sync
+    score_rows, cand_key, cand_id = state.score_rows, state.cand_key, state.cand_id
+    experts: cutlass.Constexpr = shape.experts
+    top_k: cutlass.Constexpr = shape.top_k
+    poll: cutlass.Constexpr = shape.mma_mt == 0
     per_lane: cutlass.Constexpr = experts // WARP
     keys = cute.make_rmem_tensor(per_lane, Int32)
     base = warp * WARP
     score_base = warp * _words(experts)
     for m in cutlass.range(first + warp, m_count, step):
         row_addr = logits.iterator.toint() + Int64(m) * (experts * 4) + Int64(lane) * 4
-        token_keys(keys, row_addr, bias_s, score_rows, score_base, lane, 0, per_lane, LOAD_BATCHES, poll)
+        token_keys(keys, row_addr, state.bias_s, score_rows, score_base, lane, 0, per_lane, LOAD_BATCHES, poll)
         warp_top_k(keys, keys, lane, cand_key, cand_id, base, per_lane, top_k, 0, False)
         cute.arch.sync_warp()
-        rank, my_id = rank_and_weigh(ids, weights, cand_key, cand_id, score_rows, score_base, base, lane, m, top_k,
-                                     scaling)
+        rank, my_id = rank_and_weigh(out.ids, out.weights, cand_key, cand_id, score_rows, score_base, base, lane, m,
+                                     top_k, shape.scaling)
         if lane < top_k:
             if m < 32:
                 cute.arch.atomic_or(sync.iterator + (MASKS + my_id), Int32(1) << m, scope="gpu")
@@ -387,10 +425,7 @@ def one_token_warps(experts: int) -> int:
 
 
 @cute.jit
-def select_one_token(
-    logits, bias_s, ids, weights, cand_key, cand_id, score_rows, plan, lane, warp,
-    experts: cutlass.Constexpr, top_k: cutlass.Constexpr, scaling: cutlass.Constexpr,
-):
+def select_one_token(out: RouterOutputs, state: RouterSmem, plan: ExpertPlan, lane, warp, shape: RouterShape):
     """Every thread of the selecting CTA, for a batch of one token: select_top_k's selection (the same keys, order,
     ties and weights), in two rounds so that one warp's serial work is short. Each of one_token_warps(E) warps takes
     its own E/32/w slots (a contiguous run of experts), polls for their logits and picks its k candidates; warp 0
@@ -398,13 +433,16 @@ def select_one_token(
     the plan itself: the token's k experts in index order, one pair each (no masks or planning pass). One warp
     through all 896 experts spent ~8 us of the front's time in its sigmoids and 32 rounds over 28 keys a lane (at 4
     CTAs per SM), past the last down-projection CTA."""
+    score_rows, cand_key, cand_id = state.score_rows, state.cand_key, state.cand_id
+    experts: cutlass.Constexpr = shape.experts
+    top_k: cutlass.Constexpr = shape.top_k
     per_lane: cutlass.Constexpr = experts // WARP
     pickers: cutlass.Constexpr = one_token_warps(experts)
     slots: cutlass.Constexpr = per_lane // pickers
     keys = cute.make_rmem_tensor(slots, Int32)
     if warp < pickers:
-        row_addr = logits.iterator.toint() + Int64(lane) * 4
-        token_keys(keys, row_addr, bias_s, score_rows, 0, lane, warp * slots, slots, 1, True)
+        row_addr = out.logits.iterator.toint() + Int64(lane) * 4
+        token_keys(keys, row_addr, state.bias_s, score_rows, 0, lane, warp * slots, slots, 1, True)
         warp_top_k(keys, keys, lane, cand_key, cand_id, warp * WARP, slots, top_k, warp * slots, False)
     cute.arch.sync_threads()
     if warp == 0:
@@ -425,15 +463,14 @@ def select_one_token(
         final_base = pickers * WARP
         warp_top_k(keys2, ids2, lane, cand_key, cand_id, final_base, finals, top_k, 0, True)
         cute.arch.sync_warp()
-        rank, my_id = rank_and_weigh(ids, weights, cand_key, cand_id, score_rows, 0, final_base, lane, 0, top_k,
-                                     scaling)
+        rank, my_id = rank_and_weigh(out.ids, out.weights, cand_key, cand_id, score_rows, 0, final_base, lane, 0,
+                                     top_k, shape.scaling)
         if lane < top_k:
-            n_active, slot_expert, slot_count, slot_pairs = plan
-            slot_expert[lane] = my_id  # lane l holds the l-th winner in index order: plan slot l
-            slot_count[lane] = 1
-            slot_pairs[lane, 0] = rank  # pair p = token * k + rank, token 0
+            plan.slot_expert[lane] = my_id  # lane l holds the l-th winner in index order: plan slot l
+            plan.slot_count[lane] = 1
+            plan.slot_pairs[lane, 0] = rank  # pair p = token * k + rank, token 0
             if lane == 0:
-                n_active[0] = top_k
+                plan.n_active[0] = top_k
 
 
 @cute.jit
@@ -541,8 +578,7 @@ def rank_and_weigh(ids, weights, cand_key, cand_id, score_rows, score_base, base
 
 
 @cute.jit
-def number_active(mask_lo, mask_hi, slot_of, n_active, slot_expert, slot_count, chunk_active, lane, warp,
-                  experts: cutlass.Constexpr):
+def number_active(mask_lo, mask_hi, slot_of, plan: ExpertPlan, chunk_active, lane, warp, experts: cutlass.Constexpr):
     """All warps: slots for the experts any token chose, in ascending expert order. Chunk c of 32 experts belongs
     to warp c % 8: a ballot counts its active experts, a barrier publishes the counts, and each chunk's first slot
     is the sum of the counts before it (one redux.sync)."""
@@ -566,47 +602,10 @@ def number_active(mask_lo, mask_hi, slot_of, n_active, slot_expert, slot_count, 
         if active:
             slot = first + cute.arch.popc(ballot & cute.arch.lanemask_lt())
             slot_of[e] = slot
-            slot_expert[slot] = e
-            slot_count[slot] = count
+            plan.slot_expert[slot] = e
+            plan.slot_count[slot] = count
         if c == chunks - 1 and lane == 0:
-            n_active[0] = first + cute.arch.popc(ballot)
-
-
-class RouterTopK:
-    """Logits, top-k and expert plan in one launch of E CTAs. Tensors (M dynamic, S = E plan slots):
-    x [M, H] bf16, w [E, H] bf16, bias [E] fp32, logits [M, E] fp32 (every word LOGIT_UNSET before the first launch;
-    left so), sync [router_sync_words(E)] int32 (zero before the first launch; left zero), ids [M, k] int32,
-    weights [M, k] fp32, n_active [1] int32, slot_expert [S] int32, slot_count [S] int32,
-    slot_pairs [S, MAX_TOKENS] int32."""
-
-    def __init__(self, experts: int, hidden: int, top_k: int, scaling: float, mt: int,
-                 tail_ctas: int = ROUTER_TAIL_CTAS):
-        check_router(experts, hidden, top_k)
-        self.e, self.h, self.k, self.scaling, self.mt, self.tail_ctas = experts, hidden, top_k, scaling, mt, tail_ctas
-
-    @cute.jit
-    def __call__(
-        self, x, w, bias, logits, sync, ids, weights, n_active, slot_expert, slot_count, slot_pairs,
-        stream: cuda.CUstream,
-    ):
-        self.kernel(
-            x, w, bias, logits, sync, ids, weights, n_active, slot_expert, slot_count, slot_pairs, x.shape[0]
-        ).launch(
-            grid=[router_ctas(self.e, 0, self.mt), 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1],
-            smem=router_smem_bytes(self.e, self.k, one_token_select(self.mt, 0)),
-            stream=stream,
-        )
-
-    @cute.kernel
-    def kernel(self, x, w, bias, logits, sync, ids, weights, n_active, slot_expert, slot_count, slot_pairs,
-               m_count: Int32):
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        smem = cutlass.memory.SmemAllocator()
-        state = alloc_router_smem(smem, self.e, self.k, one_token_select(self.mt, 0))
-        scratch = alloc_scratch(smem)
-        router_part(x, w, bias, logits, sync, ids, weights, n_active, slot_expert, slot_count, slot_pairs,
-                    state, scratch, bidx, tidx, m_count, self.e, self.h, self.k, self.scaling, self.mt, self.tail_ctas)
+            plan.n_active[0] = first + cute.arch.popc(ballot)
 
 
 def unset_logits(rows: int, experts: int, device):
@@ -617,55 +616,19 @@ def unset_logits(rows: int, experts: int, device):
     return torch.full((rows, experts), LOGIT_UNSET, dtype=torch.int32, device=device).view(torch.float32)
 
 
-def router_topk(x, w, bias, top_k: int, scaling: float, logits, sync, ids, weights, plan, stream) -> None:
-    """Launch the router on `stream`. x [M, H] bf16 (M <= 64), w [E, H] bf16, bias [E] fp32; its state, logits
-    [>=M, E] fp32 (every word LOGIT_UNSET once: unset_logits) and sync [router_sync_words(E)] int32 (zero once), which
-    the kernel leaves so; outputs ids [M, k]
-    int32, weights [M, k] fp32 and plan = (n_active [1], slot_expert [E], slot_count [E], slot_pairs [E, 64]) int32."""
-    from cutlass import BFloat16, Int32
+def expect_plan(plan: ExpertPlan, experts: int) -> None:
+    """A launcher's check of the plan tensors' shapes and dtypes (runtime.expect)."""
+    from .runtime import expect
 
-    from .gemv import token_tile
-    from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
+    expect("n_active", plan[0], (1,), "int32")
+    expect("slot_expert", plan[1], (experts,), "int32")
+    expect("slot_count", plan[2], (experts,), "int32")
+    expect("slot_pairs", plan[3], (experts, MAX_TOKENS), "int32")
 
-    m, hidden = x.shape
-    experts = w.shape[0]
-    if not 1 <= m <= MAX_TOKENS:
-        raise ValueError(f"router_topk: batch M={m} must be in 1..{MAX_TOKENS}")
-    expect("x", x, (m, hidden), "bfloat16")
-    expect("w", w, (experts, hidden), "bfloat16")
-    expect("bias", bias, (experts,), "float32")
-    logits = logits[:m]
-    expect("logits", logits, (m, experts), "float32")
-    expect("sync", sync, (router_sync_words(experts),), "int32")
-    expect("ids", ids, (m, top_k), "int32")
-    expect("weights", weights, (m, top_k), "float32")
-    n_active, slot_expert, slot_count, slot_pairs = plan
-    expect("n_active", n_active, (1,), "int32")
-    expect("slot_expert", slot_expert, (experts,), "int32")
-    expect("slot_count", slot_count, (experts,), "int32")
-    expect("slot_pairs", slot_pairs, (experts, MAX_TOKENS), "int32")
-    mt = token_tile(m, tensor_cores=False)  # the router's dots stay on the CUDA cores
 
-    def build():
-        md = dyn()
-        args = (
-            fake(BFloat16, (md, hidden)),
-            fake(BFloat16, (experts, hidden)),
-            fake(Float32, (experts,)),
-            fake(Float32, (md, experts)),
-            fake(Int32, (router_sync_words(experts),)),
-            fake(Int32, (md, top_k)),
-            fake(Float32, (md, top_k)),
-            fake(Int32, (1,)),
-            fake(Int32, (experts,)),
-            fake(Int32, (experts,)),
-            fake(Int32, (experts, MAX_TOKENS)),
-            fake_stream(),
-        )
-        return RouterTopK(experts, hidden, top_k, scaling, mt), args
+def fake_plan(experts: int) -> ExpertPlan:
+    """The plan's fake tensors for compiling a kernel that reads it."""
+    from .runtime import fake
 
-    fn = compile_cached(("router_topk", experts, hidden, top_k, scaling, mt), build)
-    fn(
-        to_cute(x, True), to_cute(w), to_cute(bias), to_cute(logits, True), to_cute(sync),
-        to_cute(ids, True), to_cute(weights, True), *(to_cute(t) for t in plan), cu_stream(stream),
-    )
+    return ExpertPlan(fake(Int32, (1,)), fake(Int32, (experts,)), fake(Int32, (experts,)),
+                      fake(Int32, (experts, MAX_TOKENS)))

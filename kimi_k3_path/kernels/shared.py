@@ -3,32 +3,29 @@ shard. On the CUDA cores a CTA owns 8 / split output columns: the `split` warps 
 reads gate row j and up row Ish + j in the same pass over x, so the pair meets in registers / shared memory, never
 in device memory (split 8 in the front; 4 in GEMM2's one-token grid, ONE_TOKEN_SHARED_SPLIT). From 2 tokens (tensor
 cores, mma.py) a CTA owns 8 columns: its 16 MMA rows are gate rows j..j+7 and up rows Ish+j..Ish+j+7. The second half
-(a @ W_sh2^T) is fused into the finalize kernel's up-projection; `SkinnyGemm` runs it alone where it is needed
-alone."""
+(a @ W_sh2^T) is fused into the finalize's up-projection. These are device functions: the front (front.py) and, at
+one token, GEMM2's grid (gemm2_one_token.py) run them."""
 
 from __future__ import annotations
 
-import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Int32, Int64
 
 from .common import DEFAULT_WEIGHT_LOAD, WARP, situ_glu
-from .gemv import BF16_PER_VEC, SCRATCH_BYTES, WARPS_PER_CTA, alloc_scratch, check_k, dot_slice, split_k_reduce, zero_acc
+from .gemv import BF16_PER_VEC, WARPS_PER_CTA, check_k, dot_slice, split_k_reduce, zero_acc
 from .mma import (
     MMA_ROWS,
     TILE_TOKENS,
-    alloc_tile_scratch,
     check_mma,
     mma_segment,
     reduce_tiles,
-    scratch_bytes,
     uses_tensor_cores,
     zero_tiles,
 )
 
 SHARED_SPLIT = 8  # warps sharing one (gate, up) row pair's K; a CTA owns WARPS_PER_CTA / split pairs
-# The split of the shared gate_up's one-token CTAs in GEMM2's grid (experts.ExpertsGemm2OneToken): 4, two row pairs
+# The split of the shared gate_up's one-token CTAs in GEMM2's grid (gemm2_one_token.ExpertsGemm2OneToken): 4, two row pairs
 # per CTA, gives a warp 224 of a row's 896 vectors, 7 full 16-byte steps, where 8 leaves the last of 4 steps half
 # empty: the M=1 block measured 0.85 us faster than with 8 at TP8, 0.17 at TP16; 2 and 1 were slower.
 ONE_TOKEN_SHARED_SPLIT = 4
@@ -39,15 +36,15 @@ MMA_COLUMNS = MMA_ROWS // 2  # columns of a per tensor-core CTA: its gate rows, 
 
 def check_shared(inter: int, hidden: int, mt: int, split: int = SHARED_SPLIT) -> None:
     if inter < 1:
-        raise ValueError(f"SharedGateUpSitu: shared intermediate={inter} must be positive")
+        raise ValueError(f"shared gate_up: shared intermediate={inter} must be positive")
     if WARPS_PER_CTA % split:
-        raise ValueError(f"SharedGateUpSitu: split={split} must divide the CTA's {WARPS_PER_CTA} warps")
+        raise ValueError(f"shared gate_up: split={split} must divide the CTA's {WARPS_PER_CTA} warps")
     if inter % (WARPS_PER_CTA // split):
-        raise ValueError(f"SharedGateUpSitu: shared intermediate={inter} is not a multiple of "
+        raise ValueError(f"shared gate_up: shared intermediate={inter} is not a multiple of "
                          f"{WARPS_PER_CTA // split} (row pairs per CTA at split {split})")
-    check_k(hidden, split, "SharedGateUpSitu")
+    check_k(hidden, split, "shared gate_up")
     if uses_tensor_cores(mt):
-        check_mma(2 * inter, hidden, "SharedGateUpSitu")
+        check_mma(2 * inter, hidden, "shared gate_up")
 
 
 def shared_ctas(inter: int, mt: int, split: int = SHARED_SPLIT) -> int:
@@ -119,60 +116,3 @@ def mma_shared_part(
         j = idx % MMA_COLUMNS
         if idx < outputs and token < m_count:
             a[token, j0 + j] = situ_glu(scratch[0, token, j], scratch[0, token, j + MMA_COLUMNS]).to(BFloat16)
-
-
-class SharedGateUpSitu:
-    """x [M, H] bf16 (M dynamic), w13 [2*Ish, H] bf16 (gate rows then up rows) -> a [M, Ish] bf16."""
-
-    def __init__(self, inter: int, hidden: int, mt: int):
-        check_shared(inter, hidden, mt)
-        self.i, self.h, self.mt = inter, hidden, mt
-
-    @cute.jit
-    def __call__(self, x: cute.Tensor, w13: cute.Tensor, a: cute.Tensor, stream: cuda.CUstream):
-        smem = scratch_bytes(self.mt) if uses_tensor_cores(self.mt) else SCRATCH_BYTES
-        self.kernel(x, w13, a, x.shape[0]).launch(
-            grid=[shared_ctas(self.i, self.mt), 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1], smem=smem, stream=stream
-        )
-
-    @cute.kernel
-    def kernel(self, x: cute.Tensor, w13: cute.Tensor, a: cute.Tensor, m_count: Int32):
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        smem = cutlass.memory.SmemAllocator()
-        if cutlass.const_expr(uses_tensor_cores(self.mt)):
-            mma_shared_part(x, w13, a, alloc_tile_scratch(smem, self.mt), bidx, tidx, m_count, self.i, self.h, self.mt)
-        else:
-            shared_part(x, w13, a, alloc_scratch(smem), bidx, tidx // WARP, tidx % WARP, m_count, self.i, self.h,
-                        self.mt)
-
-
-def shared_gate_up_situ(x, w13, a, stream) -> None:
-    """a[M, Ish] = situ_glu(gate, up) of x[M, H] @ w13[2*Ish, H]^T; bf16 CUDA tensors, launched on `stream`."""
-    from cutlass import BFloat16
-
-    from .gemv import token_tile
-    from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
-
-    m, h = x.shape
-    inter = w13.shape[0] // 2
-    expect("x", x, (m, h), "bfloat16")
-    expect("w13", w13, (2 * inter, h), "bfloat16")
-    expect("a", a, (m, inter), "bfloat16")
-    mt = token_tile(m)
-
-    def build():
-        md = dyn()
-        args = (fake(BFloat16, (md, h)), fake(BFloat16, (2 * inter, h)), fake(BFloat16, (md, inter)), fake_stream())
-        return SharedGateUpSitu(inter, h, mt), args
-
-    fn = compile_cached(("shared_gate_up_situ", inter, h, mt), build)
-    fn(to_cute(x, True), to_cute(w13), to_cute(a, True), cu_stream(stream))
-
-
-def shared_experts(x, w13, w2, a, out, stream) -> None:
-    """Both shared experts of this rank alone: out[M, H] = situ_glu(x @ w13^T) @ w2^T (a: [M, Ish] scratch)."""
-    from .gemv import skinny_gemm
-
-    shared_gate_up_situ(x, w13, a, stream)
-    skinny_gemm(a, w2, out, stream)

@@ -53,12 +53,35 @@ def test_median_summary_takes_each_figure_s_median_over_the_replays_and_skips_mi
 
 
 
-def test_each_tp_runs_alone_with_the_parent_s_settings_and_the_front_parts_only_in_the_first():
-    args = argparse.Namespace(tp=[8, 16], batch=[1, 2], replays=50, seed=3, steps_at=[1], compare_cuda_cores=True)
-    assert bench_moe.tp_argv(args, 16, standalone=False) == [
-        "--tp", "16", "--batch", "1,2", "--replays", "50", "--seed", "3", "--steps-at", "1", "--processes", "one",
-        "--standalone-at", "0", "--compare-cuda-cores"]
-    assert bench_moe.tp_argv(args, 8, standalone=True)[-3:] == ["--standalone-at", "8", "--compare-cuda-cores"]
+def test_each_tp_runs_alone_with_the_parent_s_settings():
+    args = argparse.Namespace(tp=[8, 16], batch=[1, 2], replays=50, seed=3, steps_at=[1])
+    assert bench_moe.tp_argv(args, 16) == [
+        "--tp", "16", "--batch", "1,2", "--replays", "50", "--seed", "3", "--steps-at", "1", "--processes", "one"]
+
+
+def test_each_launch_is_charged_the_weight_bytes_it_reads(dims):
+    """The bench's floors: the front reads the router, its bias and W_down (and W_sh13 where the shared gate_up runs
+    in it), GEMM1 and GEMM2 the active experts' packed rows and scales (GEMM2 also gamma, and at one token W_sh13),
+    the finalize W_up and W_sh2."""
+    from types import SimpleNamespace
+
+    d = dims(8)
+    w = SimpleNamespace(experts=d.experts, hidden=d.hidden, latent=d.latent, intermediate=d.intermediate,
+                        shared_intermediate=d.shared_intermediate)
+    e, h, lat, i, s = d.experts, d.hidden, d.latent, d.intermediate, d.shared_intermediate
+
+    def step(kind, name):
+        return SimpleNamespace(kind=kind, name=name)
+
+    gate_up = 2 * s * h * 2
+    assert bench_moe.launch_weight_bytes(step("front", "front (router + down_proj)"), w, 16) == e * h * 2 + e * 4 + lat * h * 2
+    assert bench_moe.launch_weight_bytes(step("front", "front (router + down_proj + shared_gate_up)"), w, 16) == (
+        e * h * 2 + e * 4 + lat * h * 2 + gate_up)
+    assert bench_moe.launch_weight_bytes(step("gemm1", "experts_gemm1_held"), w, 16) == 16 * 2 * i * lat * (1 / 2 + 1 / 32)
+    two = bench_moe.launch_weight_bytes(step("gemm2", "experts_gemm2_mma (combine + norm)"), w, 2)
+    assert two == 2 * lat * i * (1 / 2 + 1 / 32) + lat * 4
+    assert bench_moe.launch_weight_bytes(step("gemm2", "experts_gemm2_one_token + shared_gate_up"), w, 2) == two + gate_up
+    assert bench_moe.launch_weight_bytes(step("finalize", "finalize_mma"), w, 2) == h * lat * 2 + h * s * 2
 
 
 def _part(tp: int, bandwidth: str, kernels: list[str], gpu: str = "NVIDIA H200"):
@@ -102,8 +125,7 @@ class _FakeChildren:
 
 
 def _per_tp_args():
-    return argparse.Namespace(tp=[8, 16], batch=[1], replays=5, seed=0, steps_at=[1], compare_cuda_cores=False,
-                              commit="abc123")
+    return argparse.Namespace(tp=[8, 16], batch=[1], replays=5, seed=0, steps_at=[1], commit="abc123")
 
 
 def test_run_per_tp_starts_one_child_per_tp_and_merges_what_they_wrote(monkeypatch):
@@ -112,7 +134,6 @@ def test_run_per_tp_starts_one_child_per_tp_and_merges_what_they_wrote(monkeypat
     evidence, kernels = bench_moe.run_per_tp(_per_tp_args())
     assert [c[c.index("--tp") + 1] for c in children.commands] == ["8", "16"]
     assert all(c[1:3] == ["-m", "benchmarks.kimi_k3.bench_moe"] and "--commit" in c for c in children.commands)
-    assert [c[c.index("--standalone-at") + 1] for c in children.commands] == ["8", "0"]
     assert evidence["commit"] == "abc123" and [r["axes"]["tp"] for r in evidence["rows"]] == [8, 8, 16, 16]
     assert [k["tp"] for k in kernels] == [8, 16]
 

@@ -14,38 +14,40 @@ import pytest
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed (the [kernels] extra)")
 pytest.importorskip("torch", reason="torch is not installed (the [kernels] extra)")
 
+import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
 from cutlass import BFloat16, Float16, Float32, Int32, Uint8  # noqa: E402
 
-from kimi_k3_path.kernels.experts import (  # noqa: E402
-    ONE_TOKEN_ROWS,
-    ExpertsGemm1Held,
-    ExpertsGemm1Situ,
-    ExpertsGemm2Combine,
-    ExpertsGemm2OneToken,
-    lanes_per_row,
-    stages_weights,
-)
-from kimi_k3_path.kernels.experts_mma import (  # noqa: E402
-    GEMM2_GROUPS_IN_FLIGHT,
-    ExpertsGemm1SituMma,
-    ExpertsGemm2CombineMma,
-)
 from benchmarks.kimi_k3.bench_moe import H200_SMS  # noqa: E402
-from kimi_k3_path.kernels.finalize import (  # noqa: E402
-    SIMT_MIN_CTAS_PER_SM,
+from benchmarks.kimi_k3.stream import ReadStream  # noqa: E402
+from kimi_k3_path.kernels.finalize_mma import Finalize  # noqa: E402
+from kimi_k3_path.kernels.finalize_streamed import (  # noqa: E402
     STREAMED_CTAS_PER_SM,
     STREAMED_STAGES,
-    Finalize,
     FinalizeStreamed,
     streamed_ctas,
 )
-from kimi_k3_path.kernels.gemv import WARPS_PER_CTA, SkinnyGemm, token_tile  # noqa: E402
-from kimi_k3_path.kernels.moe import FRONT_DOWN_SPLIT, ONE_TOKEN_GEMM1_CTAS_PER_SM, FrontKernel  # noqa: E402
-from kimi_k3_path.kernels.router import MAX_TOKENS, RouterTopK, router_sync_words  # noqa: E402
+from kimi_k3_path.kernels.fp4_mma import GEMM2_GROUPS_IN_FLIGHT  # noqa: E402
+from kimi_k3_path.kernels.front import FRONT_DOWN_SPLIT, FrontKernel  # noqa: E402
+from kimi_k3_path.kernels.gemm1_held import ONE_TOKEN_CTAS_PER_SM, ExpertsGemm1Held  # noqa: E402
+from kimi_k3_path.kernels.gemm1_mma import ExpertsGemm1SituMma  # noqa: E402
+from kimi_k3_path.kernels.gemm2_mma import ExpertsGemm2CombineMma  # noqa: E402
+from kimi_k3_path.kernels.gemm2_one_token import ONE_TOKEN_ROWS, ExpertsGemm2OneToken  # noqa: E402
+from kimi_k3_path.kernels.common import DEFAULT_WEIGHT_LOAD  # noqa: E402
+from kimi_k3_path.kernels.gemv import WARPS_PER_CTA, alloc_scratch, gemv_part, token_tile  # noqa: E402
+from kimi_k3_path.kernels.router import (  # noqa: E402
+    ExpertPlan,
+    RouterOutputs,
+    RouterShape,
+    alloc_router_smem,
+    check_router,
+    fake_plan,
+    router_part,
+    router_smem_bytes,
+    router_sync_words,
+)
 from kimi_k3_path.kernels.runtime import dyn, fake, fake_stream  # noqa: E402
-from kimi_k3_path.kernels.shared import ONE_TOKEN_SHARED_SPLIT, SharedGateUpSitu  # noqa: E402
-from benchmarks.kimi_k3.stream import ReadStream  # noqa: E402
+from kimi_k3_path.kernels.shared import ONE_TOKEN_SHARED_SPLIT, check_shared  # noqa: E402
 
 
 SM_REGISTERS = 65536  # per SM on the H200 (sm_90)
@@ -61,28 +63,7 @@ def _compiles(op, *args) -> None:
 
 
 def _plan(e: int):
-    return (fake(Int32, (1,)), fake(Int32, (e,)), fake(Int32, (e,)), fake(Int32, (e, MAX_TOKENS)))
-
-
-def test_router_compiles(dims):
-    d = dims(8)
-    m = dyn()
-    _compiles(
-        RouterTopK(d.experts, d.hidden, d.top_k, d.routed_scaling_factor, 8),
-        fake(BFloat16, (m, d.hidden)), fake(BFloat16, (d.experts, d.hidden)), fake(Float32, (d.experts,)),
-        fake(Float32, (m, d.experts)), fake(Int32, (router_sync_words(d.experts),)), fake(Int32, (m, d.top_k)),
-        fake(Float32, (m, d.top_k)), *_plan(d.experts), fake_stream(),
-    )
-
-
-@pytest.mark.parametrize("mt", [1, 8, 16, 64])
-def test_down_projection_compiles(mt, dims):
-    d = dims(8)
-    m = dyn()
-    _compiles(
-        SkinnyGemm(d.latent, d.hidden, mt),
-        fake(BFloat16, (m, d.hidden)), fake(BFloat16, (d.latent, d.hidden)), fake(BFloat16, (m, d.latent)), fake_stream(),
-    )
+    return fake_plan(e)
 
 
 def _gemm1_args(d):
@@ -95,7 +76,7 @@ def _gemm1_args(d):
 def _finalize_args(d):
     m, h, lat, s = dyn(), d.hidden, d.latent, d.shared_intermediate
     return (fake(BFloat16, (m, lat)), fake(BFloat16, (h, lat)), fake(BFloat16, (m, s)), fake(BFloat16, (h, s)),
-            fake(Float32, (dyn(),)), fake(BFloat16, (m, h)), fake_stream())
+            fake(BFloat16, (m, h)), fake_stream())
 
 
 def _gemm2_args(d):
@@ -106,13 +87,11 @@ def _gemm2_args(d):
             fake(BFloat16, (m, lat)), fake_stream())
 
 
-@pytest.mark.parametrize("tensor_cores", [False, True])
 @pytest.mark.parametrize("tp", [8, 16])
-def test_experts_compile(tp, tensor_cores, dims):
+def test_tensor_core_experts_compile(tp, dims):
     d = dims(tp)
-    gemm1, gemm2 = (ExpertsGemm1SituMma, ExpertsGemm2CombineMma) if tensor_cores else (ExpertsGemm1Situ, ExpertsGemm2Combine)
-    _compiles(gemm1(d.experts, d.latent, d.intermediate, d.top_k), *_gemm1_args(d))
-    _compiles(gemm2(d.experts, d.latent, d.intermediate, d.top_k, d.eps), *_gemm2_args(d))
+    _compiles(ExpertsGemm1SituMma(d.experts, d.latent, d.intermediate, d.top_k), *_gemm1_args(d))
+    _compiles(ExpertsGemm2CombineMma(d.experts, d.latent, d.intermediate, d.top_k, d.eps), *_gemm2_args(d))
 
 
 def _cuobjdump() -> str:
@@ -153,121 +132,75 @@ def _registers(op, args, dump_dir: Path) -> int:
     return int(re.search(r"REG:(\d+)", _cubin_dump(op, args, dump_dir, "-res-usage")).group(1))
 
 
-@pytest.mark.parametrize("staged", [True, False])
 @pytest.mark.parametrize("gemm", ["gemm1", "gemm2"])
 @pytest.mark.parametrize("tp", [8, 16])
-def test_expert_weight_loads_and_activations_of_a_batch_precede_its_first_mma(tp, gemm, staged, dims, tmp_path):
-    """ptxas sinks each load next to its first use unless common.after_all_loads pins the batch (v8): without it only
-    group 0's loads preceded the first HMMA, one round trip per group. Direct (one token): all of a batch's weight
-    words (LDG...NA, ld.global.nc.L1::no_allocate) come first; GEMM2 at TP16 holds all of them (v11): every group's.
-    Staged (v9): the CTA's weight rows arrive by bulk copies (UBLKCP), no weight word is loaded from global memory,
-    and all of a batch's 16-byte activation loads come first."""
+def test_expert_weight_loads_and_activations_of_a_batch_precede_its_first_mma(tp, gemm, dims, tmp_path):
+    """The CTA's weight rows arrive by bulk copies (UBLKCP), no weight word is loaded from global memory, and all of a
+    batch's 16-byte activation loads come before its first HMMA: ptxas sinks each load next to its first use unless
+    common.after_all_loads pins the batch (without it, one round trip per group)."""
     d = dims(tp)
     if gemm == "gemm1":
-        op, args = ExpertsGemm1SituMma(d.experts, d.latent, d.intermediate, d.top_k, staged), _gemm1_args(d)
+        op, args = ExpertsGemm1SituMma(d.experts, d.latent, d.intermediate, d.top_k), _gemm1_args(d)
     else:
-        op, args = ExpertsGemm2CombineMma(d.experts, d.latent, d.intermediate, d.top_k, d.eps, staged), _gemm2_args(d)
+        op, args = ExpertsGemm2CombineMma(d.experts, d.latent, d.intermediate, d.top_k, d.eps), _gemm2_args(d)
     lines = _sass(op, args, tmp_path)
     first_mma = next(n for n, line in enumerate(lines) if "HMMA" in line)
-    if staged:
-        assert any("UBLKCP" in line for line in lines)
-        assert not any("LDG.E.NA" in line for line in lines)
-        assert sum("LDG.E.128" in line for line in lines[:first_mma]) == op.in_flight
-    else:
-        assert not any("UBLKCP" in line for line in lines)
-        early = sum("LDG.E.NA" in line for line in lines[:first_mma])
-        if gemm == "gemm2" and op.holds_weights:  # every weight word of rows g and g + 8
-            assert early == sum("LDG.E.NA" in line for line in lines) >= 2 * d.intermediate // 32
-        else:
-            assert early == 2 * op.in_flight  # rows g and g + 8
+    assert any("UBLKCP" in line for line in lines)
+    assert not any("LDG.E.NA" in line for line in lines)
+    assert sum("LDG.E.128" in line for line in lines[:first_mma]) == op.in_flight
 
 
-@pytest.mark.parametrize("staged", [True, False])
 @pytest.mark.parametrize("tp", [8, 16])
-def test_early_gemm2_reads_gemm1_results_only_after_it_waits(tp, staged, dims, tmp_path):
-    """GEMM2 launched early (v10): staged, its weight copies (UBLKCP) are issued before griddepcontrol.wait (ACQBULK),
-    direct and holding its weights (TP16), every weight word (v11); every activation load (a, GEMM1's output) comes after the wait and none takes the
-    read-only path (.CONSTANT), which is undefined for data GEMM1 may still be writing; GEMM1 lets it start (PREEXIT)
-    before any load of its own."""
+def test_early_gemm2_reads_gemm1_results_only_after_it_waits(tp, dims, tmp_path):
+    """GEMM2 launched early: its weight copies (UBLKCP) are issued before griddepcontrol.wait (ACQBULK); every
+    activation load (a, GEMM1's output) comes after the wait and none takes the read-only path (.CONSTANT), which is
+    undefined for data GEMM1 may still be writing; GEMM1 lets it start (PREEXIT) before any load of its own."""
     d = dims(tp)
-    op = ExpertsGemm2CombineMma(d.experts, d.latent, d.intermediate, d.top_k, d.eps, staged)
+    op = ExpertsGemm2CombineMma(d.experts, d.latent, d.intermediate, d.top_k, d.eps)
     gemm2 = _sass(op, _gemm2_args(d), tmp_path / "gemm2")
     wait = next(n for n, line in enumerate(gemm2) if "ACQBULK" in line)
     copies = [n for n, line in enumerate(gemm2) if "UBLKCP" in line]
     activations = [n for n, line in enumerate(gemm2) if "LDG.E.128" in line]
-    assert bool(copies) == staged and all(n < wait for n in copies)
-    weight_words = [n for n, line in enumerate(gemm2) if "LDG.E.NA" in line]
-    assert (not weight_words) == staged
-    if op.holds_weights:
-        assert len(weight_words) >= 2 * d.intermediate // 32 and all(n < wait for n in weight_words)
+    assert copies and all(n < wait for n in copies)
+    assert not any("LDG.E.NA" in line for line in gemm2)
     assert activations and min(activations) > wait
     assert not any("CONSTANT" in gemm2[n] for n in activations)
-    gemm1 = _sass(ExpertsGemm1SituMma(d.experts, d.latent, d.intermediate, d.top_k, staged), _gemm1_args(d),
+    gemm1 = _sass(ExpertsGemm1SituMma(d.experts, d.latent, d.intermediate, d.top_k), _gemm1_args(d),
                   tmp_path / "gemm1")
     trigger = next(n for n, line in enumerate(gemm1) if "PREEXIT" in line)
     assert trigger < next(n for n, line in enumerate(gemm1) if "LDG" in line)
 
 
-@pytest.mark.parametrize("staged", [True, False])
 @pytest.mark.parametrize("tp", [8, 16])
-def test_gemm2_keeps_two_ctas_per_sm(tp, staged, dims, tmp_path):
+def test_gemm2_keeps_two_ctas_per_sm(tp, dims, tmp_path):
     """GEMM2's register count (cuobjdump -res-usage) leaves room for 2 CTAs of 256 threads per SM (<= 128): a
-    rewrite of the norm tail with a loop from the CTA's first token in steps of the tail size took the direct
-    variant at TP16 to 140 (1 CTA per SM, 3.4 waves at one token instead of 1.7)."""
+    rewrite of the norm tail with a loop from the CTA's first token in steps of the tail size once took a GEMM2 form
+    to 140 (1 CTA per SM)."""
     d = dims(tp)
-    op = ExpertsGemm2CombineMma(d.experts, d.latent, d.intermediate, d.top_k, d.eps, staged)
+    op = ExpertsGemm2CombineMma(d.experts, d.latent, d.intermediate, d.top_k, d.eps)
     registers = _registers(op, _gemm2_args(d), tmp_path)
     assert registers * CTA_THREADS * 2 <= SM_REGISTERS, f"{registers} registers per thread"
 
 
-@pytest.mark.parametrize("tp", [8, 16])
-def test_gemm2_holding_its_weights_keeps_four_ctas_per_sm(tp, dims, tmp_path):
-    """One token (v11): the lanes hold every weight word and scale across the wait (by default at TP16 only, forced
-    here at TP8 too); with the token tile in shared memory and two groups' reads in flight GEMM2 stays at <= 64
-    registers, so its 448 CTAs fit in one wave (4 per SM); reads of all groups at once took 128 at TP8."""
-    d = dims(tp)
-    assert ExpertsGemm2CombineMma(d.experts, d.latent, d.intermediate, d.top_k, d.eps, staged=False).holds_weights \
-        == (tp == 16)
-    op = ExpertsGemm2CombineMma(d.experts, d.latent, d.intermediate, d.top_k, d.eps, staged=False, hold_weights=True)
-    assert op.holds_weights
-    registers = _registers(op, _gemm2_args(d), tmp_path)
-    assert registers * CTA_THREADS * 4 <= SM_REGISTERS, f"{registers} registers per thread"
-
-
-def test_gemm2_batches_staged_equal_of_at_most_4_groups_direct_a_short_row_in_one():
+def test_gemm2_batches_its_groups_equally_at_most_4_at_a_time():
     assert ExpertsGemm2CombineMma(896, 3584, 384, 16, 1e-5).in_flight == GEMM2_GROUPS_IN_FLIGHT  # 12 groups: 3 x 4
     assert ExpertsGemm2CombineMma(896, 3584, 192, 16, 1e-5).in_flight == 3  # TP16: 6 groups as 3 + 3, not 4 + 2
-    assert ExpertsGemm2CombineMma(896, 3584, 384, 16, 1e-5, staged=False).in_flight == GEMM2_GROUPS_IN_FLIGHT
-    assert ExpertsGemm2CombineMma(896, 3584, 192, 16, 1e-5, staged=False).in_flight == 6  # one batch
 
 
-def test_one_token_loads_expert_weights_directly_more_tokens_stage_them():
-    assert [stages_weights(m) for m in (1, 2, 64)] == [False, True, True]
-
-
-@pytest.mark.parametrize("mt", [2, 32])
+@pytest.mark.parametrize("mt", [16, 32, 64])
 @pytest.mark.parametrize("tp", [8, 16])
-def test_shared_and_finalize_compile(tp, mt, dims):
+def test_tensor_core_finalize_compiles(tp, mt, dims):
     d = dims(tp)
-    m = dyn()
-    h, lat, s = d.hidden, d.latent, d.shared_intermediate
-    _compiles(
-        SharedGateUpSitu(s, h, mt),
-        fake(BFloat16, (m, h)), fake(BFloat16, (2 * s, h)), fake(BFloat16, (m, s)), fake_stream(),
-    )
-    _compiles(Finalize(h, lat, s, mt), *_finalize_args(d))
+    _compiles(Finalize(d.hidden, d.latent, d.shared_intermediate, mt), *_finalize_args(d))
 
 
-@pytest.mark.parametrize(("mt", "hold", "rms_parts"), [(1, False, 0), (1, True, 0), (1, True, 448), (16, False, 0)])
 @pytest.mark.parametrize("tp", [8, 16])
-def test_early_finalize_reads_activations_only_after_it_waits(tp, mt, hold, rms_parts, dims, tmp_path):
-    """The finalize launched early (v11; GEMM2 lets it start, PREEXIT): every activation load (normed, a_sh: no
-    L1::no_allocate hint, unlike the weights) comes after griddepcontrol.wait (ACQBULK) and none takes the read-only
-    path (.CONSTANT), undefined for data written while the launch runs. Holding its weights (v14), every weight load
-    comes before the wait, all of a lane's at once (no activation load or math between them); otherwise none does."""
+def test_early_finalize_reads_everything_only_after_it_waits(tp, dims, tmp_path):
+    """The finalize launched early (GEMM2 lets it start, PREEXIT): every load, weights (L1::no_allocate) and
+    activations (normed, a_sh), comes after griddepcontrol.wait (ACQBULK), and no activation load takes the read-only
+    path (.CONSTANT), undefined for data written while the launch runs."""
     d = dims(tp)
-    h, lat, s = d.hidden, d.latent, d.shared_intermediate
-    op = Finalize(h, lat, s, mt, early=True, hold_weights=hold, rms_parts=rms_parts, eps=d.eps)
+    op = Finalize(d.hidden, d.latent, d.shared_intermediate, 16)
     lines = _sass(op, _finalize_args(d), tmp_path / "finalize")
     wait = next(n for n, line in enumerate(lines) if "ACQBULK" in line)
     loads = [n for n, line in enumerate(lines) if "LDG" in line]
@@ -275,62 +208,62 @@ def test_early_finalize_reads_activations_only_after_it_waits(tp, mt, hold, rms_
     activations = [n for n in loads if ".NA" not in lines[n]]
     assert activations and min(activations) > wait
     assert not any("CONSTANT" in lines[n] for n in activations)
-    if hold:
-        lat_vec, sh_vec = lat // 8 // 4, s // 8 // 4  # FINALIZE_SPLIT = 4 warps per row
-        assert len(weights) == -(-lat_vec // 32) + -(-sh_vec // 32)
-        assert max(weights) < wait
-    else:
-        assert weights and min(weights) > wait
-    gemm2 = _sass(ExpertsGemm2CombineMma(d.experts, d.latent, d.intermediate, d.top_k, d.eps, False,
-                                         early_finalize=True), _gemm2_args(d), tmp_path / "gemm2")
+    assert weights and min(weights) > wait
+    gemm2 = _sass(ExpertsGemm2CombineMma(d.experts, d.latent, d.intermediate, d.top_k, d.eps), _gemm2_args(d),
+                  tmp_path / "gemm2")
     assert next(n for n, line in enumerate(gemm2) if "PREEXIT" in line) < next(
         n for n, line in enumerate(gemm2) if "LDG" in line)
 
 
-@pytest.mark.parametrize("kernel", ["router", "down_projection", "shared_gate_up"])
-def test_one_token_gemv_weight_loads_all_precede_the_first_fma(kernel, dims, tmp_path):
-    """gemv.dot_slice pins a lane's weight loads (LDG...NA) ahead of its first FMA (v14): before, ptxas issued 3 of the
-    shared gate_up's 8 ahead and sank the rest next to their uses, a DRAM round trip each. One token: the router's 7
-    steps of one row (a row over 4 warps since v18c), the down-projection's 7, the shared experts' 4 of two rows.
-    And the words stay packed until their FMAs, in 64 registers or fewer (4 CTAs of 256 threads per SM): before v40,
-    LLVM hoisted the loads out of the one-pass tile loop with their bf16 -> fp32 conversions, two registers per word
-    held across it (the router 109 registers, the down-projection 94, the shared gate_up 78)."""
+class _FrontPart:
+    """One of the one-token front's device functions alone in a kernel of its own (router.router_part over the router
+    CTAs, or gemv.gemv_part over the down-projection's): the front runs both in one grid, where their SASS mixes."""
+
+    def __init__(self, d, part: str):
+        self.d, self.part = d, part
+        self.router = RouterShape(d.experts, d.hidden, d.top_k, d.routed_scaling_factor, 1)
+
+    def ctas(self) -> int:
+        return self.router.ctas if self.part == "router" else self.d.latent // (WARPS_PER_CTA // FRONT_DOWN_SPLIT)
+
+    @cute.jit
+    def __call__(self, x, w_router, bias, logits, sync, ids, weights, n_active, slot_expert, slot_count,
+                 slot_pairs, w_down, x_lat, w_sh13, a_sh, stream):
+        self.kernel(x, w_router, bias, logits, sync, ids, weights, n_active, slot_expert, slot_count, slot_pairs,
+                    w_down, x_lat, x.shape[0]).launch(
+            grid=[self.ctas(), 1, 1], block=[CTA_THREADS, 1, 1],
+            smem=router_smem_bytes(self.d.experts, self.d.top_k, one_token=True), stream=stream)
+
+    @cute.kernel
+    def kernel(self, x, w_router, bias, logits, sync, ids, weights, n_active, slot_expert, slot_count, slot_pairs,
+               w_down, x_lat, m_count: Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        smem = cutlass.memory.SmemAllocator()
+        state = alloc_router_smem(smem, self.d.experts, self.d.top_k, one_token=True)
+        scratch = alloc_scratch(smem)
+        if cutlass.const_expr(self.part == "router"):
+            router_part(x, w_router, bias, RouterOutputs(logits, sync, ids, weights),
+                        ExpertPlan(n_active, slot_expert, slot_count, slot_pairs), state, scratch, None, bidx, tidx,
+                        m_count, self.router)
+        else:
+            gemv_part(x, w_down, x_lat, scratch, bidx, tidx // 32, tidx % 32, m_count, self.d.hidden,
+                      FRONT_DOWN_SPLIT, 1, DEFAULT_WEIGHT_LOAD)
+
+
+@pytest.mark.parametrize(("part", "loads"), [("router", 7), ("down_projection", 7)])
+def test_one_token_front_weight_loads_all_precede_the_first_fma(part, loads, dims, tmp_path):
+    """gemv.dot_slice pins a lane's weight loads (LDG...NA) ahead of its first FMA: ptxas had issued a few ahead and
+    sunk the rest next to their uses, a DRAM round trip each. One token: the router's 7 steps of one row (a row over
+    4 warps), the down-projection's 7. And the words stay packed until their FMAs, in 64 registers or fewer (4 CTAs
+    of 256 threads per SM): LLVM had hoisted the loads out of the one-pass tile loop with their bf16 -> fp32
+    conversions, two registers per word held across it (the router 109 registers, the down-projection 94)."""
     d = dims(8)
-    m = dyn()
-    h, lat, s, e = d.hidden, d.latent, d.shared_intermediate, d.experts
-    op, args, loads = {
-        "router": (RouterTopK(e, h, d.top_k, d.routed_scaling_factor, 1),
-                   (fake(BFloat16, (m, h)), fake(BFloat16, (e, h)), fake(Float32, (e,)), fake(Float32, (m, e)),
-                    fake(Int32, (router_sync_words(e),)), fake(Int32, (m, d.top_k)), fake(Float32, (m, d.top_k)),
-                    *_plan(e), fake_stream()), 7),
-        "down_projection": (SkinnyGemm(lat, h, 1, split=FRONT_DOWN_SPLIT),
-                            (fake(BFloat16, (m, h)), fake(BFloat16, (lat, h)), fake(BFloat16, (m, lat)), fake_stream()),
-                            7),
-        "shared_gate_up": (SharedGateUpSitu(s, h, 1),
-                           (fake(BFloat16, (m, h)), fake(BFloat16, (2 * s, h)), fake(BFloat16, (m, s)), fake_stream()),
-                           8),
-    }[kernel]
+    op, args = _FrontPart(d, part), _front_args(d)
     lines = _sass(op, args, tmp_path / "sass")
     first_fma = next(n for n, line in enumerate(lines) if "FFMA" in line)
     assert sum(1 for line in lines[:first_fma] if "LDG" in line and ".NA" in line) == loads
     assert _registers(op, args, tmp_path / "res") <= SM_REGISTERS // (4 * CTA_THREADS)
-
-
-@pytest.mark.parametrize("rms_parts", [0, 448])
-@pytest.mark.parametrize("hold", [False, True])
-@pytest.mark.parametrize("tp", [8, 16])
-def test_cuda_core_finalize_fits_its_ctas_per_sm(tp, hold, rms_parts, dims, tmp_path):
-    """The one-token finalize is bounded to SIMT_MIN_CTAS_PER_SM CTAs of 256 threads per SM (nvvm.minctasm; v14):
-    its registers fit them, with at most a few words spilled (ptxas -maxrregcount is ignored next to the launch
-    bound .reqntid that the DSL emits, so the bound is the only cap); also in the block's one-token form, which
-    scales the W_up term by the RMS from GEMM2's partial sums (v16)."""
-    d = dims(tp)
-    op = Finalize(d.hidden, d.latent, d.shared_intermediate, 1, early=True, hold_weights=hold, rms_parts=rms_parts,
-                  eps=d.eps)
-    usage = _cubin_dump(op, _finalize_args(d), tmp_path, "-res-usage")
-    registers, stack = (int(re.search(rf"{what}:(\d+)", usage).group(1)) for what in ("REG", "STACK"))
-    assert registers * CTA_THREADS * SIMT_MIN_CTAS_PER_SM <= SM_REGISTERS, f"{registers} registers per thread"
-    assert stack <= 16, f"{stack} bytes of stack (spills)"
 
 
 def _streamed_finalize(d, trace_addr: int = 0) -> FinalizeStreamed:
@@ -411,13 +344,6 @@ def test_front_router_on_tensor_cores_needs_their_token_tile(dims):
         _front(dims(8), 8, router_mma=True)
 
 
-def test_front_router_runs_on_tensor_cores_from_16_tokens():
-    from kimi_k3_path.kernels.moe import router_on_tensor_cores
-
-    assert [m for m in range(1, 65) if router_on_tensor_cores(m)] == list(range(16, 65))
-    assert not any(router_on_tensor_cores(m, tensor_cores=False) for m in range(1, 65))
-
-
 @pytest.mark.parametrize("mt", [16, 64])
 def test_front_router_on_tensor_cores_takes_one_cta_per_16_experts(mt, dims):
     """The router's logits CTAs come first in the front's grid: one per expert or per two on the CUDA cores
@@ -470,28 +396,20 @@ def test_token_tile_covers_every_batch():
     assert [token_tile(m, tensor_cores=False) for m in batches] == [1, 2, 4, 4, 8, 8, 8, 8, 8, 8, 8, 8]
 
 
-def test_lanes_per_row_divides_the_groups():
-    assert lanes_per_row(384 // 32) == 4  # TP8: 12 groups of 32 per w2 row
-    assert lanes_per_row(192 // 32) == 2  # TP16: 6 groups
-
-
 @pytest.mark.parametrize(
     "build, message",
     [
-        (lambda: SkinnyGemm(3584, 7176, 1, split=8), "not a multiple of 64 \\(16-byte loads, 8-way split"),
-        (lambda: SkinnyGemm(3583, 7168, 1, split=4), "N=3583 is not a multiple of 2"),
-        (lambda: RouterTopK(896, 7168, 33, 1.0, 1), "top_k=33"),
-        (lambda: RouterTopK(928, 7168, 16, 1.0, 1), "experts=928 is not a multiple of 64"),
-        (lambda: ExpertsGemm1Situ(896, 3000, 384, 16), "latent=3000"),
-        (lambda: ExpertsGemm2Combine(896, 3584, 100, 16, 1e-5), "intermediate=100"),
-        (lambda: Finalize(7168, 3584, 100, 1), "K=100"),
-        (lambda: SkinnyGemm(3592, 7168, 16), "3592 rows is not a multiple of 16"),
+        (lambda: check_shared(768, 7176, 1), "not a multiple of 64 \\(16-byte loads, 8-way split"),
+        (lambda: FrontKernel(896, 7168, 3583, 768, 16, 1.0, 1, 1), "latent=3583 is not a multiple of 2"),
+        (lambda: check_router(896, 7168, 33), "top_k=33"),
+        (lambda: check_router(928, 7168, 16), "experts=928 is not a multiple of 64"),
+        (lambda: ExpertsGemm2CombineMma(896, 3584, 100, 16, 1e-5), "intermediate=100"),
+        (lambda: Finalize(7168, 3584, 100, 16), "K=100"),
+        (lambda: Finalize(7168, 3584, 768, 1), "token tile 1 is not a tensor-core tile"),
+        (lambda: FrontKernel(896, 7168, 3592, 768, 16, 1.0, 16, 8), "3592 rows is not a multiple of 16"),
         (lambda: ExpertsGemm1SituMma(896, 3584, 80, 16), "intermediate=80 is not a multiple of 32"),
         (lambda: ExpertsGemm1SituMma(896, 3200, 384, 16), "latent=3200 is not a multiple of 256"),
         (lambda: Finalize(7168, 3584, 48, 64), "K=48 is not a multiple of 32"),
-        (lambda: Finalize(7168, 3584, 768, 1, hold_weights=True), "hold_weights needs early=True"),
-        (lambda: Finalize(7168, 3584, 768, 16, early=True, hold_weights=True), "the CUDA-core path"),
-        (lambda: Finalize(7168, 3584, 768, 2, rms_parts=448), "needs token tile 1"),
         (lambda: ExpertsGemm2OneToken(896, 3584, 384, 8), "top_k=8 must be 16"),
         (lambda: ExpertsGemm2OneToken(896, 3584, 100, 16), "intermediate=100"),
         (lambda: ExpertsGemm2OneToken(896, 3584, 384, 16, 768, 7168, shared_split=3), "split=3 must divide"),
@@ -513,17 +431,17 @@ def test_unsupported_shapes_are_rejected_with_the_reason(build, message):
 def test_host_checks_name_the_bad_argument():
     import torch
 
-    from kimi_k3_path.kernels.gemv import skinny_gemm
+    from kimi_k3_path.kernels.finalize_mma import finalize_mma
 
-    x = torch.zeros(2, 256, dtype=torch.bfloat16)
-    w = torch.zeros(8, 256, dtype=torch.bfloat16)
-    out = torch.zeros(2, 8, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="x: expected dtype bfloat16, got torch.float32"):
-        skinny_gemm(x.float(), w, out, stream=None)
-    with pytest.raises(ValueError, match="x: must be a CUDA tensor"):
-        skinny_gemm(x, w, out, stream=None)
-    with pytest.raises(ValueError, match="split=3"):
-        skinny_gemm(x, w, out, stream=None, split=3)
+    normed = torch.zeros(2, 256, dtype=torch.bfloat16)
+    w_up = torch.zeros(32, 256, dtype=torch.bfloat16)
+    a_sh = torch.zeros(2, 64, dtype=torch.bfloat16)
+    w_sh2 = torch.zeros(32, 64, dtype=torch.bfloat16)
+    out = torch.zeros(2, 32, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="normed: expected dtype bfloat16, got torch.float32"):
+        finalize_mma(normed.float(), w_up, a_sh, w_sh2, out, stream=None)
+    with pytest.raises(ValueError, match="normed: must be a CUDA tensor"):
+        finalize_mma(normed, w_up, a_sh, w_sh2, out, stream=None)
 
 
 def test_front_keeps_one_chunk_in_flight_only_with_its_router_on_the_tensor_cores_at_16_tokens(dims):
@@ -722,7 +640,7 @@ def test_held_gemm1_has_every_load_in_flight_before_its_first_store(tp, one_toke
     # v32a: the copy and its barrier wait for x_lat only; no weight register is read before the barrier
     barrier = next(n for n, line in enumerate(lines) if "BAR.SYNC" in line)
     assert first_store < barrier and not _reads_before(lines, weights + scales, barrier)
-    ctas_per_sm = ONE_TOKEN_GEMM1_CTAS_PER_SM if one_token else 3  # moe.gate_up_first counts on the former
+    ctas_per_sm = ONE_TOKEN_CTAS_PER_SM if one_token else 3  # dispatch's shared_gate_up_first counts on the former
     assert _registers(op, _held_gemm1_args(d), tmp_path / "res") <= SM_REGISTERS // (ctas_per_sm * CTA_THREADS)
 
 
@@ -730,7 +648,8 @@ TRACE_ADDR = 1 << 20  # any nonzero address: the traced kernels are compiled, ne
 
 
 def _one_token_launches(d, trace_addr: int) -> dict:
-    """The one-token block's four kernels as moe.decode_steps builds them, with their fake arguments."""
+    """The one-token block's four kernels as moe.decode_steps builds them (the TP8 forms), with their fake
+    arguments."""
     h, s = d.hidden, d.shared_intermediate
     gemm2_args = (*_one_token_gemm2_args(d)[:-4], fake(BFloat16, (1, h)), fake(BFloat16, (2 * s, h)),
                   fake(BFloat16, (1, s)), fake_stream())

@@ -1,6 +1,6 @@
 """GPU correctness of every latent-MoE kernel and of `latent_moe_decode` against the fp32 references, at the
-TP8 and TP16 per-rank shapes and M = 1, 7, 16, 33, 64 (CUDA cores up to 4 tokens, tensor cores above; 33 leaves
-most of its last 8-token tile empty): fresh random inputs each run (seed printed), outputs poisoned
+TP8 and TP16 per-rank shapes and M = 1, 7, 16, 33, 64, each launch in the form kernels/dispatch.py gives the batch
+(33 leaves most of its last 8-token tile empty): fresh random inputs each run (seed printed), outputs poisoned
 with NaN before each launch, routing where every token picks the same experts, exact ties, NaN logits.
 Relative error bound for bf16 outputs: 1e-2 (see kimi_k3_path.reference.rel_err)."""
 
@@ -15,10 +15,11 @@ pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed (the 
 
 pytestmark = pytest.mark.gpu
 
-from kimi_k3_path.reference import latent_moe, rel_err, rms_norm, route, routed_experts, shared_experts  # noqa: E402
+from kimi_k3_path.reference import latent_moe, rel_err, rms_norm, route, routed_experts  # noqa: E402
 
 TOL = 1e-2
 BATCHES = [1, 7, 16, 33, 64]
+MULTI_TOKEN = [2, 7, 16, 33, 64]  # the forms of 2 tokens and more
 KEY_TIE = 1e-5  # fp32 logits from two summation orders differ by ~1e-7; closer keys may legitimately swap
 
 
@@ -50,17 +51,22 @@ def stream():
 
 
 def run_router(x, kw, ws):
-    from kimi_k3_path.kernels.router import router_topk
+    """The block's front (router, down-projection and from 2 tokens the shared gate_up) in the form the dispatch
+    table gives this batch; its ids, weights and plan (x_lat and a_sh stay in the workspace)."""
+    from kimi_k3_path.kernels.front import front
+    from kimi_k3_path.kernels.moe import forms_for
 
     m = x.shape[0]
-    ids = torch.full((m, kw.top_k), -1, device="cuda", dtype=torch.int32)
-    wts = poisoned(m, kw.top_k, dtype=torch.float32)
+    forms = forms_for(kw, m)
+    ws.ids.fill_(-1)
+    ws.weights.fill_(float("nan"))
+    for t in (ws.x_lat, ws.a_sh):
+        t.fill_(float("nan"))
     for t in ws.plan:
         t.fill_(-1)
-    router_topk(x, kw.router, kw.router_bias, kw.top_k, kw.routed_scaling_factor, ws.logits, ws.router_sync, ids,
-                wts, ws.plan, stream())
+    front(x, kw, ws, m, stream(), router_mma=forms.router_on_tensor_cores, shared=not forms.one_token)
     torch.cuda.synchronize()
-    return ids, wts
+    return ws.ids[:m], ws.weights[:m]
 
 
 def assert_router_state_left_for_the_next_launch(ws):
@@ -98,58 +104,26 @@ def assert_plan_matches(ids, ws, m):
         assert slot_pairs[s, : len(pairs)].tolist() == pairs
 
 
-@pytest.mark.parametrize("m", BATCHES)
-def test_skinny_gemm_and_sharded_down_projection(m, gen, dims):
-    from kimi_k3_path.kernels.gemv import down_proj_sharded, skinny_gemm
-
-    d = dims(8)
-    x = torch.randn(m, d.hidden, generator=gen, device="cuda").to(torch.bfloat16)
-    w = (torch.randn(d.latent, d.hidden, generator=gen, device="cuda") / d.hidden**0.5).to(torch.bfloat16)
-    ref = x.float() @ w.float().T
-    out = poisoned(m, d.latent, dtype=torch.bfloat16)
-    skinny_gemm(x, w, out, stream())
-    torch.cuda.synchronize()
-    assert rel_err(out, ref) < TOL
-    tp, rank = 8, 3
-    cols = d.latent // tp
-    shard = poisoned(m, cols, dtype=torch.bfloat16)
-    down_proj_sharded(x, w, shard, rank, tp, stream())
-    torch.cuda.synchronize()
-    assert rel_err(shard, ref[:, rank * cols : (rank + 1) * cols]) < TOL
-
-
-def run_front_router(x, kw, ws):
-    """The front with its router logits on the tensor cores (from 2 tokens); its ids, weights and plan."""
-    from kimi_k3_path.kernels.moe import front
-
-    m = x.shape[0]
-    ws.ids.fill_(-1)
-    ws.weights.fill_(float("nan"))
-    for t in ws.plan:
-        t.fill_(-1)
-    front(x, kw, ws, m, stream(), router_mma=True)
-    torch.cuda.synchronize()
-    return ws.ids[:m], ws.weights[:m]
-
-
-@pytest.mark.parametrize("m", BATCHES)
-def test_router_matches_reference(m, gen, dims):
-    check_router(m, gen, dims, run_router)
-
-
 @pytest.mark.parametrize("tp", [8, 16])
-@pytest.mark.parametrize("m", [2, *BATCHES[1:]])
-def test_front_router_on_tensor_cores_matches_reference(tp, m, gen, dims):
-    """The front's router with its logits on the tensor cores (one CTA per 16 experts, v15c): the same selection,
-    weights (within 1e-5 of the fp32 reference's renormalized sigmoid scores) and plan as the standalone router is
-    held to."""
-    check_router(m, gen, dims, run_front_router, tp)
+@pytest.mark.parametrize("m", [1, 2, 7, 15, 16, 33, 64])
+def test_front_matches_reference(tp, m, gen, dims):
+    """The front as the block runs it (the router's logits on the tensor cores from 16 tokens, one CTA per 16
+    experts): the selection, the weights (within 1e-5 of the fp32 reference's renormalized sigmoid scores), the plan,
+    x_lat = x @ W_down^T in fp16 and, from 2 tokens, the shared experts' a_sh."""
+    from kimi_k3_path.reference import situ_glu_packed
+
+    d, ref, kw, ws, x = check_router(m, gen, dims, tp)
+    assert rel_err(ws.x_lat[:m], x.float() @ ref.down.float().T) < TOL
+    if m > 1:
+        assert rel_err(ws.a_sh[:m], situ_glu_packed(x.float() @ ref.shared13.float().T)) < TOL
+    else:
+        assert ws.a_sh[:1].isnan().all()  # one token: GEMM2's grid computes it
 
 
-def check_router(m, gen, dims, run, tp: int = 8):
+def check_router(m, gen, dims, tp: int = 8):
     d, ref, kw, ws = weights(dims, tp, gen)
     x = torch.randn(m, d.hidden, generator=gen, device="cuda").to(torch.bfloat16)
-    ids, wts = run(x, kw, ws)
+    ids, wts = run_router(x, kw, ws)
     ref_ids, ref_w = route(x, ref, d)
     keys = torch.sigmoid(x.float() @ ref.router.float().T) + ref.router_bias
     assert_same_selection(ids, ref_ids, keys)
@@ -244,25 +218,15 @@ def test_router_nan_keys_rank_below_every_number_including_minus_infinity(m, gen
     assert_plan_matches(ids, ws, m)
 
 
-@pytest.mark.parametrize("tensor_cores", [True, False])
 @pytest.mark.parametrize("tp", [8, 16])
-@pytest.mark.parametrize("m", BATCHES)
-def test_experts_match_reference(tp, m, tensor_cores, gen, dims):
-    """Both expert launches as the block chooses them (GEMM1 holding its weights up to 4 tokens, on the tensor cores
-    above; GEMM2 on the tensor cores) and on the older CUDA-core kernels (the bench's comparison)."""
-    check_experts(dims, tp, m, tensor_cores, gen)
-
-
-@pytest.mark.parametrize("hold_weights", [True, False])
-@pytest.mark.parametrize("tp", [8, 16])
-def test_gemm2_at_one_token_with_weights_held_or_not_matches_reference(tp, hold_weights, gen, dims):
-    """GEMM2 at one token with its weights held across the wait and without, whatever the row length (v11: by
-    default they are held at TP16 only)."""
-    check_experts(dims, tp, 1, True, gen, hold_weights)
-
-
-def check_experts(dims, tp: int, m: int, tensor_cores: bool, gen, hold_weights: bool | None = None) -> None:
-    from kimi_k3_path.kernels.experts import experts_gemm1_situ, experts_gemm2_combine
+@pytest.mark.parametrize("m", MULTI_TOKEN)
+def test_experts_match_reference(tp, m, gen, dims):
+    """Both expert launches of a batch as the block runs them (GEMM1 holding its weights up to 4 tokens, on the
+    tensor cores above; GEMM2 on the tensor cores with the latent RMSNorm tail)."""
+    from kimi_k3_path.kernels.gemm1_held import experts_gemm1_held
+    from kimi_k3_path.kernels.gemm1_mma import experts_gemm1_mma
+    from kimi_k3_path.kernels.gemm2_mma import experts_gemm2_mma
+    from kimi_k3_path.kernels.moe import forms_for
 
     d, ref, kw, ws = weights(dims, tp, gen)
     x = torch.randn(m, d.hidden, generator=gen, device="cuda").to(torch.bfloat16)
@@ -271,10 +235,12 @@ def check_experts(dims, tp: int, m: int, tensor_cores: bool, gen, hold_weights: 
     a = poisoned(m * d.top_k, d.intermediate, dtype=torch.float16)
     y_lat = poisoned(m, d.latent, dtype=torch.float32)
     normed = poisoned(m, d.latent, dtype=torch.bfloat16)
-    experts_gemm1_situ(x_lat, kw.w13_packed, kw.w13_scales, ws.plan, d.top_k, a, y_lat, stream(),
-                       tensor_cores=tensor_cores)
-    experts_gemm2_combine(a, kw.w2_packed, kw.w2_scales, ws.plan, wts, y_lat, ws.gemm2_counter, kw.latent_norm, normed,
-                          d.eps, stream(), tensor_cores=tensor_cores, hold_weights=hold_weights)
+    if forms_for(kw, m).gemm1_held:
+        experts_gemm1_held(x_lat, kw.w13_packed, kw.w13_scales, ws.plan, d.top_k, a, y_lat, stream(), one_token=False)
+    else:
+        experts_gemm1_mma(x_lat, kw.w13_packed, kw.w13_scales, ws.plan, d.top_k, a, y_lat, stream())
+    experts_gemm2_mma(a, kw.w2_packed, kw.w2_scales, ws.plan, wts, y_lat, ws.gemm2_counter, kw.latent_norm, normed,
+                      d.eps, stream())
     torch.cuda.synchronize()
     want = routed_experts(x_lat, ids.long(), wts, ref)
     assert rel_err(y_lat, want) < TOL
@@ -287,7 +253,7 @@ def test_one_token_gemm1_writes_situ_glu_of_each_slots_expert(tp, gen, dims):
     """GEMM1's one-token form (v17): a[p] = situ_glu(x_lat . w13[e_p]) for each of the token's k pairs, a poisoned
     before the launch, y_lat left as it was (GEMM2's one-token form writes it); x_lat with a wide range (fp16
     activations, |x| up to ~100)."""
-    from kimi_k3_path.kernels.experts import experts_gemm1_situ
+    from kimi_k3_path.kernels.gemm1_held import experts_gemm1_held
     from kimi_k3_path.reference import mxfp4_unpack, situ_glu_packed
 
     d, ref, kw, ws = weights(dims, tp, gen)
@@ -297,7 +263,7 @@ def test_one_token_gemm1_writes_situ_glu_of_each_slots_expert(tp, gen, dims):
                                                                                  device="cuda") * 30).to(torch.float16)
     a = poisoned(d.top_k, d.intermediate, dtype=torch.float16)
     y_lat = torch.full((1, d.latent), 7.0, device="cuda")
-    experts_gemm1_situ(x_lat, kw.w13_packed, kw.w13_scales, ws.plan, d.top_k, a, y_lat, stream(), one_token=True)
+    experts_gemm1_held(x_lat, kw.w13_packed, kw.w13_scales, ws.plan, d.top_k, a, y_lat, stream(), one_token=True)
     torch.cuda.synchronize()
     assert y_lat.eq(7.0).all()
     for p, e in enumerate(ids[0].tolist()):
@@ -307,13 +273,13 @@ def test_one_token_gemm1_writes_situ_glu_of_each_slots_expert(tp, gen, dims):
 
 @pytest.mark.parametrize("same_experts", [False, True])
 def test_held_gemm1_takes_every_token_of_a_slot(same_experts, gen, dims):
-    """GEMM1 holding its weights for a batch (v17e, up to GEMM1_HELD_MAX_TOKENS): with every token on the same 16
+    """GEMM1 holding its weights for a batch (up to 4 tokens: kernels/dispatch.py): with every token on the same 16
     experts each slot holds them all, so the loop over a slot's further tokens runs; a poisoned, y_lat zeroed."""
-    from kimi_k3_path.kernels.experts import GEMM1_HELD_MAX_TOKENS, experts_gemm1_situ
+    from kimi_k3_path.kernels.gemm1_held import experts_gemm1_held
     from kimi_k3_path.reference import mxfp4_unpack, situ_glu_packed
 
     d, ref, kw, ws = weights(dims, 8, gen)
-    m = GEMM1_HELD_MAX_TOKENS
+    m = 4
     if same_experts:
         kw.router_bias[torch.randperm(d.experts, generator=gen, device="cuda")[: d.top_k]] += 10.0
     x = torch.randn(m, d.hidden, generator=gen, device="cuda").to(torch.bfloat16)
@@ -323,7 +289,7 @@ def test_held_gemm1_takes_every_token_of_a_slot(same_experts, gen, dims):
     x_lat = torch.randn(m, d.latent, generator=gen, device="cuda").to(torch.float16)
     a = poisoned(m * d.top_k, d.intermediate, dtype=torch.float16)
     y_lat = poisoned(m, d.latent, dtype=torch.float32)
-    experts_gemm1_situ(x_lat, kw.w13_packed, kw.w13_scales, ws.plan, d.top_k, a, y_lat, stream())
+    experts_gemm1_held(x_lat, kw.w13_packed, kw.w13_scales, ws.plan, d.top_k, a, y_lat, stream(), one_token=False)
     torch.cuda.synchronize()
     assert y_lat.eq(0).all()
     for e in ids.unique().tolist():
@@ -338,7 +304,8 @@ def test_one_token_gemm2_writes_the_combine_its_gamma_product_and_the_sums_of_sq
     """GEMM2's one-token form (v16): y_lat = the weighted combine, normed = y_lat * gamma (not yet divided by the
     RMS), and sq_parts adds up to sum(y_lat^2); all three poisoned before the launch. With the shared experts' gate_up
     in its grid (v20a), its CTAs before or after GEMM2's: a_sh (poisoned) as well."""
-    from kimi_k3_path.kernels.experts import experts_gemm1_situ, experts_gemm2_one_token
+    from kimi_k3_path.kernels.gemm1_held import experts_gemm1_held
+    from kimi_k3_path.kernels.gemm2_one_token import experts_gemm2_one_token
     from kimi_k3_path.reference import situ_glu_packed
 
     d, ref, kw, ws = weights(dims, tp, gen)
@@ -349,7 +316,7 @@ def test_one_token_gemm2_writes_the_combine_its_gamma_product_and_the_sums_of_sq
     y_lat = poisoned(1, d.latent, dtype=torch.float32)
     normed = poisoned(1, d.latent, dtype=torch.bfloat16)
     sq_parts = poisoned(*ws.sq_parts.shape, dtype=torch.float32)
-    experts_gemm1_situ(x_lat, kw.w13_packed, kw.w13_scales, ws.plan, d.top_k, a, ws.y_lat[:1], stream(), one_token=True)
+    experts_gemm1_held(x_lat, kw.w13_packed, kw.w13_scales, ws.plan, d.top_k, a, ws.y_lat[:1], stream(), one_token=True)
     a_sh = poisoned(1, d.shared_intermediate, dtype=torch.bfloat16)
     shared = None if gate_up is None else (x, kw.shared13, a_sh)
     experts_gemm2_one_token(a, kw.w2_packed, kw.w2_scales, ws.plan, wts, kw.latent_norm, y_lat, normed, sq_parts,
@@ -380,23 +347,13 @@ def one_token_finalize_case(tp, gen, dims):
     return d, kw, (y * ref.latent_norm).to(torch.bfloat16), sq_parts, a_sh, out, want
 
 
-def test_one_token_finalize_applies_the_rms_from_partial_sums(gen, dims):
-    """The held finalize's one-token form (finalize.Finalize with sq_parts)."""
-    from kimi_k3_path.kernels.finalize import finalize
-
-    d, kw, normed, sq_parts, a_sh, out, want = one_token_finalize_case(8, gen, dims)
-    finalize(normed, kw.up, a_sh, kw.shared2, out, stream(), sq_parts=sq_parts, eps=d.eps)
-    torch.cuda.synchronize()
-    assert rel_err(out, want) < TOL
-
-
 @pytest.mark.parametrize(("ctas_per_sm", "stages"), [(3, 3), (2, 4), (1, 2)])
 @pytest.mark.parametrize("tp", [8, 16])
 def test_streamed_finalize_matches_the_reference(tp, ctas_per_sm, stages, gen, dims):
-    """The block's one-token finalize (finalize.FinalizeStreamed): every row pair streamed through a ring of `stages`
-    slots by ctas_per_sm persistent CTAs per SM (3584 row pairs over 132 x 3 CTAs leave 20 of them one pair more), the
-    RMS applied from the partial sums."""
-    from kimi_k3_path.kernels.finalize import finalize_streamed
+    """The block's one-token finalize (finalize_streamed.FinalizeStreamed): every row pair streamed through a ring of
+    `stages` slots by ctas_per_sm persistent CTAs per SM (3584 row pairs over 132 x 3 CTAs leave 20 of them one pair
+    more), the RMS applied from the partial sums."""
+    from kimi_k3_path.kernels.finalize_streamed import finalize_streamed
 
     d, kw, normed, sq_parts, a_sh, out, want = one_token_finalize_case(tp, gen, dims)
     finalize_streamed(normed, kw.up, a_sh, kw.shared2, out, sq_parts, d.eps, stream(), ctas_per_sm, stages)
@@ -405,64 +362,16 @@ def test_streamed_finalize_matches_the_reference(tp, ctas_per_sm, stages, gen, d
 
 
 @pytest.mark.parametrize("tp", [8, 16])
-def test_latent_moe_decode_at_one_token_with_the_norm_tail_matches_reference(tp, gen, dims):
-    """The one-token block with the experts' general forms (GEMM1 zeroing y_lat, GEMM2 with its norm tail and bf16
-    normed) instead of their one-token forms: kept as the bench's comparison (decode_steps(one_token=False))."""
-    from kimi_k3_path.kernels.moe import decode_steps
-
-    d, ref, kw, ws = weights(dims, tp, gen)
-    x = torch.randn(1, d.hidden, generator=gen, device="cuda").to(torch.bfloat16)
-    out = poisoned(1, d.hidden, dtype=torch.bfloat16)
-    for step in decode_steps(x, kw, ws, out, one_token=False):
-        step.launch(stream())
-    torch.cuda.synchronize()
-    assert rel_err(out, latent_moe(x, ref, d)) < TOL
-    assert ws.gemm2_counter.tolist() == [0, 0]
-
-
-@pytest.mark.parametrize("tp", [8, 16])
-@pytest.mark.parametrize("m", BATCHES)
-def test_shared_experts_match_reference(tp, m, gen, dims):
-    from kimi_k3_path.kernels.shared import shared_experts as shared_kernel
-
-    d, ref, kw, ws = weights(dims, tp, gen)
-    x = torch.randn(m, d.hidden, generator=gen, device="cuda").to(torch.bfloat16)
-    a = poisoned(m, d.shared_intermediate, dtype=torch.bfloat16)
-    out = poisoned(m, d.hidden, dtype=torch.bfloat16)
-    shared_kernel(x, kw.shared13, kw.shared2, a, out, stream())
-    torch.cuda.synchronize()
-    assert rel_err(out, shared_experts(x, ref)) < TOL
-
-
-@pytest.mark.parametrize("tp", [8, 16])
-@pytest.mark.parametrize("m", BATCHES)
+@pytest.mark.parametrize("m", MULTI_TOKEN)
 def test_finalize_matches_reference(tp, m, gen, dims):
-    from kimi_k3_path.kernels.finalize import finalize
+    from kimi_k3_path.kernels.finalize_mma import finalize_mma
 
     d, ref, kw, ws = weights(dims, tp, gen)
     normed = rms_norm(torch.randn(m, d.latent, generator=gen, device="cuda"), ref.latent_norm, d.eps)
     normed = normed.to(torch.bfloat16)  # what GEMM2's last CTA writes (tested above)
     a_sh = torch.randn(m, d.shared_intermediate, generator=gen, device="cuda").to(torch.bfloat16)
     out = poisoned(m, d.hidden, dtype=torch.bfloat16)
-    finalize(normed, kw.up, a_sh, kw.shared2, out, stream())
-    torch.cuda.synchronize()
-    want = normed.float() @ ref.up.float().T + a_sh.float() @ ref.shared2.float().T
-    assert rel_err(out, want) < TOL
-
-
-@pytest.mark.parametrize("hold", [False, True])
-@pytest.mark.parametrize("tp", [8, 16])
-@pytest.mark.parametrize("m", [1, 7])
-def test_finalize_on_cuda_cores_holding_weights_or_not_matches_reference(tp, m, hold, gen, dims):
-    """The CUDA-core finalize launched early, loading its weights before the wait for GEMM2 (v14) or after it; both
-    K segments end on a ragged step (lanes past the slice must add nothing), and 7 tokens reuse the held weights."""
-    from kimi_k3_path.kernels.finalize import finalize
-
-    d, ref, kw, ws = weights(dims, tp, gen)
-    normed = torch.randn(m, d.latent, generator=gen, device="cuda").to(torch.bfloat16)
-    a_sh = torch.randn(m, d.shared_intermediate, generator=gen, device="cuda").to(torch.bfloat16)
-    out = poisoned(m, d.hidden, dtype=torch.bfloat16)
-    finalize(normed, kw.up, a_sh, kw.shared2, out, stream(), tensor_cores=False, early=True, hold_weights=hold)
+    finalize_mma(normed, kw.up, a_sh, kw.shared2, out, stream())
     torch.cuda.synchronize()
     want = normed.float() @ ref.up.float().T + a_sh.float() @ ref.shared2.float().T
     assert rel_err(out, want) < TOL
@@ -566,8 +475,8 @@ def test_cta_trace_of_the_one_token_block_records_every_cta_in_launch_order(tp, 
     (stream order) while GEMM2 and the finalize start before their predecessors end (launched early), and no SM ever
     holds more CTAs of a launch than its registers allow, and each launch's SM clock is one an H200 runs at."""
     from benchmarks.kimi_k3.bench_moe import block_ctas, trace_one_token_block
-    from kimi_k3_path.kernels.finalize import STREAMED_CTAS_PER_SM
-    from kimi_k3_path.kernels.moe import ONE_TOKEN_FRONT_CTAS_PER_SM
+    from kimi_k3_path.kernels.finalize_streamed import STREAMED_CTAS_PER_SM
+    from kimi_k3_path.kernels.front import ONE_TOKEN_FRONT_CTAS_PER_SM
 
     t = trace_one_token_block(tp, replays=2, seed=seed)
     launches = t["launches"]

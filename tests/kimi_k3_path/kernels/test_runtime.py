@@ -1,5 +1,5 @@
-"""The kernels' host side on CPU: argument validation names the bad argument, and compiled kernels are cached per
-shape and register cap."""
+"""The kernels' host side on CPU: argument validation names the bad argument, compiled kernels are cached per key,
+and the block refuses what its dispatch table does not serve."""
 
 from __future__ import annotations
 
@@ -39,39 +39,39 @@ def test_expect_accepts_a_matching_tensor():
 
 
 def test_compiled_kernels_are_cached_per_key():
-    from cutlass import BFloat16
-
-    from kimi_k3_path.kernels.gemv import SkinnyGemm
+    from kimi_k3_path.kernels.finalize_mma import Finalize
 
     builds = []
 
     def build():
+        from cutlass import BFloat16
+
         builds.append(1)
         m = runtime.dyn()
-        args = (runtime.fake(BFloat16, (m, 256)), runtime.fake(BFloat16, (16, 256)), runtime.fake(BFloat16, (m, 16)),
-                runtime.fake_stream())
-        return SkinnyGemm(16, 256, 1), args
+        args = (runtime.fake(BFloat16, (m, 256)), runtime.fake(BFloat16, (16, 256)), runtime.fake(BFloat16, (m, 64)),
+                runtime.fake(BFloat16, (16, 64)), runtime.fake(BFloat16, (m, 16)), runtime.fake_stream())
+        return Finalize(16, 256, 64, 16), args
 
-    first = runtime.compile_cached(("test_runtime_skinny", 16, 256), build)
+    first = runtime.compile_cached(("test_runtime_finalize", 16, 256), build)
     assert callable(first)
-    assert runtime.compile_cached(("test_runtime_skinny", 16, 256), build) is first and len(builds) == 1
-    other = runtime.compile_cached(("test_runtime_skinny", 16, 256, "another key"), build)
+    assert runtime.compile_cached(("test_runtime_finalize", 16, 256), build) is first and len(builds) == 1
+    other = runtime.compile_cached(("test_runtime_finalize", 16, 256, "another key"), build)
     assert other is not first and len(builds) == 2
 
 
-def test_experts_one_token_forms_serve_one_token_and_are_refused_for_a_batch():
-    from kimi_k3_path.kernels.moe import decode_steps, one_token_experts
+def test_the_block_refuses_batches_outside_its_table():
+    from kimi_k3_path.kernels.moe import decode_steps
 
-    assert one_token_experts(1) and not one_token_experts(2)
-    with pytest.raises(ValueError, match="one-token forms serve M=1, not M=2"):
-        decode_steps(torch.empty(2, 8), None, None, None, one_token=True)
+    with pytest.raises(ValueError, match="decode batch M=65 must be in 1..64"):
+        decode_steps(torch.empty(65, 8), None, None, None)
+    weights = SimpleNamespace(intermediate=256)
+    with pytest.raises(ValueError, match="expert intermediate 256 is not the per-rank width of an admitted TP"):
+        decode_steps(torch.empty(2, 8), weights, None, None)
 
 
-def test_gemm1_one_token_form_is_refused_for_a_batch_and_held_weights_stop_at_their_measured_bound():
-    from kimi_k3_path.kernels.experts import GEMM1_HELD_MAX_TOKENS, experts_gemm1_situ, holds_gemm1_weights
+def test_gemm1_one_token_form_is_refused_for_a_batch():
+    from kimi_k3_path.kernels.gemm1_held import experts_gemm1_held
 
     with pytest.raises(ValueError, match="one_token serves M=1, not M=3"):
-        experts_gemm1_situ(torch.empty(3, 512), torch.empty(4, 16, 256), None, None, 16, None, None, None,
+        experts_gemm1_held(torch.empty(3, 512), torch.empty(4, 16, 256), None, None, 16, None, None, None,
                            one_token=True)
-    assert holds_gemm1_weights(GEMM1_HELD_MAX_TOKENS, True) and not holds_gemm1_weights(GEMM1_HELD_MAX_TOKENS + 1, True)
-    assert not holds_gemm1_weights(1, tensor_cores=False)  # the bench's all-CUDA-core comparison keeps its kernels
