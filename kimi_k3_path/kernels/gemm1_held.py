@@ -27,7 +27,7 @@ from .common import (
     traced,
 )
 from .norm_tail import zero_y_lat
-from .router import expect_plan, fake_plan
+from .expert_args import expect_gemm1, fake_gemm1
 from .trace import trace_address
 
 WARPS_PER_CTA = 8
@@ -167,25 +167,14 @@ class ExpertsGemm1Held:
 def experts_gemm1_held(x_lat, w13, s13, plan, top_k: int, a, y_lat, stream, one_token: bool) -> None:
     """ExpertsGemm1Held on `stream`: a[M*k, I] = SiTU-GLU of each planned pair's GEMM1; zeroes y_lat [M, L] for
     GEMM2 unless one_token (M = 1: GEMM2's one-token form writes y_lat whole)."""
-    from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
+    from .runtime import compile_cached, cu_stream, to_cute
 
-    m, latent = x_lat.shape
-    experts, two_i, _ = w13.shape
-    inter = two_i // 2
-    if one_token and m != 1:
-        raise ValueError(f"experts_gemm1_held: one_token serves M=1, not M={m}")
-    expect("x_lat", x_lat, (m, latent), "float16")
-    expect("w13", w13, (experts, 2 * inter, latent // 2), "uint8")
-    expect("s13", s13, (experts, 2 * inter, latent // FP4_GROUP), "uint8")
-    expect_plan(plan, experts)
-    expect("a", a, (m * top_k, inter), "float16")
-    expect("y_lat", y_lat, (m, latent), "float32")
+    if one_token and x_lat.shape[0] != 1:
+        raise ValueError(f"experts_gemm1_held: one_token serves M=1, not M={x_lat.shape[0]}")
+    m, latent, experts, inter = expect_gemm1(x_lat, w13, s13, plan, top_k, a, y_lat)
 
     def build():
-        md, pd = dyn(), dyn()
-        args = (fake(Float16, (md, latent)), fake(Uint8, (experts, 2 * inter, latent // 2)),
-                fake(Uint8, (experts, 2 * inter, latent // FP4_GROUP)), *fake_plan(experts),
-                fake(Float16, (pd, inter)), fake(Float32, (md, latent)), fake_stream())
+        args = fake_gemm1(experts, latent, inter)
         return ExpertsGemm1Held(experts, latent, inter, top_k, one_token, trace), args
 
     trace = trace_address("gemm1", held_gemm1_ctas(m, top_k, experts, inter))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float16, Float32, Int32, Int64, Uint8
+from cutlass import Float16, Int32, Int64, Uint8
 
 from .common import FP4_GROUP, WARP, bulk_copy_to_shared, expect_bulk_bytes, situ_glu
 from .fp4_mma import (
@@ -22,7 +22,7 @@ from .fp4_mma import (
 )
 from .mma import MMA_ROWS, TILE_TOKENS, alloc_tile_scratch, reduce_tiles, scratch_bytes, zero_tiles
 from .norm_tail import zero_y_lat
-from .router import expect_plan, fake_plan
+from .expert_args import expect_gemm1, fake_gemm1
 
 
 class ExpertsGemm1SituMma:
@@ -115,23 +115,12 @@ class ExpertsGemm1SituMma:
 
 def experts_gemm1_mma(x_lat, w13, s13, plan, top_k: int, a, y_lat, stream) -> None:
     """ExpertsGemm1SituMma on `stream`: a[M*k, I] = SiTU-GLU of each planned pair's GEMM1; zeroes y_lat [M, L]."""
-    from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
+    from .runtime import compile_cached, cu_stream, to_cute
 
-    m, latent = x_lat.shape
-    experts, two_i, _ = w13.shape
-    inter = two_i // 2
-    expect("x_lat", x_lat, (m, latent), "float16")
-    expect("w13", w13, (experts, 2 * inter, latent // 2), "uint8")
-    expect("s13", s13, (experts, 2 * inter, latent // FP4_GROUP), "uint8")
-    expect_plan(plan, experts)
-    expect("a", a, (m * top_k, inter), "float16")
-    expect("y_lat", y_lat, (m, latent), "float32")
+    m, latent, experts, inter = expect_gemm1(x_lat, w13, s13, plan, top_k, a, y_lat)
 
     def build():
-        md, pd = dyn(), dyn()
-        args = (fake(Float16, (md, latent)), fake(Uint8, (experts, 2 * inter, latent // 2)),
-                fake(Uint8, (experts, 2 * inter, latent // FP4_GROUP)), *fake_plan(experts),
-                fake(Float16, (pd, inter)), fake(Float32, (md, latent)), fake_stream())
+        args = fake_gemm1(experts, latent, inter)
         return ExpertsGemm1SituMma(experts, latent, inter, top_k), args
 
     fn = compile_cached(("experts_gemm1_mma", experts, latent, inter, top_k), build)
