@@ -681,3 +681,39 @@ def test_a_traced_kernel_reads_the_timer_twice_and_keeps_its_ctas_per_sm(launch,
         ctas_per_sm[name] = min(SM_REGISTERS // (registers * CTA_THREADS), SM_SHARED_BYTES // (op.smem_bytes() + 1024))
     assert counts == {"plain": (0, 0), "traced": (2, 2)}
     assert ctas_per_sm["traced"] == ctas_per_sm["plain"], ctas_per_sm
+
+
+def _every_form(d) -> list[tuple[str, object, tuple]]:
+    """Every kernel the block launches in some admitted (TP, M) form (kernels/dispatch.py), with fake arguments."""
+    h, s = d.hidden, d.shared_intermediate
+    gemm2_one_token_args = (*_one_token_gemm2_args(d)[:-4], fake(BFloat16, (1, h)), fake(BFloat16, (2 * s, h)),
+                            fake(BFloat16, (1, s)), fake_stream())
+    one_token_front = FrontKernel(d.experts, h, d.latent, s, d.top_k, d.routed_scaling_factor, 1, 1, shared=False)
+    return [
+        ("front M=1", one_token_front, _front_args(d)),
+        ("front M=2..15", _front(d, 16), _front_args(d)),
+        ("front M=16..64", _front(d, 64, router_mma=True), _front_args(d)),
+        ("gemm1_held M=1", ExpertsGemm1Held(d.experts, d.latent, d.intermediate, d.top_k, True), _held_gemm1_args(d)),
+        ("gemm1_held M=2..4", ExpertsGemm1Held(d.experts, d.latent, d.intermediate, d.top_k, False),
+         _held_gemm1_args(d)),
+        ("gemm1_mma", ExpertsGemm1SituMma(d.experts, d.latent, d.intermediate, d.top_k), _gemm1_args(d)),
+        ("gemm2_one_token", ExpertsGemm2OneToken(d.experts, d.latent, d.intermediate, d.top_k, s, h, True),
+         gemm2_one_token_args),
+        ("gemm2_mma", ExpertsGemm2CombineMma(d.experts, d.latent, d.intermediate, d.top_k, d.eps), _gemm2_args(d)),
+        ("finalize_streamed", _streamed_finalize(d), _streamed_finalize_args(d)),
+        ("finalize_mma", Finalize(h, d.latent, s, 64), _finalize_args(d)),
+    ]
+
+
+@pytest.mark.parametrize("arch", ["sm_100a", "sm_103a"])
+@pytest.mark.parametrize("tp", [8, 16])
+def test_every_form_compiles_for_blackwell(arch, tp, dims, tmp_path):
+    """Issue 37: every kernel builds for B200 (sm_100a) and GB300 (sm_103a) as it does for the H200, so that a port
+    starts from code that compiles. Building is not evidence: the guard keeps rejecting sm_100/sm_103 until GPU tests
+    and a perf matrix from that hardware exist (kimi_k3_path/README.md)."""
+    for name, op, args in _every_form(dims(tp)):
+        out = tmp_path / name.replace(" ", "_").replace("=", "").replace(".", "")
+        out.mkdir()
+        cute.compile(op, *args, options=f"--gpu-arch {arch} --keep-cubin --dump-dir={out}")
+        cubins = list(out.glob("*.cubin"))
+        assert len(cubins) == 1 and cubins[0].name.endswith(f".{arch}.cubin"), (name, [c.name for c in cubins])
