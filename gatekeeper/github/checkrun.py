@@ -63,16 +63,19 @@ def check_run_name(policy_name: str) -> str:
 
 
 def verdict_report(verdict: Verdict, summary_markdown: str, override: Override | None = None,
-                   missing: MissingEvidence | None = None) -> CheckRunReport:
-    """`missing` is required for a neutral verdict: an undecided check must say what would decide it."""
+                   missing: MissingEvidence | None = None, page_url: str | None = None) -> CheckRunReport:
+    """`missing` is required for a neutral verdict: an undecided check must say what would decide it.
+    `page_url`: the evaluation's details page, the run's details_url (else, undecided, the evidence workflow's)."""
     notes = tuple(annotations(verdict))
     if override is not None and verdict.verdict != "pass":
         was = CONCLUSIONS.get(verdict.verdict, "undecided")
         summary = (f"> **Overridden** by @{override.actor} for head `{override.head_sha[:12]}`: {override.reason}\n>\n"
                    f"> Without the override the conclusion would be `{was}`.\n\n") + summary_markdown
-        return CheckRunReport("success", f"Overridden by @{override.actor} (was {was})", truncate(summary), notes)
+        return CheckRunReport("success", f"Overridden by @{override.actor} (was {was})", truncate(summary), notes,
+                              page_url)
     if verdict.verdict != "neutral":
-        return CheckRunReport(CONCLUSIONS[verdict.verdict], _title(verdict), truncate(summary_markdown), notes)
+        return CheckRunReport(CONCLUSIONS[verdict.verdict], _title(verdict), truncate(summary_markdown), notes,
+                              page_url)
     if missing is None:
         raise ValueError("an undecided verdict needs the missing evidence described")
     undecided = ", ".join(r.id for r in verdict.checks if r.status is Status.neutral)
@@ -83,10 +86,10 @@ def verdict_report(verdict: Verdict, summary_markdown: str, override: Override |
         head = (f"**Waiting** for {missing.awaited} (undecided: {undecided}). The check stays in progress until "
                 f"the evidence arrives or until {until}; then, still undecided, it concludes `action_required`.\n\n")
         return CheckRunReport(None, f"Waiting for evidence: {undecided}", truncate(head + how + summary_markdown),
-                              notes, missing.details_url)
+                              notes, page_url or missing.details_url)
     head = f"**Undecided: {undecided}.** A required rule could not be decided, so this check does not pass.\n\n"
     return CheckRunReport("action_required", f"Undecided: {undecided}", truncate(head + how + summary_markdown),
-                          notes, missing.details_url)
+                          notes, page_url or missing.details_url)
 
 
 def error_report(reason: str, title: str = "Could not evaluate") -> CheckRunReport:

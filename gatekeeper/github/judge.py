@@ -25,6 +25,7 @@ from gatekeeper.github.inputs import ReviewInputs
 from gatekeeper.inputs import EvaluationInputs, verdict_for
 from gatekeeper.report.markdown import render_markdown
 from gatekeeper.sources.github import changes_from_pr_file_entries, pull_request_from_json, with_tree_facts
+from gatekeeper.verdict import Verdict
 
 STICKY_MARKER = "<!-- gatekeeper:sticky-comment -->"
 
@@ -35,6 +36,7 @@ class Judgement:
     report: CheckRunReport
     comment: str | None = None  # the sticky comment (marker + Markdown), when there is a verdict to show
     wait_until: float | None = None  # the report waits for CI's evidence until then
+    verdict: Verdict | None = None  # what the details page shows, when there is a verdict
 
 
 class HeadSnapshot:
@@ -60,9 +62,10 @@ class HeadSnapshot:
         return [path for path, entry in self._tree.items() if entry.type == "blob"]
 
 
-def judge(config: AppConfig, inputs: ReviewInputs, read_blob: Callable[[str], bytes]) -> Judgement:
+def judge(config: AppConfig, inputs: ReviewInputs, read_blob: Callable[[str], bytes],
+          page_url: str | None = None) -> Judgement:
     """Raises on anything unexpected (malformed GitHub data, unreadable evidence): the caller reports it as a
-    failure to evaluate."""
+    failure to evaluate. `page_url`: the details page the reports link to (the App's public URL is set)."""
     loaded = inputs.policy
     if loaded is None:
         return Judgement(NO_POLICY_NAME, error_report(inputs.policy_problem or "no policy",
@@ -80,14 +83,15 @@ def judge(config: AppConfig, inputs: ReviewInputs, read_blob: Callable[[str], by
     verdict = verdict_for(EvaluationInputs(loaded, changes, info, evidence,
                                            evidence_untrusted=inputs.evidence_untrusted,
                                            snapshot=HeadSnapshot(inputs.head_tree, read_blob)))
-    summary = render_markdown(verdict)
+    summary = render_markdown(verdict, details_url=page_url)
     if inputs.evidence_untrusted is not None:
         summary = f"> **CI's evidence counts as self-reported:** {inputs.evidence_untrusted}.\n\n" + summary
     missing = missing_evidence(config, inputs) if verdict.verdict == "neutral" else None
-    comment = STICKY_MARKER + "\n" + render_markdown(verdict, template="pr_comment",
+    comment = STICKY_MARKER + "\n" + render_markdown(verdict, template="pr_comment", details_url=page_url,
                                                      max_chars=SUMMARY_LIMIT - len(STICKY_MARKER) - 1)
-    report = verdict_report(verdict, summary, inputs.override, missing)
-    return Judgement(name, report, comment, missing.wait_until if missing and report.conclusion is None else None)
+    report = verdict_report(verdict, summary, inputs.override, missing, page_url)
+    return Judgement(name, report, comment, missing.wait_until if missing and report.conclusion is None else None,
+                     verdict)
 
 
 def missing_evidence(config: AppConfig, inputs: ReviewInputs) -> MissingEvidence:
