@@ -181,11 +181,23 @@ def _file_row(verdict: FileVerdict, settings: ChangedPathTestsSettings) -> dict:
         "tests": list(verdict.tests),
         "sources": list(verdict.sources),
         "ok": not _file_findings_errors(verdict, settings),
-        # Every changed statement with the tests that ran it, as indices into `tests` (a test covering many lines
-        # is named once); excluded: changed lines measurement left out. For the details page.
-        "lines": [{"line": line, "tests": [index[t] for t in ran]} for line, ran in verdict.line_tests],
-        "excluded": list(verdict.excluded),
+        # Which tests ran which changed statements, for the details page: the statements grouped by the set of
+        # tests that ran them (as indices into `tests`; an empty set: uncovered), each group's lines as [first,
+        # last] runs of consecutive statements. A PR's thousands of statements make a few hundred groups.
+        "statements": _statement_groups(verdict.line_tests, index),
+        "excluded": list(verdict.excluded),  # changed lines the coverage configuration left out
     }
+
+
+def _statement_groups(line_tests: tuple[tuple[int, tuple[str, ...]], ...], index: dict[str, int]) -> list[dict]:
+    groups: dict[tuple[int, ...], list[list[int]]] = {}
+    for line, ran in line_tests:
+        runs = groups.setdefault(tuple(index[t] for t in ran), [])
+        if runs and runs[-1][1] == line - 1:
+            runs[-1][1] = line
+        else:
+            runs.append([line, line])
+    return [{"lines": runs, "tests": list(tests)} for tests, runs in groups.items()]
 
 
 def _file_findings_errors(verdict: FileVerdict, settings: ChangedPathTestsSettings) -> bool:

@@ -25,6 +25,7 @@ CONTENT_SECURITY_POLICY = "default-src 'none'; style-src 'unsafe-inline'; img-sr
 
 CELL_W, CELL_H, GAP = 92, 52, 4  # heatmap cell size and spacing, in SVG pixels
 LABEL_CHAR_W = 7.2  # an estimate of the label font's average character width, to size the row-label column
+MAX_TESTS_ON_HOVER = 12  # per run of changed lines: a title longer than a screen helps nobody
 SPEEDUP_SPAN = 1.0  # log2 of the speed-up that gets the fullest colour (2x faster or slower)
 FLOOR_SPAN = 2.0  # log2 of the distance to the floor that gets the palest colour (4x the floor)
 
@@ -212,9 +213,17 @@ def _mix(a: tuple[int, int, int], b: tuple[int, int, int], t: float) -> str:
 
 
 def _coverage_file(row: dict[str, Any]) -> dict[str, Any]:
-    """A changed file's statements, each with the tests that ran it (from the check's `lines`; a verdict from
-    before they were recorded has only the uncovered ranges, and the page says so)."""
+    """A changed file's statements as chips in line order, one per run of consecutive statements that the same
+    tests ran, each with those tests (from the check's `statements`; a verdict from before they were recorded has
+    only the uncovered ranges, and the page says so)."""
     tests = row.get("tests", [])
-    lines = [{"line": entry["line"], "tests": [tests[i] for i in entry["tests"] if 0 <= i < len(tests)]}
-             for entry in row.get("lines", [])]
-    return {**row, "line_views": lines, "has_lines": "lines" in row}
+    chips = []
+    for group in row.get("statements", []):
+        names = [tests[i] for i in group["tests"] if 0 <= i < len(tests)]
+        shown = names[:MAX_TESTS_ON_HOVER]
+        if len(names) > len(shown):
+            shown.append(f"… and {len(names) - len(shown)} more (gatekeeper check --format json lists them all)")
+        for first, last in group["lines"]:
+            chips.append({"first": first, "last": last, "count": len(names), "tests": shown})
+    chips.sort(key=lambda chip: chip["first"])
+    return {**row, "chips": chips, "has_lines": "statements" in row}
