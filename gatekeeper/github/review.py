@@ -17,7 +17,7 @@ from gatekeeper.github.client import Installation
 from gatekeeper.github.context import AppContext, Progress
 from gatekeeper.github.failures import describe
 from gatekeeper.github.inputs import ReviewInputs, read_inputs
-from gatekeeper.github.judge import STICKY_MARKER, Judgement, judge
+from gatekeeper.github.judge import STICKY_MARKER, Judgement, failed_judgement, judge
 from gatekeeper.github.pages import page_url
 from gatekeeper.github.publish import publish
 from gatekeeper.github.records import EvaluationKey
@@ -53,9 +53,10 @@ def _review(ctx: AppContext, gh: Installation, repo: str, number: int, progress:
                           page_url(ctx.config.public_url, page_id) if page_id else None)
     except Exception as exc:  # noqa: BLE001 - an error while judging fails the check, with its reason
         log.exception("%s#%s@%s: judging failed", repo, number, inputs.head_sha[:12])
-        judgement = Judgement(progress.check_name or NO_POLICY_NAME, error_report(describe(exc)))
+        judgement = failed_judgement(progress.check_name or NO_POLICY_NAME, error_report(describe(exc)), inputs.policy)
     check_run_id, outcome = publish(ctx, gh, key, judgement.name, judgement.report, delivery_id=delivery_id,
-                                    evidence_sha256=inputs.evidence.sha256 if inputs.evidence else None)
+                                    evidence_sha256=inputs.evidence.sha256 if inputs.evidence else None,
+                                    rules=judgement.rules)
     progress.check_run_id, progress.published = check_run_id, True
     # The page shows what was published: nothing when a stronger verdict was kept (check_run_id is None).
     page = page_id if check_run_id is not None and judgement.verdict is not None else None

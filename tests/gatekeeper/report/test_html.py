@@ -7,8 +7,6 @@ import html
 import re
 
 import pytest
-from conftest import HOSTILE
-
 from gatekeeper.report.html import CONTENT_SECURITY_POLICY, floor_distance, heatmap, render_html, speedup_colour
 
 
@@ -57,8 +55,12 @@ def test_changed_lines_are_coloured_with_their_tests_in_the_title(page_verdict):
     assert 'class="ln mono excluded"' in page and "not measured: no test run measured this file" in page
 
 
+def _hostile(verdict) -> str:
+    return verdict.signals[1].detail  # the fixture's hostile label: markup and a bidi override
+
+
 def test_pr_controlled_text_cannot_inject_markup(page_verdict):
-    page = render_html(page_verdict, subject=f"o/r#1 at {HOSTILE}")
+    page = render_html(page_verdict, subject=f"o/r#1 at {_hostile(page_verdict)}")
     assert "<script" not in page and "<img" not in page and "onerror=alert(1)>" not in page
     assert "&lt;script&gt;" in page and "\\u{202E}" in page and "\u202e" not in page  # bidi shown, not applied
     assert f'http-equiv="Content-Security-Policy" content="{html.escape(CONTENT_SECURITY_POLICY)}"' in \
@@ -84,6 +86,6 @@ def test_the_page_loads_offline_in_chromium_with_one_cell_per_row(page_verdict, 
     assert page.locator("#rule-changed_path_tests .file .ln.covered").count() == 5
     # The hostile label is text on the page, not an element.
     assert page.locator("img").count() == 0 and page.locator("script").count() == 0
-    assert HOSTILE.replace("\u202e", "\\u{202E}") in page.locator("#signals").inner_text()
+    assert _hostile(page_verdict).replace("\u202e", "\\u{202E}") in page.locator("#signals").inner_text()
     page.screenshot(path=str(artifacts_dir / "details-page.png"), full_page=True)
     assert errors == []
