@@ -14,6 +14,9 @@ from gatekeeper.errors import InputError
 from gatekeeper.github import signature
 from gatekeeper.github.checkrun import (
     STRENGTH,
+    CheckRunReport,
+    rule_report,
+    rule_run_name,
     SUMMARY_LIMIT,
     MissingEvidence,
     error_report,
@@ -117,6 +120,21 @@ def test_no_verdict_concludes_neutral_or_skipped_which_github_counts_as_passing(
             report = verdict_report(_verdict(verdict=verdict), "s", override, MISSING)
             assert report.conclusion not in ("neutral", "skipped")
     assert STRENGTH["success"] < STRENGTH["in_progress"] < STRENGTH["action_required"] < STRENGTH["failure"]
+
+
+def test_no_rule_run_concludes_neutral_or_skipped_whatever_the_rule_and_the_overall_run_say():
+    for status in Status:
+        verdict = Verdict(verdict="fail", policy=PolicyRef(name="p", sha256="0" * 64), agent_assisted=True,
+                          checks=(CheckResult(id="confinement", status=status, summary="s"),))
+        for overall in (CheckRunReport(None, "waiting", "s"), CheckRunReport("failure", "f", "s"),
+                        CheckRunReport("action_required", "u", "s")):
+            for override in (None, Override("alice", "x", HEAD_SHA)):
+                report = rule_report(verdict, "confinement", overall, "s", override, "https://page#rule-confinement")
+                assert report.conclusion not in ("neutral", "skipped")
+                assert report.details_url == "https://page#rule-confinement"
+                if status is Status.neutral and override is None:  # it waits exactly while the overall run waits
+                    assert report.conclusion == (None if overall.conclusion is None else "action_required")
+    assert rule_run_name("gatekeeper / p", "perf_matrix") == "gatekeeper / p / perf_matrix"
 
 
 def test_summary_truncation_stays_under_githubs_limit_and_says_so():
