@@ -21,6 +21,7 @@ from gatekeeper.github.judge import STICKY_MARKER, Judgement, failed_judgement, 
 from gatekeeper.github.pages import page_url
 from gatekeeper.github.publish import publish
 from gatekeeper.github.records import EvaluationKey
+from gatekeeper.verdict import Verdict
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ def _after_publish(ctx: AppContext, gh: Installation, inputs: ReviewInputs, judg
     notes = []
     if page_id is not None and judgement.verdict is not None:
         try:
-            ctx.pages.store(page_id, judgement.verdict.model_dump_json())
+            ctx.pages.store(page_id, page_json(judgement.verdict, inputs))
         except Exception as exc:  # noqa: BLE001 - see the docstring
             notes.append(_after_publish_failed(ctx, inputs, delivery_id, f"the details page could not be stored: "
                                                                           f"{describe(exc)}"))
@@ -89,6 +90,18 @@ def _after_publish(ctx: AppContext, gh: Installation, inputs: ReviewInputs, judg
             notes.append(_after_publish_failed(ctx, inputs, delivery_id,
                                                f"the sticky comment could not be written: {describe(exc)}"))
     return notes
+
+
+def page_json(verdict: Verdict, inputs: ReviewInputs) -> str:
+    """What the details page shows: the verdict, and what the App added to it on the check run (an override, CI's
+    evidence counted as self-reported), under keys the verdict does not have."""
+    data = verdict.model_dump(mode="json")
+    if inputs.override is not None:
+        data["override"] = {"actor": inputs.override.actor, "reason": inputs.override.reason,
+                            "head_sha": inputs.override.head_sha}
+    if inputs.evidence_untrusted is not None:
+        data["evidence_untrusted"] = inputs.evidence_untrusted
+    return json.dumps(data)
 
 
 def _after_publish_failed(ctx: AppContext, inputs: ReviewInputs, delivery_id: str | None, reason: str) -> str:

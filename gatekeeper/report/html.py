@@ -80,7 +80,8 @@ class Heatmap:
 
 def render_html(verdict: Verdict, *, subject: str | None = None, raw: dict[str, Any] | None = None) -> str:
     """The page. `subject` says what was judged ("owner/repo#12 at 1a2b3c4"); `raw` is the verdict as JSON data
-    when it may carry fields this version does not model (a blast radius), shown only when present."""
+    when it may carry fields this version does not model, each shown only when present: a blast radius, and what
+    the App adds (an `override` of the head, why CI's evidence counted as self-reported: `evidence_untrusted`)."""
     data = raw if raw is not None else verdict.model_dump(mode="json")
     checks = [_check_view(check) for check in verdict.checks]
     counts = {s.value: sum(1 for c in verdict.checks if c.status is s) for s in Status}
@@ -92,6 +93,8 @@ def render_html(verdict: Verdict, *, subject: str | None = None, raw: dict[str, 
         undecided=[c.id for c in verdict.checks if c.status is Status.neutral],
         overridden=bool(verdict.signals) and not verdict.agent_assisted,
         blast_radius=data.get("blast_radius"),
+        override=data.get("override"),
+        evidence_untrusted=data.get("evidence_untrusted"),
         csp=CONTENT_SECURITY_POLICY,
     )
 

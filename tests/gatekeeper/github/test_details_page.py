@@ -8,8 +8,8 @@ import re
 import sqlite3
 
 import pytest
-from app_harness import BASE, HEAD, POLICY, REPO, judge_opened, setup_pull
-from fake_github import FakeCommit
+from app_harness import BASE, HEAD, INSTALLATION, POLICY, REPO, file_entry, judge_opened, setup_pull
+from fake_github import FakeCommit, webhook_example
 
 PUBLIC_URL = "https://gatekeeper.example.com"  # the proxy in front of the App; the tests call the App directly
 # Six required perf rows and no perf evidence: six holes in the heatmap, and the verdict undecided.
@@ -85,3 +85,23 @@ def test_the_served_page_loads_in_chromium_with_one_cell_per_perf_row(fake, star
     assert "onerror=alert(1)" in page.locator("#signals").inner_text()  # the hostile trailer, as text
     page.screenshot(path=str(artifacts_dir / "details-page-app.png"), full_page=True)
     assert errors == []
+
+
+def test_the_page_of_an_overridden_head_says_so(fake, start_app):
+    repo = setup_pull(fake, files=[file_entry("vllm/engine/core.py")])
+    repo.permissions["maintainer"] = "write"
+    app = start_app(public_url=PUBLIC_URL)
+    judge_opened(app)
+    comment = webhook_example("issue_comment.created")
+    comment["issue"]["number"] = 2
+    comment["issue"]["pull_request"] = {"url": f"https://api.github.com/repos/{REPO}/pulls/2"}
+    comment["comment"].update(body=f"/gatekeeper override {HEAD[:10]} <b>reviewed</b> by hand")
+    comment["comment"]["user"]["login"] = "maintainer"
+    comment["installation"] = {"id": INSTALLATION}
+    app.send("issue_comment", comment, delivery="d-override")
+    app.wait_done("d-override")
+    [run] = fake.check_runs(REPO, HEAD)
+    assert run["conclusion"] == "success"
+    page = app.client.get(app.url + _page_path(run)).text
+    assert 'id="override"' in page and "@maintainer" in page and "&lt;b&gt;reviewed&lt;/b&gt; by hand" in page
+    assert "FAIL" in page  # what the rules found, under the override
