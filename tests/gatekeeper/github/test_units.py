@@ -161,6 +161,19 @@ def test_config_environment_overrides_file_and_errors_hide_the_secret(tmp_path):
     assert error.value.line == 2 and error.value.source == str(path)
 
 
+def test_the_public_url_is_an_absolute_http_url_kept_without_its_trailing_slash(tmp_path):
+    path = tmp_path / "gatekeeper.yml"
+    path.write_text("app_id: 1\nprivate_key_path: /k.pem\nwebhook_secret: s\n")
+    assert load_config(path, {}).public_url is None
+    assert load_config(path, {"GATEKEEPER_PUBLIC_URL": "https://gk.example.com/app/"}).public_url == \
+        "https://gk.example.com/app"
+    for bad in ("gk.example.com", "ftp://gk.example.com", "https://gk.example.com/?a=1", "https://gk.example.com#x"):
+        with pytest.raises(InputError) as error:
+            load_config(path, {"GATEKEEPER_PUBLIC_URL": bad})
+        assert "public_url: must be an absolute http(s) URL" in str(error.value)
+        assert "GATEKEEPER_PUBLIC_URL" in str(error.value)
+
+
 def test_queue_deduplicates_orders_and_survives_a_crash(tmp_path):
     queue = DeliveryQueue(Database(tmp_path / "q.sqlite3"))
     assert queue.enqueue("a", "pull_request", "opened", b"{}", now=1.0)
