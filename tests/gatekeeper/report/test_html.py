@@ -89,3 +89,12 @@ def test_the_page_loads_offline_in_chromium_with_one_cell_per_row(page_verdict, 
     assert _hostile(page_verdict).replace("\u202e", "\\u{202E}") in page.locator("#signals").inner_text()
     page.screenshot(path=str(artifacts_dir / "details-page.png"), full_page=True)
     assert errors == []
+
+
+def test_a_verdict_from_before_the_per_line_data_still_renders(page_verdict):
+    checks = list(page_verdict.checks)
+    files = [{k: v for k, v in f.items() if k not in ("statements", "excluded")}
+             for f in checks[2].details["files"]]
+    checks[2] = checks[2].model_copy(update={"details": {"files": files}})
+    page = render_html(page_verdict.model_copy(update={"checks": tuple(checks)}))
+    assert "Uncovered: 44 (this verdict predates per-line data)." in page and 'class="ln mono covered"' not in page
