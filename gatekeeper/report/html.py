@@ -112,7 +112,8 @@ def _check_view(check: CheckResult) -> dict[str, Any]:
         view["probes"], shown = details["probes"], {"probes"}
     elif check.id == "confinement" and "touchpoints" in details:
         view["touchpoints"], shown = details["touchpoints"], {"touchpoints"}
-    view["other"] = {k: v for k, v in details.items() if k not in shown}
+    # `markdown`: the table a JSON report adds to the details (json_report.py); the page draws the rows itself.
+    view["other"] = {k: v for k, v in details.items() if k not in shown | {"markdown"}}
     return view
 
 

@@ -91,6 +91,19 @@ def test_the_page_loads_offline_in_chromium_with_one_cell_per_row(page_verdict, 
     assert errors == []
 
 
+def test_a_verdict_read_back_from_the_json_report_renders_as_the_verdict_does(page_verdict):
+    """`gatekeeper check --format json` adds each check's Markdown table to its details: not shown again."""
+    import json
+
+    from gatekeeper.report.json_report import render_json
+    from gatekeeper.verdict import Verdict
+
+    raw = json.loads(render_json(page_verdict))
+    assert "markdown" in raw["checks"][3]["details"]
+    page = render_html(Verdict.model_validate(raw), raw=raw)
+    assert page == render_html(page_verdict)
+
+
 def test_a_verdict_from_before_the_per_line_data_still_renders(page_verdict):
     checks = list(page_verdict.checks)
     files = [{k: v for k, v in f.items() if k not in ("statements", "excluded")}
