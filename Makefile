@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test install install-all
+.PHONY: demo test install install-all browser
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -17,8 +17,12 @@ install: $(BIN)/python
 install-all: $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev,kernels,vllm]'
 
+# Debian's Chromium for the browser tests (tools/install-browser.sh: nothing to do when present).
+browser:
+	tools/install-browser.sh
+
 demo: install
 	$(BIN)/gatekeeper check --policy policies/kimi-k3-latency-specialized.yaml --pr-files examples/pr-confined/pr-files.json --pr examples/pr-confined/pull.json --commits examples/pr-confined/commits.json
 
-test: install-all
+test: install-all browser
 	$(BIN)/python -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc

@@ -192,6 +192,9 @@ class AppSettings(_Strict):
     evidence_wait_minutes: int = Field(default=120, ge=0, le=7 * 24 * 60)
     # Whether a PR's author may override the gatekeeper on their own PR (with write permission).
     allow_author_override: bool = False
+    # single: one check run, `gatekeeper / <policy name>`, for the whole verdict. per_rule: that run and also one
+    # per enabled rule, `gatekeeper / <policy name> / <rule>`, so a ruleset can require a subset of the rules.
+    check_runs: Literal["single", "per_rule"] = "single"
 
 
 class Policy(_Strict):

@@ -74,3 +74,58 @@ def seed(request) -> int:
     request.node.user_properties.append(("seed", value))
     print(f"seed {value} (replay with KIMI_K3_TEST_SEED={value})")
     return value
+
+
+# --- a real headless Chromium for the details page (marker `browser`) -----------------------------------------------
+
+CHROMIUM = os.environ.get("GATEKEEPER_CHROMIUM", "/usr/bin/chromium")  # Debian's `chromium` package
+# Never a browser download (`playwright install`): Playwright drives the system's Chromium, offline.
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def _browser_missing() -> str | None:
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "playwright is not installed (the [dev] extra)"
+    if not os.access(CHROMIUM, os.X_OK):
+        return f"no Chromium at {CHROMIUM} (apt-get install chromium; .ci/run does)"
+    return None
+
+
+@pytest.fixture
+def browser_page(tmp_path):
+    """A page of a fresh headless Chromium (its own user-data-dir) and the console errors and page errors it saw.
+    Skips, saying why, where Chromium or Playwright is missing, unless GATEKEEPER_REQUIRE_BROWSER is set (CI sets it:
+    there a missing browser fails the run instead of skipping it)."""
+    missing = _browser_missing()
+    if missing is not None:
+        if os.environ.get("GATEKEEPER_REQUIRE_BROWSER"):
+            pytest.fail(f"browser tests are required here (GATEKEEPER_REQUIRE_BROWSER) but {missing}")
+        pytest.skip(missing)
+    from playwright.sync_api import sync_playwright
+
+    errors: list[str] = []
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+            viewport={"width": 1200, "height": 900}, offline=False)
+        try:
+            page = context.new_page()
+            page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+            page.on("pageerror", lambda error: errors.append(f"page error: {error}"))
+            page.on("requestfailed", lambda request: errors.append(f"request failed: {request.url}"))
+            yield page, errors
+        finally:
+            context.close()
+
+
+@pytest.fixture
+def artifacts_dir():
+    """Where the browser tests keep their screenshots: CI keeps this folder (git-ignored) as an artifact."""
+    from pathlib import Path
+
+    path = Path(os.environ.get("GATEKEEPER_ARTIFACTS", Path(__file__).parents[1] / "artifacts"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path

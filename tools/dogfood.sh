@@ -13,7 +13,8 @@
 # them for the perf commit window. Nothing in this checkout (index, work tree, refs) is touched.
 #
 # The change is treated as agent-assisted, so every rule of the policy applies, and an undecided rule fails
-# (--strict). Reports go to $DOGFOOD_OUT (default: a temporary directory).
+# (--strict). Reports go to $DOGFOOD_OUT (default: a temporary directory): report.md, verdict.json and the details
+# page, report.html.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -63,6 +64,8 @@ echo "dogfood: judging the contribution at $(git rev-parse --short "$head") (${b
   --format markdown --output "$OUT/report.md" --strict || true
 "$GATEKEEPER" check --policy "$POLICY" --base "$start" --evidence "$OUT/evidence.json" --agent-assisted \
   --format json --output "$OUT/verdict.json" --strict || true
+"$GATEKEEPER" check --policy "$POLICY" --base "$start" --evidence "$OUT/evidence.json" --agent-assisted \
+  --format html --output "$OUT/report.html" --strict || true
 if [ -z "${DOGFOOD_REQUIRE:-}" ]; then
   "$GATEKEEPER" check --policy "$POLICY" --base "$start" --evidence "$OUT/evidence.json" --agent-assisted --strict
   exit

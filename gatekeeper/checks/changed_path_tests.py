@@ -27,6 +27,8 @@ class FileVerdict:
     sources: tuple[str, ...]     # the labels of the runs that covered something, with their trust
     excluded: tuple[int, ...]    # changed lines the coverage configuration excluded from measurement
     measured: bool               # False: no run measured this file at all
+    # Per changed statement, the tests that executed it (empty: uncovered), for the details page's hover.
+    line_tests: tuple[tuple[int, tuple[str, ...]], ...] = ()
 
     @property
     def ratio(self) -> float:
@@ -103,18 +105,21 @@ def file_verdict(change: FileChange, runs: tuple[TestRun, ...]) -> FileVerdict:
     tests: dict[str, None] = {}
     sources: dict[str, None] = {}
     uncovered = []
+    line_tests = []
     for line in changed:
-        covered = False
+        ran: dict[str, None] = {}
         for run_, cov in coverages:
             names = run_.context_names(cov.covered.get(line, ()))
             if names:
-                covered = True
                 sources[f"{run_.label} ({run_.origin.trust.replace('_', '-')})"] = None
-                tests.update(dict.fromkeys(names))
-        if not covered:
+                ran.update(dict.fromkeys(names))
+        if not ran:
             uncovered.append(line)
+        tests.update(ran)
+        line_tests.append((line, tuple(ran)))
     excluded = tuple(sorted(set(change.added_lines) & set(reference.excluded)))
-    return FileVerdict(change.path, changed, tuple(uncovered), tuple(tests), tuple(sources), excluded, measured=True)
+    return FileVerdict(change.path, changed, tuple(uncovered), tuple(tests), tuple(sources), excluded, measured=True,
+                       line_tests=tuple(line_tests))
 
 
 def changed_statements(added_lines: tuple[int, ...], coverage: FileCoverage) -> tuple[int, ...]:
@@ -166,6 +171,7 @@ def line_ranges(lines: tuple[int, ...] | list[int]) -> str:
 
 
 def _file_row(verdict: FileVerdict, settings: ChangedPathTestsSettings) -> dict:
+    index = {test: i for i, test in enumerate(verdict.tests)}
     return {
         "path": verdict.path,
         "measured": verdict.measured,
@@ -175,7 +181,23 @@ def _file_row(verdict: FileVerdict, settings: ChangedPathTestsSettings) -> dict:
         "tests": list(verdict.tests),
         "sources": list(verdict.sources),
         "ok": not _file_findings_errors(verdict, settings),
+        # Which tests ran which changed statements, for the details page: the statements grouped by the set of
+        # tests that ran them (as indices into `tests`; an empty set: uncovered), each group's lines as [first,
+        # last] runs of consecutive statements. A PR's thousands of statements make a few hundred groups.
+        "statements": _statement_groups(verdict.line_tests, index),
+        "excluded": list(verdict.excluded),  # changed lines the coverage configuration left out
     }
+
+
+def _statement_groups(line_tests: tuple[tuple[int, tuple[str, ...]], ...], index: dict[str, int]) -> list[dict]:
+    groups: dict[tuple[int, ...], list[list[int]]] = {}
+    for line, ran in line_tests:
+        runs = groups.setdefault(tuple(index[t] for t in ran), [])
+        if runs and runs[-1][1] == line - 1:
+            runs[-1][1] = line
+        else:
+            runs.append([line, line])
+    return [{"lines": runs, "tests": list(tests)} for tests, runs in groups.items()]
 
 
 def _file_findings_errors(verdict: FileVerdict, settings: ChangedPathTestsSettings) -> bool:

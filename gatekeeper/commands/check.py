@@ -61,7 +61,8 @@ def register(subparsers) -> None:
         "--not-agent-assisted", dest="declared", action="store_const", const=False,
         help="treat the change as not agent-assisted, overriding any signal (the report lists them)",
     )
-    parser.add_argument("--format", choices=("terminal", "markdown", "json"), default="terminal")
+    parser.add_argument("--format", choices=("terminal", "markdown", "json", "html"), default="terminal",
+                        help="html: the details page the App serves, one self-contained file (use with --output)")
     parser.add_argument("--output", metavar="FILE", help="write the report to FILE instead of stdout")
     parser.add_argument("--strict", action="store_true", help="exit 1 on a neutral verdict, not 0")
     parser.set_defaults(func=run, parser=parser)
@@ -149,6 +150,8 @@ def _write_report(verdict: Verdict, args) -> None:
     else:
         if args.format == "json":
             from gatekeeper.report.json_report import render_json as render
+        elif args.format == "html":
+            from gatekeeper.report.html import render_html as render
         else:
             from gatekeeper.report.markdown import render_markdown as render
         text = render(verdict)

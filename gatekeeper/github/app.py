@@ -1,4 +1,5 @@
-"""The ASGI app: POST /webhook (verify, validate, persist, acknowledge) and GET /healthz.
+"""The ASGI app: POST /webhook (verify, validate, persist, acknowledge), GET /healthz, and GET /evaluations/<id>
+(an evaluation's details page, which the check run's details_url links to when `public_url` is set).
 
 Acknowledging is all the request does: the delivery is committed to the SQLite queue and the worker
 threads do the GitHub work, so GitHub gets its answer in milliseconds and a crash loses nothing.
@@ -7,6 +8,7 @@ threads do the GitHub work, so GitHub gets its answer in milliseconds and a cras
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -16,7 +18,7 @@ from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from gatekeeper.github import signature
@@ -26,10 +28,13 @@ from gatekeeper.github.context import AppContext
 from gatekeeper.github.db import Database
 from gatekeeper.github.events import ACTED_ON, EVENT_MODELS, installation_id
 from gatekeeper.github.health import Health
+from gatekeeper.github.pages import Pages
 from gatekeeper.github.queue import DeliveryQueue
 from gatekeeper.github.reconcile import Reconciler
 from gatekeeper.github.records import Records
 from gatekeeper.github.worker import Worker, WorkerProcess
+from gatekeeper.report.html import CONTENT_SECURITY_POLICY, render_html
+from gatekeeper.verdict import Verdict
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +62,7 @@ def create_app(config: AppConfig, workers: Literal["process", "threads"] = "proc
             runner, reconciler = Worker(ctx), Reconciler(ctx)
             reconciler.start()
         app.state.queue, app.state.health = queue, Health(config, queue, runner)
+        app.state.pages = Pages(db)
         runner.start()
         try:
             yield
@@ -119,10 +125,32 @@ def create_app(config: AppConfig, workers: Literal["process", "threads"] = "proc
         status, body = await run_in_threadpool(request.app.state.health.report)
         return JSONResponse(body, status_code=status)
 
+    async def evaluation(request: Request) -> Response:
+        return await run_in_threadpool(details_page, request.app.state.pages, request.path_params["page_id"])
+
     return Starlette(
-        routes=[Route("/webhook", webhook, methods=["POST"]), Route("/healthz", healthz, methods=["GET"])],
+        routes=[Route("/webhook", webhook, methods=["POST"]), Route("/healthz", healthz, methods=["GET"]),
+                Route("/evaluations/{page_id}", evaluation, methods=["GET"])],
         lifespan=lifespan,
     )
+
+
+# The page is the verdict and nothing else: no script may run, nothing is fetched, no other site may frame it,
+# and its address (the access to it) is not sent on as a referrer.
+PAGE_HEADERS = {"Content-Security-Policy": CONTENT_SECURITY_POLICY + "; frame-ancestors 'none'",
+                "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "Cache-Control": "no-cache"}
+
+
+def details_page(pages: Pages, page_id: str) -> Response:
+    """An evaluation's details page, rendered from its stored verdict; 404 for an unknown id or a verdict not
+    published yet."""
+    stored = pages.get(page_id)
+    if stored is None or stored.verdict_json is None:
+        return HTMLResponse("<!DOCTYPE html><title>Not found</title><p>No published evaluation has this address.",
+                            status_code=404, headers=PAGE_HEADERS)
+    raw = json.loads(stored.verdict_json)
+    verdict = Verdict.model_validate(raw)
+    return HTMLResponse(render_html(verdict, subject=stored.subject, raw=raw), headers=PAGE_HEADERS)
 
 
 class _Busy(Exception):

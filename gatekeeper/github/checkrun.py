@@ -62,17 +62,57 @@ def check_run_name(policy_name: str) -> str:
     return NAME_PREFIX + policy_name
 
 
+def rule_run_name(check_name: str, rule: str) -> str:
+    """A rule's own run (`app.check_runs: per_rule`): the policy's run name, then the rule. A policy name has no
+    slash, so the rule runs of a check are exactly the runs named `<its name> / ...`."""
+    return f"{check_name} / {rule}"
+
+
+def rule_report(verdict: Verdict, rule: str, overall: CheckRunReport, summary_markdown: str,
+                override: Override | None = None, details_url: str | None = None) -> CheckRunReport:
+    """One rule's run, beside the overall one (`overall`, already computed from the same verdict). Like it, never
+    neutral or skipped: a passed rule is `success`; a rule the mode does not require is `success` too, saying so
+    (the policy decided it need not hold here, as the overall run does); an override makes the others `success`;
+    a failed rule `failure`; an undecided one waits while the overall run waits, then `action_required`."""
+    result = next(c for c in verdict.checks if c.id == rule)
+    notes = tuple(a for a in annotations(verdict) if a["title"] == rule)
+    summary, url = truncate(summary_markdown), details_url or overall.details_url
+    first = result.summary.splitlines()[0] if result.summary else ""
+    if result.status is Status.passed:
+        return CheckRunReport("success", _short(f"Passed: {first}"), summary, notes, url)
+    if result.status is Status.skipped:
+        return CheckRunReport("success", _short(f"Not required: {first}"), summary, notes, url)
+    was = CONCLUSIONS.get(result.status.value, "undecided")
+    if override is not None and verdict.verdict != "pass":
+        note = (f"> **Overridden** by @{override.actor} for head `{override.head_sha[:12]}`: {override.reason}\n>\n"
+                f"> Without the override this rule's conclusion would be `{was}`.\n\n")
+        return CheckRunReport("success", f"Overridden by @{override.actor} (was {was})", truncate(note + summary_markdown),
+                              notes, url)
+    if result.status is Status.failed:
+        return CheckRunReport("failure", _short(f"Failed: {first}"), summary, notes, url)
+    if overall.conclusion is None:  # the overall run waits for CI's evidence: so does this rule
+        return CheckRunReport(None, f"Waiting for evidence: {rule}", summary, notes, url)
+    return CheckRunReport("action_required", f"Undecided: {rule}", summary, notes, url)
+
+
+def _short(title: str, limit: int = 120) -> str:
+    return title if len(title) <= limit else title[: limit - 1] + "…"
+
+
 def verdict_report(verdict: Verdict, summary_markdown: str, override: Override | None = None,
-                   missing: MissingEvidence | None = None) -> CheckRunReport:
-    """`missing` is required for a neutral verdict: an undecided check must say what would decide it."""
+                   missing: MissingEvidence | None = None, page_url: str | None = None) -> CheckRunReport:
+    """`missing` is required for a neutral verdict: an undecided check must say what would decide it.
+    `page_url`: the evaluation's details page, the run's details_url (else, undecided, the evidence workflow's)."""
     notes = tuple(annotations(verdict))
     if override is not None and verdict.verdict != "pass":
         was = CONCLUSIONS.get(verdict.verdict, "undecided")
         summary = (f"> **Overridden** by @{override.actor} for head `{override.head_sha[:12]}`: {override.reason}\n>\n"
                    f"> Without the override the conclusion would be `{was}`.\n\n") + summary_markdown
-        return CheckRunReport("success", f"Overridden by @{override.actor} (was {was})", truncate(summary), notes)
+        return CheckRunReport("success", f"Overridden by @{override.actor} (was {was})", truncate(summary), notes,
+                              page_url)
     if verdict.verdict != "neutral":
-        return CheckRunReport(CONCLUSIONS[verdict.verdict], _title(verdict), truncate(summary_markdown), notes)
+        return CheckRunReport(CONCLUSIONS[verdict.verdict], _title(verdict), truncate(summary_markdown), notes,
+                              page_url)
     if missing is None:
         raise ValueError("an undecided verdict needs the missing evidence described")
     undecided = ", ".join(r.id for r in verdict.checks if r.status is Status.neutral)
@@ -83,10 +123,10 @@ def verdict_report(verdict: Verdict, summary_markdown: str, override: Override |
         head = (f"**Waiting** for {missing.awaited} (undecided: {undecided}). The check stays in progress until "
                 f"the evidence arrives or until {until}; then, still undecided, it concludes `action_required`.\n\n")
         return CheckRunReport(None, f"Waiting for evidence: {undecided}", truncate(head + how + summary_markdown),
-                              notes, missing.details_url)
+                              notes, page_url or missing.details_url)
     head = f"**Undecided: {undecided}.** A required rule could not be decided, so this check does not pass.\n\n"
     return CheckRunReport("action_required", f"Undecided: {undecided}", truncate(head + how + summary_markdown),
-                          notes, missing.details_url)
+                          notes, page_url or missing.details_url)
 
 
 def error_report(reason: str, title: str = "Could not evaluate") -> CheckRunReport:

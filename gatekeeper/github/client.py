@@ -214,8 +214,11 @@ class Installation:
 
     def our_check_runs(self, repo: str, head_sha: str, app_id: int, name: str | None = None) -> list[dict[str, Any]]:
         # Raw pages, not PyGithub's CheckRun objects (reading their raw_data GETs each run again). Another
-        # App may use the same name; only our own runs count.
-        params = {"check_name": name} if name else {}
+        # App may use the same name; only our own runs count (asked of GitHub too: CI's many runs stay out of the
+        # pages when all our runs of a head are listed).
+        params: dict[str, Any] = {"app_id": app_id}
+        if name:
+            params["check_name"] = name
         runs = self._pages(f"/repos/{repo}/commits/{head_sha}/check-runs", list_item="check_runs", **params)
         return [run for run in runs if (run.get("app") or {}).get("id") == app_id]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
@@ -26,6 +27,7 @@ ENV_FIELDS = {
     "GATEKEEPER_PRIVATE_KEY_PATH": "private_key_path",
     "GATEKEEPER_DB": "db_path",
     "GATEKEEPER_GITHUB_API_URL": "github_api_url",
+    "GATEKEEPER_PUBLIC_URL": "public_url",
 }
 
 
@@ -66,6 +68,19 @@ class AppConfig(BaseModel):
     job_lease_s: float = Field(default=60.0, gt=0)
     # How long /healthz trusts its last "does GitHub accept the App's JWT" answer; 0 disables the check.
     health_github_check_s: float = Field(default=60.0, ge=0)
+    # Where people reach this server (https://gatekeeper.example.com): the check runs' details_url then links
+    # each evaluation's details page (/evaluations/<id>). None: no pages are kept and no run links one.
+    public_url: str | None = None
+
+    @field_validator("public_url")
+    @classmethod
+    def _absolute_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", value):
+            raise PydanticCustomError("public_url", "must be an absolute http(s) URL without query or fragment, "
+                                                    "like https://gatekeeper.example.com")
+        return value.rstrip("/")
 
     @field_validator("webhook_secret")
     @classmethod

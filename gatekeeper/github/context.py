@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from gatekeeper.github.client import GitHubApp
 from gatekeeper.github.config import AppConfig
+from gatekeeper.github.pages import Pages
 from gatekeeper.github.queue import DeliveryQueue
 from gatekeeper.github.records import Records
 
@@ -37,6 +38,11 @@ class AppContext:
     records: Records  # on the queue's database
     github: GitHubApp
     pr_locks: KeyedLocks = field(default_factory=KeyedLocks)
+    pages: Pages | None = None  # the details pages, on the records' database (made from it when not given)
+
+    def __post_init__(self) -> None:
+        if self.pages is None:
+            self.pages = Pages(self.records.db)
 
 
 @dataclass

@@ -18,6 +18,7 @@ from gatekeeper.github.checkrun import (
     CheckRunReport,
     check_run_name,
     error_report,
+    rule_run_name,
     truncate,
 )
 from gatekeeper.github.context import AppContext, Progress
@@ -194,39 +195,72 @@ _QUEUE_REF = re.compile(r"^(?:refs/heads/)?gh-readonly-queue/.+/pr-(?P<number>\d
 def _merge_group(ctx: AppContext, event: MergeGroupEvent, job: Job, progress: Progress) -> str:
     """A merge group carries the verdict of the pull request it merges: success only if the gatekeeper
     published success (or an override) for exactly that PR head, and the group changes no file that PR
-    does not. The group's own check run has the required check's name, so the queue can wait for it."""
+    does not. The group's own check run has the required check's name, so the queue can wait for it. With the
+    policy's `app.check_runs: per_rule`, each rule's run on the group likewise carries that rule's run on the PR
+    head: `success` only where that run concluded `success` and the group changes no other file."""
     group, repo = event.merge_group, event.repository.full_name
     gh = ctx.github.installation(installation_id(event))
     progress.installation_id, progress.repo, progress.head_sha = installation_id(event), repo, group.head_sha
     base = group.base_sha or group.base_ref
     loaded, problem = read_base_policy(ctx.config, gh, repo, base, f"at the group's base `{base}`")
+    rules: list[tuple[str, CheckRunReport]] = []
     if loaded is None:
         report, name = error_report(problem, title="No valid gatekeeper policy"), NO_POLICY_NAME
     else:
         name = check_run_name(loaded.policy.name)
         progress.check_name = name
-        report = _merge_group_report(ctx, gh, event, progress)
+        carry = _merge_group_carrier(ctx, gh, event)
+        report = carry(None)
+        if loaded.policy.app.check_runs == "per_rule":
+            rules = [(rule_run_name(name, rule), carry(rule_run_name(name, rule)))
+                     for rule in loaded.policy.checks.enabled()]
+    outcomes = ",".join(r.outcome for r in (report, *(rule for _, rule in rules)))
     key = EvaluationKey(repo, 0, group.head_sha, loaded.sha256 if loaded else "",
-                        hashlib.sha256(f"{group.head_ref}:{report.outcome}".encode()).hexdigest())
-    _, outcome = publish(ctx, gh, key, name, report, delivery_id=job.delivery_id, evidence_sha256=None)
+                        hashlib.sha256(f"{group.head_ref}:{outcomes}".encode()).hexdigest())
+    _, outcome = publish(ctx, gh, key, name, report, delivery_id=job.delivery_id, evidence_sha256=None, rules=rules)
     progress.published = True
     return f"merge group {group.head_sha[:12]}: {outcome}"
 
 
-def _merge_group_report(ctx: AppContext, gh, event: MergeGroupEvent, progress: Progress) -> CheckRunReport:
+def _merge_group_carrier(ctx: AppContext, gh, event: MergeGroupEvent) -> Callable[[str | None], CheckRunReport]:
+    """What the group's runs say: `carry(None)` for the overall run, `carry(rule run name)` for a rule's run. The
+    PR and its files are read once, whatever the number of runs."""
     group, repo = event.merge_group, event.repository.full_name
     match = _QUEUE_REF.match(group.head_ref)
     if match is None:
-        return error_report(f"the merge group's ref `{group.head_ref}` does not name a pull request and its head")
+        report = error_report(f"the merge group's ref `{group.head_ref}` does not name a pull request and its head")
+        return lambda run_name: report
     number, pr_head = int(match.group("number")), match.group("head")
     decision = ctx.records.latest_decision(repo, number, pr_head)
     if decision is None:  # not judged here yet (e.g. the App was installed after the PR was last pushed)
         review_pull_request(ctx, installation_id(event), repo, number, Progress(), delivery_id=None, head_sha=pr_head)
         decision = ctx.records.latest_decision(repo, number, pr_head)
-    if decision != "success":
-        return CheckRunReport("failure", f"PR #{number} is not passed by the gatekeeper", truncate(
-            f"The merge group merges PR #{number} at `{pr_head[:12]}`, whose gatekeeper check is "
-            f"`{decision or 'missing'}`. Only a PR head the gatekeeper passed may be merged.\n"))
+    read: dict[str, object] = {}  # what only some runs need, read once: the PR head's runs, the group's files
+
+    def carry(run_name: str | None) -> CheckRunReport:
+        carried, what = decision, "gatekeeper check"
+        if run_name is not None:  # the rule's run on the PR head, as published there
+            if "runs" not in read:
+                read["runs"] = gh.our_check_runs(repo, pr_head, ctx.config.app_id)
+            same = [r for r in read["runs"] if r["name"] == run_name]
+            carried = same[0].get("conclusion") if len(same) == 1 and same[0]["status"] == "completed" else None
+            what = f"check run `{run_name}`"
+        if carried != "success":
+            return CheckRunReport("failure", f"PR #{number} is not passed by the gatekeeper", truncate(
+                f"The merge group merges PR #{number} at `{pr_head[:12]}`, whose {what} is "
+                f"`{carried or 'missing'}`. Only a PR head the gatekeeper passed may be merged.\n"))
+        if "extra" not in read:
+            read["extra"] = _merge_group_extra_files(gh, event, number)
+        return read["extra"] or CheckRunReport("success", f"Carries PR #{number}'s verdict", truncate(
+            f"The merge group merges PR #{number} at `{pr_head[:12]}`, whose {what} passed, and changes no "
+            f"other file.\n"))
+
+    return carry
+
+
+def _merge_group_extra_files(gh, event: MergeGroupEvent, number: int) -> CheckRunReport | None:
+    """A failure when the group changes files the PR does not (it holds another PR's changes); else None."""
+    group, repo = event.merge_group, event.repository.full_name
     compared = gh.compare(repo, group.base_sha or group.base_ref, group.head_sha)
     entries = gh.pull_request_files(repo, number, 3000)
     judged = {e["filename"] for e in entries} | {e["previous_filename"] for e in entries if e.get("previous_filename")}
@@ -237,9 +271,7 @@ def _merge_group_report(ctx: AppContext, gh, event: MergeGroupEvent, progress: P
         return CheckRunReport("failure", "Merge group holds more than the judged PR", truncate(
             f"The merge group cannot carry PR #{number}'s verdict: {why}. The gatekeeper judges merge groups of "
             f"one pull request each (set the merge queue's maximum group size to 1).\n"))
-    return CheckRunReport("success", f"Carries PR #{number}'s verdict", truncate(
-        f"The merge group merges PR #{number} at `{pr_head[:12]}`, which the gatekeeper passed, and changes no "
-        f"other file.\n"))
+    return None
 
 
 def _installation(ctx: AppContext, event: InstallationEvent, job: Job, progress: Progress) -> str:

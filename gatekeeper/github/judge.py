@@ -17,14 +17,18 @@ from gatekeeper.github.checkrun import (
     MissingEvidence,
     check_run_name,
     error_report,
+    rule_report,
+    rule_run_name,
     too_many_files_report,
     verdict_report,
 )
 from gatekeeper.github.config import AppConfig
 from gatekeeper.github.inputs import ReviewInputs
 from gatekeeper.inputs import EvaluationInputs, verdict_for
+from gatekeeper.policy import LoadedPolicy
 from gatekeeper.report.markdown import render_markdown
 from gatekeeper.sources.github import changes_from_pr_file_entries, pull_request_from_json, with_tree_facts
+from gatekeeper.verdict import Status, Verdict
 
 STICKY_MARKER = "<!-- gatekeeper:sticky-comment -->"
 
@@ -35,6 +39,18 @@ class Judgement:
     report: CheckRunReport
     comment: str | None = None  # the sticky comment (marker + Markdown), when there is a verdict to show
     wait_until: float | None = None  # the report waits for CI's evidence until then
+    verdict: Verdict | None = None  # what the details page shows, when there is a verdict
+    # The rules' own runs (policy `app.check_runs: per_rule`), published with the overall one: (name, report).
+    rules: tuple[tuple[str, CheckRunReport], ...] = ()
+
+
+def failed_judgement(name: str, report: CheckRunReport, policy: LoadedPolicy | None) -> Judgement:
+    """A report that is not a verdict (too many files, an error while judging): the overall run and, per rule,
+    every rule's run say it, so that none of them passes what was not judged."""
+    rules = ()
+    if policy is not None and policy.policy.app.check_runs == "per_rule":
+        rules = tuple((rule_run_name(name, rule), report) for rule in policy.policy.checks.enabled())
+    return Judgement(name, report, rules=rules)
 
 
 class HeadSnapshot:
@@ -60,16 +76,17 @@ class HeadSnapshot:
         return [path for path, entry in self._tree.items() if entry.type == "blob"]
 
 
-def judge(config: AppConfig, inputs: ReviewInputs, read_blob: Callable[[str], bytes]) -> Judgement:
+def judge(config: AppConfig, inputs: ReviewInputs, read_blob: Callable[[str], bytes],
+          page_url: str | None = None) -> Judgement:
     """Raises on anything unexpected (malformed GitHub data, unreadable evidence): the caller reports it as a
-    failure to evaluate."""
+    failure to evaluate. `page_url`: the details page the reports link to (the App's public URL is set)."""
     loaded = inputs.policy
     if loaded is None:
         return Judgement(NO_POLICY_NAME, error_report(inputs.policy_problem or "no policy",
                                                       title="No valid gatekeeper policy on the base branch"))
     name = check_run_name(loaded.policy.name)
     if inputs.file_count:
-        return Judgement(name, too_many_files_report(inputs.file_count, loaded.policy.max_files))
+        return failed_judgement(name, too_many_files_report(inputs.file_count, loaded.policy.max_files), loaded)
     changes = changes_from_pr_file_entries(list(inputs.entries), list(inputs.commits))
     changes = with_tree_facts(changes, inputs.head_tree, inputs.old_tree, inputs.blobs).model_copy(
         update={"base_sha": inputs.base_sha, "head_sha": inputs.head_sha})  # the perf check's commit window
@@ -80,14 +97,30 @@ def judge(config: AppConfig, inputs: ReviewInputs, read_blob: Callable[[str], by
     verdict = verdict_for(EvaluationInputs(loaded, changes, info, evidence,
                                            evidence_untrusted=inputs.evidence_untrusted,
                                            snapshot=HeadSnapshot(inputs.head_tree, read_blob)))
-    summary = render_markdown(verdict)
+    summary = render_markdown(verdict, details_url=page_url)
     if inputs.evidence_untrusted is not None:
         summary = f"> **CI's evidence counts as self-reported:** {inputs.evidence_untrusted}.\n\n" + summary
-    missing = missing_evidence(config, inputs) if verdict.verdict == "neutral" else None
-    comment = STICKY_MARKER + "\n" + render_markdown(verdict, template="pr_comment",
+    # An undecided rule says what would decide it, on the overall run or (per_rule) on its own.
+    missing = missing_evidence(config, inputs) if any(c.status is Status.neutral for c in verdict.checks) else None
+    comment = STICKY_MARKER + "\n" + render_markdown(verdict, template="pr_comment", details_url=page_url,
                                                      max_chars=SUMMARY_LIMIT - len(STICKY_MARKER) - 1)
-    report = verdict_report(verdict, summary, inputs.override, missing)
-    return Judgement(name, report, comment, missing.wait_until if missing and report.conclusion is None else None)
+    report = verdict_report(verdict, summary, inputs.override, missing, page_url)
+    rules = ()
+    if loaded.policy.app.check_runs == "per_rule":
+        fallback = missing.details_url if missing is not None else None  # action_required needs a details_url
+        rules = tuple(_rule_run(name, rule, verdict, report, inputs, page_url, fallback)
+                      for rule in loaded.policy.checks.enabled())
+    return Judgement(name, report, comment, missing.wait_until if missing and report.conclusion is None else None,
+                     verdict, rules)
+
+
+def _rule_run(name: str, rule: str, verdict: Verdict, overall: CheckRunReport, inputs: ReviewInputs,
+              page_url: str | None, fallback_url: str | None) -> tuple[str, CheckRunReport]:
+    url = f"{page_url}#rule-{rule}" if page_url else fallback_url  # the page's section of this rule
+    summary = render_markdown(verdict, template="rule_run", only=rule, details_url=url)
+    if inputs.evidence_untrusted is not None:
+        summary = f"> **CI's evidence counts as self-reported:** {inputs.evidence_untrusted}.\n\n" + summary
+    return rule_run_name(name, rule), rule_report(verdict, rule, overall, summary, inputs.override, url)
 
 
 def missing_evidence(config: AppConfig, inputs: ReviewInputs) -> MissingEvidence:

@@ -1,4 +1,5 @@
-"""Reports of a Verdict: Markdown (check-run summary, PR comment), JSON (the versioned contract), terminal.
+"""Reports of a Verdict: Markdown (check-run summary, PR comment), JSON (the versioned contract), terminal, and the
+HTML details page.
 
 The renderers load on first use: `gatekeeper check --format json` should not pay for jinja2 and rich.
 """
@@ -8,7 +9,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_MODULES = {"render_json": "json_report", "render_markdown": "markdown", "render_terminal": "terminal"}
+_MODULES = {"render_json": "json_report", "render_markdown": "markdown", "render_terminal": "terminal",
+            "render_html": "html"}
 __all__ = sorted(_MODULES)
 
 

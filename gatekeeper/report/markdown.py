@@ -1,4 +1,5 @@
-"""Markdown reports from jinja2 templates: the check-run summary the App posts, and the PR comment.
+"""Markdown reports from jinja2 templates: the check-run summary the App posts, the PR comment, and the summary of
+one rule's own check run (`rule_run`, with `only`: the App's `app.check_runs: per_rule`).
 
 Each check may add a `details` section. Its `CheckResult.details` is rendered by the template
 `details_<check id>.md.j2` when one exists; else, when the check's rows make a table of `tables.py` (a perf
@@ -15,7 +16,7 @@ import jinja2
 
 from gatekeeper.report.tables import details_table
 from gatekeeper.report.text import md_code, md_text, md_trusted
-from gatekeeper.verdict import CheckResult, Status, Verdict
+from gatekeeper.verdict import CheckId, CheckResult, Status, Verdict
 
 # GitHub rejects a check-run summary or a comment longer than this many characters.
 GITHUB_TEXT_LIMIT = 65535
@@ -25,7 +26,7 @@ _LIMITS = ((None, None), (200, 100), (50, 20), (10, 5), (0, 0))
 STATUS_ICONS = {"pass": "✅", "fail": "❌", "neutral": "⚪", "skipped": "⏭️"}
 SEVERITY_ICONS = {"error": "❌", "warning": "⚠️", "notice": "ℹ️"}
 
-Template = Literal["check_run", "pr_comment"]
+Template = Literal["check_run", "pr_comment", "rule_run"]
 
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("gatekeeper.report", "templates"),
@@ -50,17 +51,21 @@ def render_markdown(
     template: Template = "check_run",
     details_url: str | None = None,
     max_chars: int = GITHUB_TEXT_LIMIT,
+    only: CheckId | None = None,
 ) -> str:
     """The verdict as Markdown of at most `max_chars` characters.
 
     When the full text is too long, findings are cut per check (200, 50, 10, then none) and signals too
     (100, 20, 5, none), and the report says how many are not shown; as a last resort the text is cut and
-    says so.
+    says so. `only`: show that rule alone (the `rule_run` template).
     """
     jinja_template = _ENV.get_template(f"{template}.md.j2")
     text = ""
     for finding_limit, signal_limit in _LIMITS:
-        text = jinja_template.render(**_context(verdict, details_url, finding_limit, signal_limit))
+        context = _context(verdict, details_url, finding_limit, signal_limit)
+        if only is not None:
+            context["checks"] = [c for c in context["checks"] if c["result"].id == only]
+        text = jinja_template.render(**context)
         if len(text) <= max_chars:
             return text
     note = "\n\n… report truncated to fit GitHub's limit; run `gatekeeper check --format json` for all of it.\n"

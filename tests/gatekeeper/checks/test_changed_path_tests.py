@@ -73,6 +73,25 @@ def test_new_function_without_a_test_fails_with_the_uncovered_ranges():
     assert "3-6, 8" in details_table(result)
 
 
+def test_the_details_say_which_tests_ran_which_changed_statements():
+    """For the details page: statements grouped by the tests that ran them, as runs of consecutive lines; the
+    statements of both runs (trusted and GPU) merged per line."""
+    gpu_contexts = ("tests/tiny/test_gpu.py::test_kernel",)
+    gpu = TestRun(origin=GPU, label="gpu", tests=(TestCase(id=gpu_contexts[0], outcome="passed"),),
+                  contexts=gpu_contexts, files=(coverage(statements=(1, 2, 3, 4, 5, 6, 8), covered={5: (0,), 2: (0,)}),),
+                  exit_code=0)
+    cpu = test_run([coverage(statements=(1, 2, 3, 4, 5, 6, 8), covered={1: (1,), 2: (1,), 3: (1,)})])
+    result = check([change(added=(1, 2, 3, 4, 5, 6, 8), path="tiny/ops.py")], [cpu, gpu], minimum=0.5)
+    row = result.details["files"][0]
+    assert row["tests"] == ["tests/tiny/test_ops.py::test_add", "tests/tiny/test_gpu.py::test_kernel"]
+    assert row["statements"] == [
+        {"lines": [[1, 1], [3, 3]], "tests": [0]},
+        {"lines": [[2, 2]], "tests": [0, 1]},
+        {"lines": [[4, 4], [6, 6], [8, 8]], "tests": []},
+        {"lines": [[5, 5]], "tests": [1]},
+    ]
+
+
 def test_one_untested_file_cannot_hide_behind_a_tested_one():
     big = coverage(path="tiny/big.py", statements=tuple(range(1, 101)), covered={n: (1,) for n in range(1, 101)})
     small = coverage(path="tiny/small.py", statements=(1, 2), covered={})

@@ -44,6 +44,15 @@ def test_markdown_output_passes_with_exit_0(policy_file, gatekeeper):
     assert result.stderr == ""
 
 
+def test_html_output_is_the_details_page(policy_file, gatekeeper, tmp_path):
+    out = tmp_path / "report.html"
+    result = gatekeeper("check", "--policy", policy_file, *_pr_args(ESCAPES), "--format", "html", "--output", out)
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"gatekeeper: FAIL; report written to {out}")
+    page = out.read_text(encoding="utf-8")
+    assert page.startswith("<!DOCTYPE html>") and 'id="rule-confinement"' in page and "gatekeeper/evaluate.py" in page
+
+
 def test_terminal_output_to_a_file(policy_file, gatekeeper, tmp_path):
     out = tmp_path / "report.txt"
     result = gatekeeper("check", "--policy", policy_file, *_pr_args(ESCAPES), "--output", out)

@@ -14,6 +14,9 @@ from gatekeeper.errors import InputError
 from gatekeeper.github import signature
 from gatekeeper.github.checkrun import (
     STRENGTH,
+    CheckRunReport,
+    rule_report,
+    rule_run_name,
     SUMMARY_LIMIT,
     MissingEvidence,
     error_report,
@@ -119,6 +122,21 @@ def test_no_verdict_concludes_neutral_or_skipped_which_github_counts_as_passing(
     assert STRENGTH["success"] < STRENGTH["in_progress"] < STRENGTH["action_required"] < STRENGTH["failure"]
 
 
+def test_no_rule_run_concludes_neutral_or_skipped_whatever_the_rule_and_the_overall_run_say():
+    for status in Status:
+        verdict = Verdict(verdict="fail", policy=PolicyRef(name="p", sha256="0" * 64), agent_assisted=True,
+                          checks=(CheckResult(id="confinement", status=status, summary="s"),))
+        for overall in (CheckRunReport(None, "waiting", "s"), CheckRunReport("failure", "f", "s"),
+                        CheckRunReport("action_required", "u", "s")):
+            for override in (None, Override("alice", "x", HEAD_SHA)):
+                report = rule_report(verdict, "confinement", overall, "s", override, "https://page#rule-confinement")
+                assert report.conclusion not in ("neutral", "skipped")
+                assert report.details_url == "https://page#rule-confinement"
+                if status is Status.neutral and override is None:  # it waits exactly while the overall run waits
+                    assert report.conclusion == (None if overall.conclusion is None else "action_required")
+    assert rule_run_name("gatekeeper / p", "perf_matrix") == "gatekeeper / p / perf_matrix"
+
+
 def test_summary_truncation_stays_under_githubs_limit_and_says_so():
     text = truncate("x" * (SUMMARY_LIMIT + 10))
     assert len(text) <= SUMMARY_LIMIT and "truncated" in text
@@ -141,6 +159,19 @@ def test_config_environment_overrides_file_and_errors_hide_the_secret(tmp_path):
     with pytest.raises(InputError) as error:
         load_config(path, {})
     assert error.value.line == 2 and error.value.source == str(path)
+
+
+def test_the_public_url_is_an_absolute_http_url_kept_without_its_trailing_slash(tmp_path):
+    path = tmp_path / "gatekeeper.yml"
+    path.write_text("app_id: 1\nprivate_key_path: /k.pem\nwebhook_secret: s\n")
+    assert load_config(path, {}).public_url is None
+    assert load_config(path, {"GATEKEEPER_PUBLIC_URL": "https://gk.example.com/app/"}).public_url == \
+        "https://gk.example.com/app"
+    for bad in ("gk.example.com", "ftp://gk.example.com", "https://gk.example.com/?a=1", "https://gk.example.com#x"):
+        with pytest.raises(InputError) as error:
+            load_config(path, {"GATEKEEPER_PUBLIC_URL": bad})
+        assert "public_url: must be an absolute http(s) URL" in str(error.value)
+        assert "GATEKEEPER_PUBLIC_URL" in str(error.value)
 
 
 def test_queue_deduplicates_orders_and_survives_a_crash(tmp_path):
