@@ -23,9 +23,11 @@ def _run(args) -> int:
 
     from gatekeeper.github.app import create_app
     from gatekeeper.github.config import load_config
+    from gatekeeper.github.db import open_database
 
     config = load_config(args.config)  # InputError -> exit 2 with file and reason
     config.private_key()  # fail now, not at the first webhook, if the key cannot be read
+    open_database(config.db_path, config.db_synchronous).close()  # and if the database cannot be opened
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     uvicorn.run(create_app(config), host=args.host, port=args.port, log_level=args.log_level,
                 access_log=args.log_level == "debug")

@@ -1,6 +1,6 @@
 """The ASGI app: POST /webhook (verify, validate, persist, acknowledge) and GET /healthz.
 
-Acknowledging is all the request does: the delivery is committed to the SQLite queue and the worker
+Acknowledging is all the request does: the delivery is committed to the database's queue and the worker
 threads do the GitHub work, so GitHub gets its answer in milliseconds and a crash loses nothing.
 """
 
@@ -23,7 +23,7 @@ from gatekeeper.github import signature
 from gatekeeper.github.client import GitHubApp
 from gatekeeper.github.config import AppConfig
 from gatekeeper.github.context import AppContext
-from gatekeeper.github.db import Database
+from gatekeeper.github.db import open_database
 from gatekeeper.github.events import ACTED_ON, EVENT_MODELS, installation_id
 from gatekeeper.github.health import Health
 from gatekeeper.github.queue import DeliveryQueue
@@ -48,7 +48,7 @@ def create_app(config: AppConfig, workers: Literal["process", "threads"] = "proc
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         # Nothing is requeued here: another server may share the database and be running those jobs. What
         # a crashed server was running is taken over by a worker once its lease expires (DeliveryQueue.claim).
-        db = Database(config.db_path, config.db_synchronous)
+        db = open_database(config.db_path, config.db_synchronous)
         queue = DeliveryQueue(db, config.job_lease_s)
         if workers == "process":
             runner, reconciler = WorkerProcess(config), None

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from pydantic_core import PydanticCustomError
 
 from gatekeeper.errors import InputError
+from gatekeeper.github.db import is_postgres
 
 GITHUB_API_URL = "https://api.github.com"
 
@@ -35,7 +36,8 @@ class AppConfig(BaseModel):
     app_id: int = Field(gt=0)
     private_key_path: Path
     webhook_secret: SecretStr = Field(min_length=1)
-    db_path: Path = Path("gatekeeper.sqlite3")
+    # A SQLite file (one machine), or a postgresql:// URL: several servers on several machines share it.
+    db_path: str = "gatekeeper.sqlite3"
     # NORMAL: acknowledged deliveries survive a crash of the server; FULL: also a power loss (slower acks).
     db_synchronous: Literal["NORMAL", "FULL"] = "NORMAL"
     github_api_url: str = GITHUB_API_URL
@@ -66,6 +68,17 @@ class AppConfig(BaseModel):
     job_lease_s: float = Field(default=60.0, gt=0)
     # How long /healthz trusts its last "does GitHub accept the App's JWT" answer; 0 disables the check.
     health_github_check_s: float = Field(default=60.0, ge=0)
+
+    @field_validator("db_path", mode="before")
+    @classmethod
+    def _db_path_or_url(cls, value: object) -> object:
+        if isinstance(value, os.PathLike):
+            return os.fspath(value)
+        if isinstance(value, str) and "://" in value and not is_postgres(value):
+            # The value itself is not echoed: a URL may carry a password.
+            raise PydanticCustomError("db_url", "a database URL must start with postgresql:// (or give a SQLite "
+                                                "file path)")
+        return value
 
     @field_validator("webhook_secret")
     @classmethod

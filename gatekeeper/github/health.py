@@ -4,7 +4,6 @@ webhook can be acknowledged), the workers died or hang (nothing is judged), or G
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 import time
 from typing import Any, Protocol
@@ -74,12 +73,12 @@ class Health:
         self._stale_after_s = max(STALE_HEARTBEAT_MIN_S, 3 * heartbeat_interval(config))
 
     def report(self) -> tuple[int, dict[str, Any]]:
-        """(HTTP status, body). Blocking (SQLite writes, at times one GitHub request): run it in a thread."""
+        """(HTTP status, body). Blocking (database writes, at times one GitHub request): run it in a thread."""
         reasons: list[str] = []
         body: dict[str, Any] = {}
         try:
             self._queue.ping()
-        except sqlite3.Error as exc:
+        except self._queue.db.Error as exc:
             reasons.append(f"the database does not take writes: {exc}")
         exitcode = self._workers.exitcode()
         if exitcode is not None:
@@ -87,7 +86,7 @@ class Health:
         try:
             beat = self._queue.last_heartbeat(self._workers.owner)
             body["queue"] = self._queue.counts()
-        except sqlite3.Error as exc:
+        except self._queue.db.Error as exc:
             reasons.append(f"the database cannot be read: {exc}")
         else:
             body["workers"] = beat.threads if beat else 0

@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from starlette.applications import Starlette
 
 from gatekeeper.github.config import AppConfig
 from gatekeeper.github.signature import sign
-from gatekeeper.github.db import Database
+from gatekeeper.github.db import open_database
 from gatekeeper.github.queue import DeliveryQueue
 from gatekeeper.github.records import Records
 
@@ -25,6 +26,9 @@ APP_ID = 29310  # the app id in the octokit payload examples
 SECRET = "test-webhook-secret"
 REPO = "Codertocat/Hello-World"  # the repository of the octokit payload examples
 INSTALLATION = 1
+
+# The test runs once on SQLite and once on PostgreSQL (the `store` fixture in conftest.py).
+both_stores = pytest.mark.parametrize("store", ["sqlite", "postgres"], indirect=True)
 
 
 def make_config(rsa_keys, fake: FakeGitHub, tmp_path: Path, **overrides: Any) -> AppConfig:
@@ -53,10 +57,10 @@ class RunningApp:
         return self.client.post(self.url + "/webhook", content=body, headers=all_headers)
 
     def queue(self) -> DeliveryQueue:
-        return DeliveryQueue(Database(self.config.db_path))
+        return DeliveryQueue(open_database(self.config.db_path))
 
     def records(self) -> Records:
-        return Records(Database(self.config.db_path))
+        return Records(open_database(self.config.db_path))
 
     def wait_healthy(self, timeout: float = 30.0) -> dict[str, Any]:
         """Block until /healthz answers 200 (a worker process reports once it has started); returns its body."""

@@ -1,8 +1,12 @@
-"""Fixtures for the App tests: an RSA key made per session, the fake GitHub on loopback, and the App
-under uvicorn (see app_harness.py)."""
+"""Fixtures for the App tests: an RSA key made per session, the fake GitHub on loopback, the App under
+uvicorn (see app_harness.py), and the database it runs on: a SQLite file, or, for the tests marked
+`both_stores`, also a fresh schema of the PostgreSQL server at $GATEKEEPER_TEST_POSTGRES_URL
+(tools/postgres-test-server.sh starts one; `make test` and CI do)."""
 
 from __future__ import annotations
 
+import os
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -39,12 +43,39 @@ def fake(rsa_keys) -> Iterator[FakeGitHub]:
     assert fake.violations == [], "the fake answered outside GitHub's schemas"
 
 
+POSTGRES_URL = os.environ.get("GATEKEEPER_TEST_POSTGRES_URL")
+
+
 @pytest.fixture
-def start_app(rsa_keys, fake, tmp_path) -> Iterator[Callable[..., RunningApp]]:
+def store(request, tmp_path) -> Iterator[str]:
+    """The test's database (config.db_path): SQLite unless parametrized with "postgres" (see both_stores)."""
+    if getattr(request, "param", "sqlite") == "sqlite":
+        yield str(tmp_path / "gatekeeper.sqlite3")
+        return
+    if not POSTGRES_URL:
+        pytest.skip("GATEKEEPER_TEST_POSTGRES_URL is unset: no PostgreSQL server to test against "
+                    "(run: export GATEKEEPER_TEST_POSTGRES_URL=\"$(tools/postgres-test-server.sh)\")")
+    import psycopg
+
+    # A schema of its own per test, chosen by search_path in the URL: every process of the test (the App's
+    # worker process too) sees the same empty tables, and no other test's.
+    schema = f"test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as admin:
+        admin.execute(f"CREATE SCHEMA {schema}")
+    separator = "&" if "?" in POSTGRES_URL else "?"
+    try:
+        yield f"{POSTGRES_URL}{separator}options=-csearch_path%3D{schema}"
+    finally:
+        with psycopg.connect(POSTGRES_URL, autocommit=True) as admin:
+            admin.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+@pytest.fixture
+def start_app(rsa_keys, fake, tmp_path, store) -> Iterator[Callable[..., RunningApp]]:
     stack = []
 
     def start(workers: str = "threads", **overrides: Any) -> RunningApp:
-        config = make_config(rsa_keys, fake, tmp_path, **overrides)
+        config = make_config(rsa_keys, fake, tmp_path, **{"db_path": store, **overrides})
         asgi = create_app(config, workers=workers)
         server = serve(asgi)
         url = server.__enter__()

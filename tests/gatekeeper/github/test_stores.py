@@ -1,0 +1,125 @@
+"""The two stores (issue 39): SQLite on one machine, PostgreSQL for several. The same queue and records code
+runs on both; these tests hold what is specific to sharing one database between many claimers, and how a
+database is named and refused."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from app_harness import both_stores, make_config
+
+from gatekeeper.cli import main
+from gatekeeper.errors import InputError
+from gatekeeper.github.config import load_config
+from gatekeeper.github.db import PostgresDatabase, SQLiteDatabase, open_database, redact
+from gatekeeper.github import records as records_module
+from gatekeeper.github.queue import DeliveryQueue
+from gatekeeper.github.records import EvaluationKey, Records
+
+JOBS, CLAIMERS = 200, 6
+
+
+@both_stores
+def test_concurrent_claimers_on_one_database_each_get_other_deliveries(store):
+    """Six claimers, each a server of its own (its own owner, its own connections), race for 200 deliveries:
+    each is claimed once, none is lost, no claimer waits for another's transaction to see the rest."""
+    producer = DeliveryQueue(open_database(store))
+    for n in range(JOBS):
+        producer.enqueue(f"d{n:03}", "pull_request", "opened", b"{}", now=1.0)
+    claimed: dict[str, list[str]] = {}
+    lock, start, errors = threading.Lock(), threading.Barrier(CLAIMERS), []
+
+    def claimer(i: int) -> None:
+        queue = DeliveryQueue(open_database(store), lease_s=600, owner=f"server-{i}")
+        start.wait()
+        try:
+            while (job := queue.claim(now=2.0)) is not None:
+                with lock:
+                    claimed.setdefault(job.delivery_id, []).append(queue.owner)
+                assert queue.finish(job.delivery_id, f"done by {queue.owner}")
+        except Exception as exc:  # noqa: BLE001 - reported below, with the thread's name
+            errors.append(f"{queue.owner}: {exc!r}")
+        finally:
+            queue.db.close()
+
+    threads = [threading.Thread(target=claimer, args=(i,)) for i in range(CLAIMERS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    assert len(claimed) == JOBS and all(len(owners) == 1 for owners in claimed.values())
+    assert len({owners[0] for owners in claimed.values()}) > 1  # the work was shared, not taken by one
+    assert producer.counts() == {"done": JOBS}
+    rows = producer.db.connection().execute("SELECT attempts, outcome FROM deliveries").fetchall()
+    assert {row["attempts"] for row in rows} == {1}
+
+
+@both_stores
+def test_a_decision_and_its_audit_row_commit_together_or_not_at_all(store, monkeypatch):
+    records = Records(open_database(store))
+    key = EvaluationKey("o/r", 1, "a" * 40, "p" * 64, "i" * 64)
+    # The audit insert fails (the database refuses it) after the evaluation row was written: neither stays.
+    monkeypatch.setattr(records_module, "insert_audit",
+                        lambda db, *args, **kwargs: db.execute("INSERT INTO audit (at, kind) VALUES (1, NULL)"))
+    with pytest.raises(records.db.Error):
+        records.record_decision(key, 7, "failure", None, "d1", "Failed: confinement")
+    monkeypatch.undo()
+    assert not records.evaluation_done(key) and records.audit_log() == []
+    # Check-run ids are past 2**31 on github.com: they must round-trip (PostgreSQL's INTEGER is 32-bit).
+    records.record_decision(key, 2**40 + 3, "success", None, "d2", "ok")
+    assert records.audit_log()[0]["check_run_id"] == 2**40 + 3 and records.decision_for(key) == "success"
+    records.record_decision(key, 8, "failure", None, "d3", "again")  # the same evaluation: upserted, audited
+    assert records.decision_for(key) == "failure" and len(records.audit_log()) == 2
+    records.remember_check_run("o/r", "a" * 40, "gatekeeper / p", 2**40)
+    assert records.check_run_id("o/r", "a" * 40, "gatekeeper / p") == 2**40
+    assert records.first_seen("o/r", "a" * 40, now=1700000000.25) == 1700000000.25  # no rounding of times
+    assert records.first_seen("o/r", "a" * 40, now=1800000000.0) == 1700000000.25
+
+
+def test_gatekeeper_db_takes_a_postgres_url_and_refuses_other_schemes(tmp_path):
+    base = {"GATEKEEPER_APP_ID": "1", "GATEKEEPER_PRIVATE_KEY_PATH": "/k.pem", "GATEKEEPER_WEBHOOK_SECRET": "s"}
+    url = "postgresql://gk:hunter2@db.internal:5432/gatekeeper"
+    assert load_config(None, {**base, "GATEKEEPER_DB": url}).db_path == url
+    assert load_config(None, {**base, "GATEKEEPER_DB": "/var/lib/gk.sqlite3"}).db_path == "/var/lib/gk.sqlite3"
+    with pytest.raises(InputError) as error:
+        load_config(None, {**base, "GATEKEEPER_DB": "mysql://gk:hunter2@db/gatekeeper"})
+    assert "db_path: a database URL must start with postgresql://" in str(error.value)
+    assert "GATEKEEPER_DB" in str(error.value) and "hunter2" not in str(error.value)
+    assert redact(url) == "postgresql://gk:***@db.internal:5432/gatekeeper"
+    assert redact("postgresql://gk@db/x") == "postgresql://gk@db/x"
+    assert isinstance(open_database(tmp_path / "a.sqlite3"), SQLiteDatabase)
+
+
+def test_an_unreachable_postgres_is_refused_naming_it_without_its_password(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("psycopg")
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"postgresql://gk:hunter2@127.0.0.1:{port}/gatekeeper"
+    with pytest.raises(InputError) as error:
+        PostgresDatabase(url, connect_timeout_s=2)
+    message = str(error.value)
+    assert message.startswith(f"postgresql://gk:***@127.0.0.1:{port}/gatekeeper: cannot open the PostgreSQL "
+                              "database: ") and "hunter2" not in message
+    assert main(["audit", "--db", url]) == 2
+    err = capsys.readouterr().err
+    assert "cannot open the PostgreSQL database" in err and "hunter2" not in err
+
+
+def test_serve_refuses_a_database_it_cannot_open(rsa_keys, fake, tmp_path, capsys, monkeypatch):
+    import uvicorn
+
+    monkeypatch.setattr(uvicorn, "run", lambda *args, **kwargs: pytest.fail("the server started"))
+    config = make_config(rsa_keys, fake, tmp_path)
+    bad = tmp_path / "not-a-database.sqlite3"
+    bad.write_bytes(b"garbage" * 1000)
+    monkeypatch.setenv("GATEKEEPER_APP_ID", str(config.app_id))
+    monkeypatch.setenv("GATEKEEPER_PRIVATE_KEY_PATH", str(config.private_key_path))
+    monkeypatch.setenv("GATEKEEPER_WEBHOOK_SECRET", "s3cret")
+    monkeypatch.setenv("GATEKEEPER_DB", str(bad))
+    assert main(["serve", "--port", "0"]) == 2
+    assert f"{bad}: cannot open the SQLite database: file is not a database" in capsys.readouterr().err
