@@ -38,9 +38,10 @@ class _TooLarge(Exception):
     pass
 
 
-def create_app(config: AppConfig, workers: Literal["process", "threads"] = "process") -> Starlette:
+def create_app(config: AppConfig, workers: Literal["process", "threads", "none"] = "process") -> Starlette:
     """`process`: the workers run in a child process (what `gatekeeper serve` does: acknowledging stays fast
-    under load). `threads`: in this process (tests: quicker to start, one process to reason about)."""
+    under load). `threads`: in this process (tests: quicker to start, one process to reason about). `none`:
+    no workers here (`gatekeeper serve --role web`): worker processes elsewhere drain the shared database."""
     config.private_key()  # a key that does not parse stops the server here, naming the file (InputError)
     inflight = InflightBodies(config.max_inflight_body_bytes)
 
@@ -50,20 +51,24 @@ def create_app(config: AppConfig, workers: Literal["process", "threads"] = "proc
         # a crashed server was running is taken over by a worker once its lease expires (DeliveryQueue.claim).
         db = open_database(config.db_path, config.db_synchronous)
         queue = DeliveryQueue(db, config.job_lease_s)
+        runner: Worker | WorkerProcess | None = None
+        reconciler = None
         if workers == "process":
-            runner, reconciler = WorkerProcess(config), None
-        else:
+            runner = WorkerProcess(config)
+        elif workers == "threads":
             ctx = AppContext(config, queue, Records(db), GitHubApp(config))
             runner, reconciler = Worker(ctx), Reconciler(ctx)
             reconciler.start()
         app.state.queue, app.state.health = queue, Health(config, queue, runner)
-        runner.start()
+        if runner is not None:
+            runner.start()
         try:
             yield
         finally:
             if reconciler is not None:
                 reconciler.stop()
-            runner.stop()
+            if runner is not None:
+                runner.stop()
 
     async def webhook(request: Request) -> JSONResponse:
         # The signature comes first: nothing about an unauthenticated request is looked at further, and a

@@ -89,6 +89,12 @@ class DeliveryQueue:
                    " ON CONFLICT (owner, role) DO UPDATE SET pid = excluded.pid, threads = excluded.threads,"
                    " at = excluded.at", (self.owner, role, os.getpid(), threads, now))
 
+    def worker_heartbeats(self, since: float) -> list[Heartbeat]:
+        """The worker processes, of any server, that beat at `since` or later."""
+        rows = self.db.connection().execute(
+            "SELECT pid, threads, at FROM heartbeats WHERE role = 'workers' AND at >= ?", (since,)).fetchall()
+        return [Heartbeat(row["pid"], row["threads"], row["at"]) for row in rows]
+
     def last_heartbeat(self, owner: str) -> Heartbeat | None:
         row = self.db.connection().execute(
             "SELECT pid, threads, at FROM heartbeats WHERE owner = ? AND role = 'workers'", (owner,)).fetchone()

@@ -190,16 +190,23 @@ def run_worker_process(config_json: str, server_pid: int, owner: str) -> None:
     _die_with_parent()
     if os.getppid() != server_pid:  # the server died before the line above took effect
         return
-    config = AppConfig.model_validate_json(config_json)
+    run_workers(AppConfig.model_validate_json(config_json), owner, server_pid)
+
+
+def run_workers(config: AppConfig, owner: str | None = None, parent_pid: int | None = None) -> None:
+    """The worker threads and the reconciler in this process, until SIGTERM or SIGINT (or, given
+    `parent_pid`, until that process is gone): the worker process of `gatekeeper serve`, or all of
+    `gatekeeper serve --role workers`."""
     db = open_database(config.db_path, config.db_synchronous)
     ctx = AppContext(config, DeliveryQueue(db, config.job_lease_s, owner), Records(db), GitHubApp(config))
     worker, reconciler = Worker(ctx), Reconciler(ctx)
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    for signum in (signal.SIGTERM, signal.SIGINT):  # finish the jobs in hand, take no new ones
+        signal.signal(signum, lambda *_: stop.set())
     worker.start()
     reconciler.start()
     while not stop.wait(0.5):
-        if os.getppid() != server_pid:  # the server is gone (where PR_SET_PDEATHSIG is not available)
+        if parent_pid is not None and os.getppid() != parent_pid:  # the server is gone (no PR_SET_PDEATHSIG)
             break
     reconciler.stop()
     worker.stop()

@@ -127,7 +127,8 @@ def test_the_job_of_a_dead_worker_process_is_taken_over_when_its_lease_expires(f
     first.wait_healthy()
     first.send("pull_request", OPENED, delivery="d1")
     _wait(lambda: fake.check_runs(REPO, HEAD))
-    [pid] = [r["pid"] for r in first.queue().db.connection().execute("SELECT pid FROM heartbeats WHERE role = 'workers'")]
+    [pid] = [r["pid"] for r in first.queue().db.connection().execute("SELECT pid FROM heartbeats"
+                                                                     " WHERE role = 'workers'")]
     os.kill(pid, signal.SIGKILL)  # the worker dies holding d1
 
     second = start_app(job_lease_s=1.0)

@@ -4,10 +4,18 @@ database is named and refused."""
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
+import sys
 import threading
+import time
 
 import pytest
-from app_harness import both_stores, make_config
+import uvicorn
+import yaml
+from app_harness import HEAD, OPENED, REPO, both_stores, make_config, setup_pull
 
 from gatekeeper.cli import main
 from gatekeeper.errors import InputError
@@ -94,8 +102,6 @@ def test_gatekeeper_db_takes_a_postgres_url_and_refuses_other_schemes(tmp_path):
 
 def test_an_unreachable_postgres_is_refused_naming_it_without_its_password(tmp_path, capsys, monkeypatch):
     pytest.importorskip("psycopg")
-    import socket
-
     with socket.socket() as sock:  # a port nothing listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -111,8 +117,6 @@ def test_an_unreachable_postgres_is_refused_naming_it_without_its_password(tmp_p
 
 
 def test_serve_refuses_a_database_it_cannot_open(rsa_keys, fake, tmp_path, capsys, monkeypatch):
-    import uvicorn
-
     monkeypatch.setattr(uvicorn, "run", lambda *args, **kwargs: pytest.fail("the server started"))
     config = make_config(rsa_keys, fake, tmp_path)
     bad = tmp_path / "not-a-database.sqlite3"
@@ -123,3 +127,35 @@ def test_serve_refuses_a_database_it_cannot_open(rsa_keys, fake, tmp_path, capsy
     monkeypatch.setenv("GATEKEEPER_DB", str(bad))
     assert main(["serve", "--port", "0"]) == 2
     assert f"{bad}: cannot open the SQLite database: file is not a database" in capsys.readouterr().err
+
+
+@both_stores
+def test_web_only_and_worker_only_processes_share_the_queue(fake, start_app, tmp_path):
+    """`gatekeeper serve --role web` takes webhooks in and judges nothing; `--role workers` (no HTTP) judges
+    what any web server queued. The web server's /healthz counts the live worker processes of the database."""
+    setup_pull(fake)
+    web = start_app(workers="none")
+    health = web.client.get(web.url + "/healthz").json()
+    assert (health["status"], health["workers"], health["worker_processes"]) == ("ok", 0, 0)
+    assert health["warnings"][0].startswith("no worker process has beaten in the last 5 s")
+    web.send("pull_request", OPENED, delivery="d1")
+    time.sleep(0.5)
+    assert web.queue().delivery("d1")["status"] == "queued"  # nobody here judges it
+
+    settings = {k: v for k, v in web.config.model_dump(mode="json").items() if k != "webhook_secret"}
+    config_file = tmp_path / "workers.yml"
+    config_file.write_text(yaml.safe_dump({**settings, "webhook_secret": "unused-by-workers"}))
+    workers = subprocess.Popen([sys.executable, "-m", "gatekeeper", "serve", "--role", "workers", "--config",
+                                str(config_file), "--log-level", "warning"], env={**os.environ})
+    try:
+        row = web.wait_done("d1", timeout=30)
+        assert row["status"] == "done" and row["outcome"].startswith("success")
+        assert row["lease_owner"].split(":")[1] == str(workers.pid)
+        [run] = fake.check_runs(REPO, HEAD)
+        assert run["conclusion"] == "success"
+        health = web.client.get(web.url + "/healthz").json()
+        assert (health["status"], health["worker_processes"], health["workers"]) == ("ok", 1, web.config.workers)
+        assert "warnings" not in health
+    finally:
+        workers.send_signal(signal.SIGTERM)  # a clean stop: the process exits 0
+        assert workers.wait(20) == 0
