@@ -15,6 +15,7 @@ Every acknowledged webhook is committed here before the 2xx goes back, so a cras
 from __future__ import annotations
 
 import functools
+import re
 import sqlite3
 import threading
 from abc import ABC, abstractmethod
@@ -126,7 +127,8 @@ class Connection(Protocol):
 
 
 def is_postgres(where: str | Path) -> bool:
-    return str(where).split("://", 1)[0].lower() in POSTGRES_SCHEMES and "://" in str(where)
+    scheme, separator, _ = str(where).partition("://")
+    return bool(separator) and scheme.lower() in POSTGRES_SCHEMES
 
 
 def open_database(where: str | Path, synchronous: str = "NORMAL") -> Database:
@@ -142,14 +144,23 @@ def open_database(where: str | Path, synchronous: str = "NORMAL") -> Database:
 
 
 def redact(where: str) -> str:
-    """A database URL fit for logs and errors: its password replaced by ***."""
+    """A database URL fit for logs and errors: its password (user:PASSWORD@ or ?password=) replaced by ***."""
     if "://" not in where:
         return where
     parts = urlsplit(where)
-    if parts.password is None:
-        return where
-    netloc = parts.netloc.rsplit("@", 1)
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{netloc[-1]}"))
+    if parts.password is not None:
+        parts = parts._replace(netloc=f"{parts.username or ''}:***@{parts.netloc.rsplit('@', 1)[-1]}")
+    query = re.sub(r"(^|&)password=[^&]*", r"\1password=***", parts.query)
+    return urlunsplit(parts._replace(query=query))
+
+
+def upsert(db: Connection, table: str, key: tuple[str, ...], **values: Any) -> None:
+    """Insert a row, or overwrite the one with the same `key` columns: `ON CONFLICT ... DO UPDATE`, which
+    SQLite and PostgreSQL both speak (and which, unlike SQLite's INSERT OR REPLACE, PostgreSQL has)."""
+    columns = list(values)
+    updates = ", ".join(f"{c} = excluded.{c}" for c in columns if c not in key)
+    db.execute(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+               f" ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates}", tuple(values.values()))
 
 
 class Database(ABC):
@@ -292,7 +303,7 @@ class PostgresDatabase(Database):
         self._connect_timeout_s = connect_timeout_s
         try:
             super().__init__(redact(url))
-        except psycopg.OperationalError as exc:  # unreachable, refused, no such database, bad password
+        except psycopg.Error as exc:  # unreachable, refused, no such database, bad password, no right to CREATE
             reason = " ".join(str(exc).split())
             raise InputError(redact(url), f"cannot open the PostgreSQL database: {reason}") from None
 

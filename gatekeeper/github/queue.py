@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from gatekeeper.github.db import Connection, Database
+from gatekeeper.github.db import Connection, Database, upsert
 from gatekeeper.github.records import insert_audit
 
 log = logging.getLogger(__name__)
@@ -85,9 +85,8 @@ class DeliveryQueue:
                 [(now + self.lease_s, delivery_id, attempts, self.owner) for delivery_id, attempts in held])
 
     def _beat(self, db: Connection, role: str, threads: int | None, now: float) -> None:
-        db.execute("INSERT INTO heartbeats (owner, role, pid, threads, at) VALUES (?, ?, ?, ?, ?)"
-                   " ON CONFLICT (owner, role) DO UPDATE SET pid = excluded.pid, threads = excluded.threads,"
-                   " at = excluded.at", (self.owner, role, os.getpid(), threads, now))
+        upsert(db, "heartbeats", ("owner", "role"), owner=self.owner, role=role, pid=os.getpid(), threads=threads,
+               at=now)
 
     def worker_heartbeats(self, since: float) -> list[Heartbeat]:
         """The worker processes, of any server, that beat at `since` or later."""

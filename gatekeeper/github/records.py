@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from gatekeeper.github.db import Connection, Database
+from gatekeeper.github.db import Connection, Database, upsert
 
 
 @dataclass(frozen=True)
@@ -170,15 +170,6 @@ class Records:
             sql += " LIMIT ?"
             params.append(limit)
         return [dict(r) for r in self.db.connection().execute(sql, params).fetchall()]
-
-
-def upsert(db: Connection, table: str, key: tuple[str, ...], **values: Any) -> None:
-    """Insert a row, or overwrite the one with the same `key` columns: `ON CONFLICT ... DO UPDATE`, which
-    SQLite and PostgreSQL both speak (and which, unlike SQLite's INSERT OR REPLACE, PostgreSQL has)."""
-    columns = list(values)
-    updates = ", ".join(f"{c} = excluded.{c}" for c in columns if c not in key)
-    db.execute(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
-               f" ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates}", tuple(values.values()))
 
 
 def insert_audit(db: Connection, kind: str, repo: str | None, pr: int | None, head_sha: str | None, *,

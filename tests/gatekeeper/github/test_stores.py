@@ -97,6 +97,8 @@ def test_gatekeeper_db_takes_a_postgres_url_and_refuses_other_schemes(tmp_path):
     assert "GATEKEEPER_DB" in str(error.value) and "hunter2" not in str(error.value)
     assert redact(url) == "postgresql://gk:***@db.internal:5432/gatekeeper"
     assert redact("postgresql://gk@db/x") == "postgresql://gk@db/x"
+    assert redact("postgresql://db/x?user=gk&password=hunter2&sslmode=require") == \
+        "postgresql://db/x?user=gk&password=***&sslmode=require"
     assert isinstance(open_database(tmp_path / "a.sqlite3"), SQLiteDatabase)
 
 
