@@ -33,6 +33,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import statistics
@@ -112,13 +113,21 @@ def main() -> int:
             result = _run(args, work, key_path, fake_url, heads, db_target)
             parent.send("report")
             result.update(_check(parent.recv(), heads, final, db_target))
+            if not _passed(result):  # the servers' logs say why: keep them past the temporary directory
+                kept = Path(tempfile.mkdtemp(prefix="gk-bench-failed-"))
+                for log in work.glob("*.log"):
+                    shutil.copy(log, kept)
+                print(f"the run failed its checks; the servers' logs are in {kept}", file=sys.stderr)
         finally:
             fake_process.terminate()
             fake_process.join(10)
     print(json.dumps(result, indent=2))
-    passed = result["exactly_once"] and (result["duplicated_evaluations"] == result["lost_evaluations"]
-                                         == result["wrongly_judged_runs"] == 0)
-    return 0 if passed else 1
+    return 0 if _passed(result) else 1
+
+
+def _passed(result: dict) -> bool:
+    return result["exactly_once"] and (result["duplicated_evaluations"] == result["lost_evaluations"]
+                                       == result["wrongly_judged_runs"] == 0)
 
 
 @contextlib.contextmanager
@@ -416,6 +425,8 @@ def _check(fake_report: dict, heads: dict[int, str], final: dict[int, str], db_t
             "SELECT pr, COUNT(*) AS n FROM audit WHERE kind = 'decision' GROUP BY pr").fetchall()}
         statuses = {row["status"]: row["n"] for row in conn.execute(
             "SELECT status, COUNT(*) AS n FROM deliveries GROUP BY status").fetchall()}
+        failed = [dict(row) for row in conn.execute(
+            "SELECT id, attempts, error FROM deliveries WHERE status = 'failed'").fetchall()]
     finally:
         db.close()
     one_run_each = all(runs_per_head.get(h) == [("completed", "success")] for h in final.values())
@@ -436,6 +447,7 @@ def _check(fake_report: dict, heads: dict[int, str], final: dict[int, str], db_t
         "one_decision_per_pr": one_decision_each,
         "exactly_once": one_run_each and one_decision_each and statuses == {"done": len(heads)},
         "schema_violations": len(fake_report["violations"]),
+        "failed_deliveries": failed,  # each with its reason: none may fail
     }
 
 

@@ -161,3 +161,30 @@ def test_web_only_and_worker_only_processes_share_the_queue(fake, start_app, tmp
     finally:
         workers.send_signal(signal.SIGTERM)  # a clean stop: the process exits 0
         assert workers.wait(20) == 0
+
+
+@both_stores
+def test_the_database_failing_mid_evaluation_is_retried_not_reported_as_the_prs_failure(fake, start_app,
+                                                                                        monkeypatch):
+    """A busy or unreachable database (OperationalError, in either driver) is the App's trouble, not the PR's:
+    the job is retried, and the check run ends as the verdict, never as "Could not evaluate"."""
+    setup_pull(fake)
+    app = start_app()
+    if app.asgi.state.queue.db.dialect == "postgres":
+        from psycopg import OperationalError
+    else:
+        from sqlite3 import OperationalError
+    real, calls = Records.first_seen, []
+
+    def first_seen_fails_once(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:  # what the driver raises for a server that went away, or a lock held too long
+            raise OperationalError("server closed the connection unexpectedly")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Records, "first_seen", first_seen_fails_once)
+    app.send("pull_request", OPENED, delivery="d1")
+    row = app.wait_done("d1")
+    assert (row["status"], row["attempts"]) == ("done", 2) and row["outcome"].startswith("success")
+    [run] = fake.check_runs(REPO, HEAD)
+    assert run["conclusion"] == "success"
