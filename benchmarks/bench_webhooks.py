@@ -54,6 +54,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "gatekeeper" / "github"))
 
+from app_harness import fresh_schema  # noqa: E402
 from fake_github import FakeCommit, FakeGitHub, FakePull, serve, webhook_example  # noqa: E402
 
 from gatekeeper.github.db import Database, open_database  # noqa: E402
@@ -137,16 +138,8 @@ def _database(url: str | None, work: Path) -> Iterator[str]:
     if url is None:
         yield str(work / "gatekeeper.sqlite3")
         return
-    import psycopg
-
-    schema = f"bench_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(url, autocommit=True) as admin:
-        admin.execute(f"CREATE SCHEMA {schema}")
-    try:
-        yield f"{url}{'&' if '?' in url else '?'}options=-csearch_path%3D{schema}"
-    finally:
-        with psycopg.connect(url, autocommit=True) as admin:
-            admin.execute(f"DROP SCHEMA {schema} CASCADE")
+    with fresh_schema(url, prefix="bench") as target:
+        yield target
 
 
 def _files(path: str) -> list[dict]:

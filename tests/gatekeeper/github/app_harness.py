@@ -3,9 +3,11 @@ builders for the fake's repository state."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,23 @@ INSTALLATION = 1
 
 # The test runs once on SQLite and once on PostgreSQL (the `store` fixture in conftest.py).
 both_stores = pytest.mark.parametrize("store", ["sqlite", "postgres"], indirect=True)
+
+
+@contextlib.contextmanager
+def fresh_schema(url: str, prefix: str = "test") -> Iterator[str]:
+    """A new, empty schema of the PostgreSQL server at `url`, dropped afterwards: the URL it yields picks it
+    by search_path, so every process given that URL (the App's worker processes too) sees the same tables,
+    and no other test's or run's."""
+    import psycopg
+
+    schema = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute(f"CREATE SCHEMA {schema}")
+    try:
+        yield f"{url}{'&' if '?' in url else '?'}options=-csearch_path%3D{schema}"
+    finally:
+        with psycopg.connect(url, autocommit=True) as admin:
+            admin.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
 def make_config(rsa_keys, fake: FakeGitHub, tmp_path: Path, **overrides: Any) -> AppConfig:

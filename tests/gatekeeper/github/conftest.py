@@ -6,7 +6,6 @@ uvicorn (see app_harness.py), and the database it runs on: a SQLite file, or, fo
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from app_harness import APP_ID, INSTALLATION, REPO, RunningApp, make_config
+from app_harness import APP_ID, INSTALLATION, REPO, RunningApp, fresh_schema, make_config
 from fake_github import FakeGitHub, serve
 from gatekeeper.github.app import create_app
 
@@ -55,19 +54,8 @@ def store(request, tmp_path) -> Iterator[str]:
     if not POSTGRES_URL:
         pytest.skip("GATEKEEPER_TEST_POSTGRES_URL is unset: no PostgreSQL server to test against "
                     "(run: export GATEKEEPER_TEST_POSTGRES_URL=\"$(tools/postgres-test-server.sh)\")")
-    import psycopg
-
-    # A schema of its own per test, chosen by search_path in the URL: every process of the test (the App's
-    # worker process too) sees the same empty tables, and no other test's.
-    schema = f"test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(POSTGRES_URL, autocommit=True) as admin:
-        admin.execute(f"CREATE SCHEMA {schema}")
-    separator = "&" if "?" in POSTGRES_URL else "?"
-    try:
-        yield f"{POSTGRES_URL}{separator}options=-csearch_path%3D{schema}"
-    finally:
-        with psycopg.connect(POSTGRES_URL, autocommit=True) as admin:
-            admin.execute(f"DROP SCHEMA {schema} CASCADE")
+    with fresh_schema(POSTGRES_URL) as url:  # a schema of its own per test
+        yield url
 
 
 @pytest.fixture
