@@ -215,12 +215,17 @@ class Database(ABC):
     @abstractmethod
     def _columns(self, db: Connection, table: str) -> set[str]: ...
 
+    def _lock_schema(self, db: Connection) -> None:
+        """Inside a transaction: no other server changes the schema until it ends. (SQLite's BEGIN IMMEDIATE
+        already holds the one write lock.)"""
+
     def _add_missing_columns(self) -> None:
         if not self._missing_columns(self.connection()):
             return
-        # Looked at again inside the transaction (under SQLite's write lock, PostgreSQL's DDL lock): two
-        # servers opening one old database at once must not both add a column.
+        # Looked at again under the schema lock: two servers opening one old database at once must not both
+        # add a column (the second ALTER would fail).
         with self.transaction() as db:
+            self._lock_schema(db)
             for table, name, declaration in self._missing_columns(db):
                 db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {declaration.format(**_TYPES[self.dialect])}")
 
@@ -322,14 +327,11 @@ class PostgresDatabase(Database):
 
     def _create_schema(self, schema: str) -> None:
         with self.transaction() as db:
-            db.execute(f"SELECT pg_advisory_xact_lock({self._SCHEMA_LOCK})")
+            self._lock_schema(db)
             db.raw.execute(schema)  # several statements, no parameters: psycopg sends them as one script
 
-    def _add_missing_columns(self) -> None:
-        with self.transaction() as db:
-            db.execute(f"SELECT pg_advisory_xact_lock({self._SCHEMA_LOCK})")
-            for table, name, declaration in self._missing_columns(db):
-                db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {declaration.format(**_TYPES[self.dialect])}")
+    def _lock_schema(self, db: _PostgresConnection) -> None:
+        db.execute(f"SELECT pg_advisory_xact_lock({self._SCHEMA_LOCK})")  # released when the transaction ends
 
     def _columns(self, db: _PostgresConnection, table: str) -> set[str]:
         rows = db.execute("SELECT column_name FROM information_schema.columns"

@@ -188,3 +188,25 @@ def test_the_database_failing_mid_evaluation_is_retried_not_reported_as_the_prs_
     assert (row["status"], row["attempts"]) == ("done", 2) and row["outcome"].startswith("success")
     [run] = fake.check_runs(REPO, HEAD)
     assert run["conclusion"] == "success"
+
+
+@both_stores
+def test_servers_starting_at_once_on_an_empty_database_all_open_it(store):
+    """Each server creates the tables it finds missing; several starting together must not trip over each
+    other's CREATE TABLE (in PostgreSQL, IF NOT EXISTS is no guard against a concurrent one)."""
+    start, errors = threading.Barrier(6), []
+
+    def open_it() -> None:
+        start.wait()
+        try:
+            open_database(store).close()
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=open_it) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    assert DeliveryQueue(open_database(store)).enqueue("d1", "pull_request", "opened", b"{}")
