@@ -89,9 +89,14 @@ def main() -> int:
     parser.add_argument("--fake-nice", type=int, default=10, metavar="N",
                         help="the fake GitHub's niceness (10: it yields the CPUs to the App, as if it ran elsewhere; "
                              "0: it competes for them as an equal)")
+    parser.add_argument("--workers-async-commit", action="store_true",
+                        help="PostgreSQL: the worker processes commit with synchronous_commit=off (the web "
+                             "processes' acknowledgements stay durable); see docs/github-app.md")
     parser.add_argument("--drain", action="store_true",
                         help="acknowledge every webhook first, then start the worker processes and time the drain")
     args = parser.parse_args()
+    if args.workers_async_commit and not (args.db and args.worker_processes):
+        parser.error("--workers-async-commit needs --db and --worker-processes")
     if args.drain and not args.worker_processes:
         parser.error("--drain needs --worker-processes")
     if args.drain and args.kill_at is not None:
@@ -204,7 +209,11 @@ def _run(args, work: Path, key_path: Path, fake_url: str, heads: dict[int, str],
     if args.second_server_at is not None:
         servers.append(Server("server_2", work, env, config, role))
     db = open_database(db_target)
-    workers = [Server(f"workers_{i + 1}", work, env, config, "workers", db) for i in range(args.worker_processes)]
+    worker_env = env
+    if args.workers_async_commit:  # fresh_schema's URL ends in its options=: one more server setting there
+        worker_env = {**env, "GATEKEEPER_DB": db_target + "%20-csynchronous_commit%3Doff"}
+    workers = [Server(f"workers_{i + 1}", work, worker_env, config, "workers", db)
+               for i in range(args.worker_processes)]
     try:
         servers[0].start(deadline)
         if not args.drain:
@@ -228,6 +237,7 @@ def _run(args, work: Path, key_path: Path, fake_url: str, heads: dict[int, str],
         "store": db.dialect, "events": len(heads), "rate_target_per_s": args.rate, "fake_nice": args.fake_nice,
         "worker_processes": args.worker_processes or "one per server", "worker_threads_per_process": args.workers,
         "job_lease_s": args.lease, "killed_after_sends": args.kill_at,
+        "workers_async_commit": args.workers_async_commit,
         "killed": None if args.kill_at is None else "a worker process" if workers else "the server",
         "restarts": servers[0].restarts,
         "second_server_after_sends": args.second_server_at,
