@@ -24,5 +24,13 @@ browser:
 demo: install
 	$(BIN)/gatekeeper check --policy policies/kimi-k3-latency-specialized.yaml --pr-files examples/pr-confined/pr-files.json --pr examples/pr-confined/pull.json --commits examples/pr-confined/commits.json
 
+# The App's PostgreSQL tests need a server: tools/postgres-test-server.sh starts a private one (installing
+# Debian's package when run as root) unless GATEKEEPER_TEST_POSTGRES_URL names one. Where none can be started
+# they are skipped with that reason; CI (.ci/run) starts the server first and fails if it cannot.
 test: install-all browser
+	@if [ -z "$$GATEKEEPER_TEST_POSTGRES_URL" ]; then \
+	    GATEKEEPER_TEST_POSTGRES_URL=$$(tools/postgres-test-server.sh) \
+	    || echo "WARNING: no PostgreSQL server could be started: the PostgreSQL tests will be skipped" >&2; \
+	fi; \
+	export GATEKEEPER_TEST_POSTGRES_URL; \
 	$(BIN)/python -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc

@@ -1,10 +1,9 @@
-"""`gatekeeper audit`: list the App's decisions and overrides from its SQLite database."""
+"""`gatekeeper audit`: list the App's decisions and overrides from its database (SQLite or PostgreSQL)."""
 
 from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -17,7 +16,8 @@ COLUMNS = ("at", "kind", "repo", "pr", "head_sha", "conclusion", "actor", "reaso
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("audit", help="list the App's audit log (decisions and overrides)")
-    parser.add_argument("--db", help="SQLite database (default: $GATEKEEPER_DB or ./gatekeeper.sqlite3)")
+    parser.add_argument("--db", help="SQLite file or postgresql:// URL (default: $GATEKEEPER_DB or "
+                                     "./gatekeeper.sqlite3)")
     parser.add_argument("--repo", help="only this repository (owner/name)")
     parser.add_argument("--format", choices=["table", "json"], default="table")
     parser.add_argument("--limit", type=int, help="at most this many entries (oldest first)")
@@ -26,16 +26,19 @@ def register(subparsers) -> None:
 
 def _run(args) -> int:
     from gatekeeper.github.config import AppConfig
-    from gatekeeper.github.db import Database
+    from gatekeeper.github.db import is_postgres, open_database, redact
     from gatekeeper.github.records import Records
 
-    db = Path(args.db or os.environ.get("GATEKEEPER_DB") or AppConfig.model_fields["db_path"].default)
-    if not db.is_file():
-        raise InputError(str(db), "no gatekeeper database here (pass --db or set GATEKEEPER_DB)")
+    where = args.db or os.environ.get("GATEKEEPER_DB") or AppConfig.model_fields["db_path"].default
+    if not is_postgres(where) and not Path(where).is_file():
+        raise InputError(where, "no gatekeeper database here (pass --db or set GATEKEEPER_DB)")
+    db = open_database(where)  # InputError for a server that cannot be reached
     try:
-        entries = Records(Database(db)).audit_log(repo=args.repo, limit=args.limit)
-    except sqlite3.DatabaseError as exc:
-        raise InputError(str(db), f"not a gatekeeper database: {exc}") from None
+        entries = Records(db).audit_log(repo=args.repo, limit=args.limit)
+    except db.Error as exc:
+        raise InputError(redact(where), f"not a gatekeeper database: {exc}") from None
+    finally:
+        db.close()
     for entry in entries:
         entry["at"] = datetime.fromtimestamp(entry["at"], timezone.utc).isoformat(timespec="seconds")
     if args.format == "json":

@@ -1,7 +1,7 @@
 """The ASGI app: POST /webhook (verify, validate, persist, acknowledge), GET /healthz, and GET /evaluations/<id>
 (an evaluation's details page, which the check run's details_url links to when `public_url` is set).
 
-Acknowledging is all the request does: the delivery is committed to the SQLite queue and the worker
+Acknowledging is all the request does: the delivery is committed to the database's queue and the worker
 threads do the GitHub work, so GitHub gets its answer in milliseconds and a crash loses nothing.
 """
 
@@ -25,7 +25,7 @@ from gatekeeper.github import signature
 from gatekeeper.github.client import GitHubApp
 from gatekeeper.github.config import AppConfig
 from gatekeeper.github.context import AppContext
-from gatekeeper.github.db import Database
+from gatekeeper.github.db import open_database
 from gatekeeper.github.events import ACTED_ON, EVENT_MODELS, installation_id
 from gatekeeper.github.health import Health
 from gatekeeper.github.pages import Pages
@@ -43,9 +43,10 @@ class _TooLarge(Exception):
     pass
 
 
-def create_app(config: AppConfig, workers: Literal["process", "threads"] = "process") -> Starlette:
+def create_app(config: AppConfig, workers: Literal["process", "threads", "none"] = "process") -> Starlette:
     """`process`: the workers run in a child process (what `gatekeeper serve` does: acknowledging stays fast
-    under load). `threads`: in this process (tests: quicker to start, one process to reason about)."""
+    under load). `threads`: in this process (tests: quicker to start, one process to reason about). `none`:
+    no workers here (`gatekeeper serve --role web`): worker processes elsewhere drain the shared database."""
     config.private_key()  # a key that does not parse stops the server here, naming the file (InputError)
     inflight = InflightBodies(config.max_inflight_body_bytes)
 
@@ -53,23 +54,27 @@ def create_app(config: AppConfig, workers: Literal["process", "threads"] = "proc
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         # Nothing is requeued here: another server may share the database and be running those jobs. What
         # a crashed server was running is taken over by a worker once its lease expires (DeliveryQueue.claim).
-        db = Database(config.db_path, config.db_synchronous)
+        db = open_database(config.db_path, config.db_synchronous)
         queue = DeliveryQueue(db, config.job_lease_s)
+        runner: Worker | WorkerProcess | None = None
+        reconciler = None
         if workers == "process":
-            runner, reconciler = WorkerProcess(config), None
-        else:
+            runner = WorkerProcess(config)
+        elif workers == "threads":
             ctx = AppContext(config, queue, Records(db), GitHubApp(config))
             runner, reconciler = Worker(ctx), Reconciler(ctx)
             reconciler.start()
         app.state.queue, app.state.health = queue, Health(config, queue, runner)
         app.state.pages = Pages(db)
-        runner.start()
+        if runner is not None:
+            runner.start()
         try:
             yield
         finally:
             if reconciler is not None:
                 reconciler.stop()
-            runner.stop()
+            if runner is not None:
+                runner.stop()
 
     async def webhook(request: Request) -> JSONResponse:
         # The signature comes first: nothing about an unauthenticated request is looked at further, and a

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from pydantic_core import PydanticCustomError
 
 from gatekeeper.errors import InputError
+from gatekeeper.github.db import is_postgres
 
 GITHUB_API_URL = "https://api.github.com"
 
@@ -37,7 +38,8 @@ class AppConfig(BaseModel):
     app_id: int = Field(gt=0)
     private_key_path: Path
     webhook_secret: SecretStr = Field(min_length=1)
-    db_path: Path = Path("gatekeeper.sqlite3")
+    # A SQLite file (one machine), or a postgresql:// URL: several servers on several machines share it.
+    db_path: str = "gatekeeper.sqlite3"
     # NORMAL: acknowledged deliveries survive a crash of the server; FULL: also a power loss (slower acks).
     db_synchronous: Literal["NORMAL", "FULL"] = "NORMAL"
     github_api_url: str = GITHUB_API_URL
@@ -81,6 +83,17 @@ class AppConfig(BaseModel):
             raise PydanticCustomError("public_url", "must be an absolute http(s) URL without query or fragment, "
                                                     "like https://gatekeeper.example.com")
         return value.rstrip("/")
+
+    @field_validator("db_path", mode="before")
+    @classmethod
+    def _db_path_or_url(cls, value: object) -> object:
+        if isinstance(value, os.PathLike):
+            return os.fspath(value)
+        if isinstance(value, str) and "://" in value and not is_postgres(value):
+            # The value itself is not echoed: a URL may carry a password.
+            raise PydanticCustomError("db_url", "a database URL must start with postgresql:// (or give a SQLite "
+                                                "file path)")
+        return value
 
     @field_validator("webhook_secret")
     @classmethod

@@ -4,7 +4,6 @@ webhook can be acknowledged), the workers died or hang (nothing is judged), or G
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 import time
 from typing import Any, Protocol
@@ -67,35 +66,51 @@ class GitHubCheck:
 
 
 class Health:
-    def __init__(self, config: AppConfig, queue: DeliveryQueue, workers: Workers):
+    """`workers`: this server's own (a worker process, or threads); None for a web-only server, which
+    reports the live worker processes of all servers on the database instead."""
+
+    def __init__(self, config: AppConfig, queue: DeliveryQueue, workers: Workers | None):
         self._queue = queue
         self._workers = workers
         self._github = GitHubCheck(config)
         self._stale_after_s = max(STALE_HEARTBEAT_MIN_S, 3 * heartbeat_interval(config))
 
     def report(self) -> tuple[int, dict[str, Any]]:
-        """(HTTP status, body). Blocking (SQLite writes, at times one GitHub request): run it in a thread."""
+        """(HTTP status, body). Blocking (database writes, at times one GitHub request): run it in a thread."""
         reasons: list[str] = []
         body: dict[str, Any] = {}
         try:
             self._queue.ping()
-        except sqlite3.Error as exc:
+        except self._queue.db.Error as exc:
             reasons.append(f"the database does not take writes: {exc}")
-        exitcode = self._workers.exitcode()
+        warnings: list[str] = []
+        exitcode = self._workers.exitcode() if self._workers is not None else None
         if exitcode is not None:
             reasons.append(f"worker process exited (exit code {exitcode})")
         try:
-            beat = self._queue.last_heartbeat(self._workers.owner)
+            if self._workers is None:
+                live = self._queue.worker_heartbeats(since=time.time() - self._stale_after_s)
+            else:
+                beat = self._queue.last_heartbeat(self._workers.owner)
             body["queue"] = self._queue.counts()
-        except sqlite3.Error as exc:
+        except self._queue.db.Error as exc:
             reasons.append(f"the database cannot be read: {exc}")
         else:
-            body["workers"] = beat.threads if beat else 0
-            if exitcode is None:
-                reasons += self._heartbeat_problems(beat)
+            if self._workers is None:
+                # Not a 503: this server takes webhooks in as it should, and a load balancer that took every
+                # web server out would lose them; the deliveries wait in the queue for a worker.
+                body["workers"], body["worker_processes"] = sum(b.threads or 0 for b in live), len(live)
+                if not live:
+                    warnings.append(f"no worker process has beaten in the last {self._stale_after_s:.0f} s: "
+                                    "the deliveries wait in the queue until one runs")
+            else:
+                body["workers"] = beat.threads if beat else 0
+                if exitcode is None:
+                    reasons += self._heartbeat_problems(beat)
         problem, warning = self._github()
         reasons += [problem] if problem else []
-        body.update({"warnings": [warning]} if warning else {})
+        warnings += [warning] if warning else []
+        body.update({"warnings": warnings} if warnings else {})
         if reasons:
             return 503, {"status": "unhealthy", "reasons": reasons, **body}
         return 200, {"status": "ok", **body}

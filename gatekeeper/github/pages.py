@@ -6,9 +6,8 @@ override) updates the same page, so the check run's `details_url` stays valid. T
 from the key), so a page of a private repository cannot be found by guessing its PR and head; the link is the
 access, as with a secret gist (docs/github-app.md says so).
 
-The SQL is plain and portable (CREATE TABLE IF NOT EXISTS, INSERT ... ON CONFLICT), on the App's `Database`
-connection, and the table is created here rather than in db.py's schema: the pages add to the App's state and
-change nothing else in it.
+The table is in db.py's schema (`details_pages`), so it lives on SQLite or PostgreSQL alike; the SQL here is
+the shared dialect (`?` placeholders, INSERT ... ON CONFLICT).
 """
 
 from __future__ import annotations
@@ -20,16 +19,6 @@ from dataclasses import dataclass
 
 from gatekeeper.github.db import Database
 from gatekeeper.github.records import EvaluationKey
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS details_pages (
-    id TEXT PRIMARY KEY,              -- random, URL-safe: the page's address
-    repo TEXT NOT NULL, pr INTEGER NOT NULL, head_sha TEXT NOT NULL, policy_sha256 TEXT NOT NULL,
-    verdict TEXT,                     -- the verdict's JSON (gatekeeper/verdict.py); NULL until first published
-    updated_at DOUBLE PRECISION,
-    UNIQUE (repo, pr, head_sha, policy_sha256)
-)
-"""
 
 PAGE_ID = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
 
@@ -49,7 +38,6 @@ class StoredPage:
 class Pages:
     def __init__(self, db: Database):
         self.db = db
-        self.db.connection().execute(SCHEMA)  # idempotent; autocommit
 
     def reserve(self, key: EvaluationKey) -> str:
         """The page id of this (repo, PR, head, policy), made now if it has none. Before judging: the check run

@@ -1,8 +1,9 @@
 """The delivery queue in the App's database: webhooks waiting to be judged, the leases of the ones being
 judged, and the heartbeats that renew them.
 
-Several servers on one machine may share the database: a worker leases each delivery it claims and renews the
-lease while it runs, so a job is taken over only when its server stopped renewing it (crashed, or hung).
+Several servers may share the database (one SQLite file on one machine; one PostgreSQL database across
+machines): a worker leases each delivery it claims and renews the lease while it runs, so a job is taken over
+only when its server stopped renewing it (crashed, or hung).
 """
 
 from __future__ import annotations
@@ -10,22 +11,21 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import sqlite3
 import threading
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from gatekeeper.github.db import Database
+from gatekeeper.github.db import Connection, Database, upsert
 from gatekeeper.github.records import insert_audit
 
 log = logging.getLogger(__name__)
 
 # A claimable delivery: queued and due, or running under a lease that was not renewed in time. A running row
 # from before leases (no lease_until) counts as expired: its server was the only one, and is gone.
-_READY = "status = 'queued' AND available_at <= :now"
-_EXPIRED = "status = 'running' AND COALESCE(lease_until, 0) <= :now"
+_READY = "status = 'queued' AND available_at <= ?"
+_EXPIRED = "status = 'running' AND COALESCE(lease_until, 0) <= ?"
 
 
 def new_owner() -> str:
@@ -66,7 +66,7 @@ class DeliveryQueue:
 
     def ping(self, now: float | None = None) -> None:
         """Prove the database takes writes (healthz): a SELECT still answers on a read-only file or a full
-        disk, where no webhook could be acknowledged. Raises sqlite3.Error when it does not."""
+        disk, where no webhook could be acknowledged. Raises the database's Error when it does not."""
         now = time.time() if now is None else now
         with self.db.transaction() as db:
             self._beat(db, "web", None, now)
@@ -84,9 +84,15 @@ class DeliveryQueue:
                 " AND status = 'running'",
                 [(now + self.lease_s, delivery_id, attempts, self.owner) for delivery_id, attempts in held])
 
-    def _beat(self, db: sqlite3.Connection, role: str, threads: int | None, now: float) -> None:
-        db.execute("INSERT OR REPLACE INTO heartbeats VALUES (?, ?, ?, ?, ?)",
-                   (self.owner, role, os.getpid(), threads, now))
+    def _beat(self, db: Connection, role: str, threads: int | None, now: float) -> None:
+        upsert(db, "heartbeats", ("owner", "role"), owner=self.owner, role=role, pid=os.getpid(), threads=threads,
+               at=now)
+
+    def worker_heartbeats(self, since: float) -> list[Heartbeat]:
+        """The worker processes, of any server, that beat at `since` or later."""
+        rows = self.db.connection().execute(
+            "SELECT pid, threads, at FROM heartbeats WHERE role = 'workers' AND at >= ?", (since,)).fetchall()
+        return [Heartbeat(row["pid"], row["threads"], row["at"]) for row in rows]
 
     def last_heartbeat(self, owner: str) -> Heartbeat | None:
         row = self.db.connection().execute(
@@ -102,8 +108,8 @@ class DeliveryQueue:
         now = time.time() if now is None else now
         with self.db.transaction() as db:
             cur = db.execute(
-                "INSERT OR IGNORE INTO deliveries (id, event, action, payload, available_at, received_at)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO deliveries (id, event, action, payload, available_at, received_at)"
+                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
                 (delivery_id, event, action, payload, now if available_at is None else available_at, now),
             )
             new = cur.rowcount == 1
@@ -122,19 +128,21 @@ class DeliveryQueue:
 
     def claim(self, now: float | None = None) -> Job | None:
         """Lease the next delivery to this owner, atomically: one whose lease expired first (it is the oldest
-        work), else the oldest ready one. The lease lasts `lease_s` unless `heartbeat` renews it."""
+        work), else the oldest ready one. The lease lasts `lease_s` unless `heartbeat` renews it. Concurrent
+        claimers never get the same delivery: SQLite lets one writer in at a time, PostgreSQL locks the row
+        chosen and lets the others skip it (FOR UPDATE SKIP LOCKED)."""
         now = time.time() if now is None else now
         # Look before taking the write lock: idle workers polling must not hold up webhook acknowledgements.
-        if self._next(self.db.connection(), now) is None:
+        if self._next(self.db.connection(), now, lock="") is None:
             return None
         with self.db.transaction() as db:
-            found = self._next(db, now)
+            found = self._next(db, now, lock=self.db.claim_lock)
             if found is None:
                 return None
             row = db.execute(
                 "UPDATE deliveries SET status = 'running', attempts = attempts + 1, lease_owner = ?,"
-                " lease_until = ? WHERE rowid = ? RETURNING id, event, action, payload, attempts",
-                (self.owner, now + self.lease_s, found["rowid"]),
+                " lease_until = ? WHERE id = ? RETURNING id, event, action, payload, attempts",
+                (self.owner, now + self.lease_s, found["id"]),
             ).fetchone()
         job = Job(row["id"], row["event"], row["action"], bytes(row["payload"]), row["attempts"])
         if found["status"] == "running":
@@ -147,12 +155,13 @@ class DeliveryQueue:
         return job
 
     @staticmethod
-    def _next(db: sqlite3.Connection, now: float) -> sqlite3.Row | None:
-        # Two queries, not one with OR: each is an index range on deliveries_ready.
-        return (db.execute(f"SELECT rowid, status, lease_owner, lease_until FROM deliveries WHERE {_EXPIRED}"
-                           " ORDER BY lease_until LIMIT 1", {"now": now}).fetchone()
-                or db.execute(f"SELECT rowid, status, lease_owner, lease_until FROM deliveries WHERE {_READY}"
-                              " ORDER BY available_at, rowid LIMIT 1", {"now": now}).fetchone())
+    def _next(db: Connection, now: float, lock: str) -> Any:
+        # Two queries, not one with OR: each is an index range on deliveries_ready. Ties in available_at go
+        # by delivery id: an order both databases keep (SQLite's rowid would be the arrival order).
+        return (db.execute(f"SELECT id, status, lease_owner, lease_until FROM deliveries WHERE {_EXPIRED}"
+                           f" ORDER BY lease_until LIMIT 1{lock}", (now,)).fetchone()
+                or db.execute(f"SELECT id, status, lease_owner, lease_until FROM deliveries WHERE {_READY}"
+                              f" ORDER BY available_at, received_at, id LIMIT 1{lock}", (now,)).fetchone())
 
     def finish(self, delivery_id: str, outcome: str) -> bool:
         """Mark the delivery done. False (and nothing changes) if this thread's lease on it was lost."""
@@ -178,7 +187,7 @@ class DeliveryQueue:
                          **audit_fields)
         return True
 
-    def _settle(self, db: sqlite3.Connection, delivery_id: str, assignments: str, params: tuple) -> bool:
+    def _settle(self, db: Connection, delivery_id: str, assignments: str, params: tuple) -> bool:
         """Apply the end of an attempt, only if this thread still holds the lease of that very attempt."""
         attempts = self.abandon(delivery_id)
         settled = attempts is not None and db.execute(

@@ -3,12 +3,11 @@ overrides, evidence received from CI, the heads' first sighting, installations, 
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from gatekeeper.github.db import Database
+from gatekeeper.github.db import Connection, Database, upsert
 
 
 @dataclass(frozen=True)
@@ -69,7 +68,8 @@ class Records:
     def first_seen(self, repo: str, head_sha: str, now: float) -> float:
         """When this head was first judged: recorded now if it never was."""
         with self.db.transaction() as db:
-            db.execute("INSERT OR IGNORE INTO heads VALUES (?, ?, ?)", (repo, head_sha, now))
+            db.execute("INSERT INTO heads (repo, head_sha, first_seen_at) VALUES (?, ?, ?)"
+                       " ON CONFLICT (repo, head_sha) DO NOTHING", (repo, head_sha, now))
             return db.execute("SELECT first_seen_at FROM heads WHERE repo = ? AND head_sha = ?",
                               (repo, head_sha)).fetchone()["first_seen_at"]
 
@@ -78,11 +78,10 @@ class Records:
         """The evaluation record and its audit row commit together: one decision, one audit entry."""
         now = time.time()
         with self.db.transaction() as db:
-            db.execute(
-                "INSERT OR REPLACE INTO evaluations VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (key.repo, key.pr, key.head_sha, key.policy_sha256, key.inputs_sha256, check_run_id,
-                 conclusion, now),
-            )
+            upsert(db, "evaluations", ("repo", "pr", "head_sha", "policy_sha256", "inputs_sha256"),
+                   check_run_id=check_run_id, conclusion=conclusion, evaluated_at=now,
+                   repo=key.repo, pr=key.pr, head_sha=key.head_sha, policy_sha256=key.policy_sha256,
+                   inputs_sha256=key.inputs_sha256)
             insert_audit(db, "decision", key.repo, key.pr, key.head_sha, conclusion=conclusion, reason=reason,
                          policy_sha256=key.policy_sha256, evidence_sha256=evidence_sha256,
                          check_run_id=check_run_id, delivery_id=delivery_id, at=now)
@@ -96,7 +95,8 @@ class Records:
 
     def remember_check_run(self, repo: str, head_sha: str, name: str, check_run_id: int) -> None:
         with self.db.transaction() as db:
-            db.execute("INSERT OR REPLACE INTO check_runs VALUES (?, ?, ?, ?)", (repo, head_sha, name, check_run_id))
+            upsert(db, "check_runs", ("repo", "head_sha", "name"), repo=repo, head_sha=head_sha, name=name,
+                   check_run_id=check_run_id)
 
     # ------------------------------------------------------------------------------------------ overrides
 
@@ -104,8 +104,8 @@ class Records:
                      delivery_id: str | None) -> None:
         now = time.time()
         with self.db.transaction() as db:
-            db.execute("INSERT OR REPLACE INTO overrides VALUES (?, ?, ?, ?, ?, ?)",
-                       (repo, pr, head_sha, actor, reason, now))
+            upsert(db, "overrides", ("repo", "pr", "head_sha"), repo=repo, pr=pr, head_sha=head_sha, actor=actor,
+                   reason=reason, at=now)
             insert_audit(db, "override", repo, pr, head_sha, actor=actor, reason=reason,
                          delivery_id=delivery_id, at=now)
 
@@ -120,9 +120,9 @@ class Records:
     def put_evidence(self, repo: str, head_sha: str, sha256: str, document: str, workflow_run_id: int,
                      workflow_path: str) -> None:
         with self.db.transaction() as db:
-            db.execute("INSERT OR REPLACE INTO evidence (repo, head_sha, sha256, document, workflow_run_id,"
-                       " received_at, workflow_path) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                       (repo, head_sha, sha256, document, workflow_run_id, time.time(), workflow_path))
+            upsert(db, "evidence", ("repo", "head_sha"), repo=repo, head_sha=head_sha, sha256=sha256,
+                   document=document, workflow_run_id=workflow_run_id, received_at=time.time(),
+                   workflow_path=workflow_path)
 
     def evidence_for(self, repo: str, head_sha: str) -> StoredEvidence | None:
         row = self.db.connection().execute(
@@ -134,8 +134,8 @@ class Records:
 
     def set_installation(self, installation_id: int, account: str | None, active: bool) -> None:
         with self.db.transaction() as db:
-            db.execute("INSERT OR REPLACE INTO installations VALUES (?, ?, ?, ?)",
-                       (installation_id, account, int(active), time.time()))
+            upsert(db, "installations", ("id",), id=installation_id, account=account, active=int(active),
+                   updated_at=time.time())
 
     def installation_active(self, installation_id: int) -> bool | None:
         row = self.db.connection().execute("SELECT active FROM installations WHERE id = ?",
@@ -151,7 +151,7 @@ class Records:
 
     def remember_sticky_comment(self, repo: str, pr: int, comment_id: int) -> None:
         with self.db.transaction() as db:
-            db.execute("INSERT OR REPLACE INTO sticky_comments VALUES (?, ?, ?)", (repo, pr, comment_id))
+            upsert(db, "sticky_comments", ("repo", "pr"), repo=repo, pr=pr, comment_id=comment_id)
 
     # ------------------------------------------------------------------------------------------ audit
 
@@ -172,7 +172,7 @@ class Records:
         return [dict(r) for r in self.db.connection().execute(sql, params).fetchall()]
 
 
-def insert_audit(db: sqlite3.Connection, kind: str, repo: str | None, pr: int | None, head_sha: str | None, *,
+def insert_audit(db: Connection, kind: str, repo: str | None, pr: int | None, head_sha: str | None, *,
                  at: float, conclusion: str | None = None, actor: str | None = None, reason: str | None = None,
                  policy_sha256: str | None = None, evidence_sha256: str | None = None,
                  check_run_id: int | None = None, delivery_id: str | None = None) -> None:

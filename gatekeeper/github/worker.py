@@ -1,4 +1,4 @@
-"""Worker threads that drain the SQLite queue. Retries transient failures with backoff, renews a rejected
+"""Worker threads that drain the queue. Retries transient failures with backoff, renews a rejected
 token at once, and turns a permanent failure into a failed check ("Could not evaluate") with the reason."""
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ import logging
 import multiprocessing
 import os
 import signal
-import sqlite3
 import sys
 import threading
 import time
@@ -23,7 +22,7 @@ from gatekeeper.github.handlers import handle
 from gatekeeper.github.reconcile import Reconciler
 from gatekeeper.github.records import Records
 from gatekeeper.github.review import report_error
-from gatekeeper.github.db import Database
+from gatekeeper.github.db import open_database
 from gatekeeper.github.queue import DeliveryQueue, Job, new_owner
 
 log = logging.getLogger(__name__)
@@ -65,7 +64,7 @@ class Worker:
             thread.join(timeout)
         try:  # jobs not finished by now are abandoned: another server may take them at once, not a lease later
             expired = self._ctx.queue.expire_leases()
-        except sqlite3.Error as exc:
+        except self._ctx.queue.db.Error as exc:
             log.warning("could not hand over the unfinished jobs (taken over when their leases expire): %s", exc)
         else:
             if expired:
@@ -87,7 +86,7 @@ class Worker:
     def _beat(self) -> None:
         try:
             self._ctx.queue.heartbeat(self.alive())
-        except sqlite3.Error as exc:  # healthz sees the heartbeat age; the leases expire if this goes on
+        except self._ctx.queue.db.Error as exc:  # healthz sees the heartbeat age; the leases expire if this goes on
             log.warning("heartbeat not recorded: %s", exc)
 
     def _loop(self) -> None:
@@ -96,7 +95,7 @@ class Worker:
             while not self._stop.is_set():
                 try:
                     job = queue.claim()
-                except sqlite3.Error as exc:  # a locked or broken database must not end the thread for good
+                except queue.db.Error as exc:  # a locked or broken database must not end the thread for good
                     log.warning("could not claim a delivery: %s", exc)
                     self._stop.wait(1.0)
                     continue
@@ -154,7 +153,7 @@ class Worker:
 
 class WorkerProcess:
     """The workers in a child process of the web server, so that evaluations (CPU-bound Python) never hold
-    the GIL that acknowledging webhooks needs. Both processes share the SQLite queue (WAL allows it).
+    the GIL that acknowledging webhooks needs. Both processes share the database's queue.
 
     The child dies with its parent: a SIGKILLed server must not leave a worker finishing jobs that the
     restarted server has already queued again."""
@@ -191,16 +190,23 @@ def run_worker_process(config_json: str, server_pid: int, owner: str) -> None:
     _die_with_parent()
     if os.getppid() != server_pid:  # the server died before the line above took effect
         return
-    config = AppConfig.model_validate_json(config_json)
-    db = Database(config.db_path, config.db_synchronous)
+    run_workers(AppConfig.model_validate_json(config_json), owner, server_pid)
+
+
+def run_workers(config: AppConfig, owner: str | None = None, parent_pid: int | None = None) -> None:
+    """The worker threads and the reconciler in this process, until SIGTERM or SIGINT (or, given
+    `parent_pid`, until that process is gone): the worker process of `gatekeeper serve`, or all of
+    `gatekeeper serve --role workers`."""
+    db = open_database(config.db_path, config.db_synchronous)
     ctx = AppContext(config, DeliveryQueue(db, config.job_lease_s, owner), Records(db), GitHubApp(config))
     worker, reconciler = Worker(ctx), Reconciler(ctx)
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    for signum in (signal.SIGTERM, signal.SIGINT):  # finish the jobs in hand, take no new ones
+        signal.signal(signum, lambda *_: stop.set())
     worker.start()
     reconciler.start()
     while not stop.wait(0.5):
-        if os.getppid() != server_pid:  # the server is gone (where PR_SET_PDEATHSIG is not available)
+        if parent_pid is not None and os.getppid() != parent_pid:  # the server is gone (no PR_SET_PDEATHSIG)
             break
     reconciler.stop()
     worker.stop()

@@ -3,19 +3,22 @@ builders for the fake's repository state."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from starlette.applications import Starlette
 
 from gatekeeper.github.config import AppConfig
 from gatekeeper.github.signature import sign
-from gatekeeper.github.db import Database
+from gatekeeper.github.db import open_database
 from gatekeeper.github.queue import DeliveryQueue
 from gatekeeper.github.records import Records
 
@@ -25,6 +28,26 @@ APP_ID = 29310  # the app id in the octokit payload examples
 SECRET = "test-webhook-secret"
 REPO = "Codertocat/Hello-World"  # the repository of the octokit payload examples
 INSTALLATION = 1
+
+# The test runs once on SQLite and once on PostgreSQL (the `store` fixture in conftest.py).
+both_stores = pytest.mark.parametrize("store", ["sqlite", "postgres"], indirect=True)
+
+
+@contextlib.contextmanager
+def fresh_schema(url: str, prefix: str = "test") -> Iterator[str]:
+    """A new, empty schema of the PostgreSQL server at `url`, dropped afterwards: the URL it yields picks it
+    by search_path, so every process given that URL (the App's worker processes too) sees the same tables,
+    and no other test's or run's."""
+    import psycopg
+
+    schema = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute(f"CREATE SCHEMA {schema}")
+    try:
+        yield f"{url}{'&' if '?' in url else '?'}options=-csearch_path%3D{schema}"
+    finally:
+        with psycopg.connect(url, autocommit=True) as admin:
+            admin.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
 def make_config(rsa_keys, fake: FakeGitHub, tmp_path: Path, **overrides: Any) -> AppConfig:
@@ -53,10 +76,10 @@ class RunningApp:
         return self.client.post(self.url + "/webhook", content=body, headers=all_headers)
 
     def queue(self) -> DeliveryQueue:
-        return DeliveryQueue(Database(self.config.db_path))
+        return DeliveryQueue(open_database(self.config.db_path))
 
     def records(self) -> Records:
-        return Records(Database(self.config.db_path))
+        return Records(open_database(self.config.db_path))
 
     def wait_healthy(self, timeout: float = 30.0) -> dict[str, Any]:
         """Block until /healthz answers 200 (a worker process reports once it has started); returns its body."""

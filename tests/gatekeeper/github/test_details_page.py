@@ -8,8 +8,10 @@ import re
 import sqlite3
 
 import pytest
-from app_harness import BASE, HEAD, INSTALLATION, POLICY, REPO, file_entry, judge_opened, setup_pull
+from app_harness import BASE, HEAD, INSTALLATION, POLICY, REPO, both_stores, file_entry, judge_opened, setup_pull
 from fake_github import FakeCommit, webhook_example
+
+from gatekeeper.github.db import open_database
 
 PUBLIC_URL = "https://gatekeeper.example.com"  # the proxy in front of the App; the tests call the App directly
 # Six required perf rows and no perf evidence: six holes in the heatmap, and the verdict undecided.
@@ -43,6 +45,7 @@ def test_without_a_public_url_no_page_is_kept_and_runs_link_as_before(fake, star
     assert app.client.get(app.url + "/evaluations/" + "A" * 32).status_code == 404
 
 
+@both_stores
 def test_the_run_links_its_page_which_shows_the_published_verdict(fake, start_app):
     app, run = _judged(fake, start_app, public_url=PUBLIC_URL + "/")
     assert run["conclusion"] == "success"
@@ -60,8 +63,9 @@ def test_the_run_links_its_page_which_shows_the_published_verdict(fake, start_ap
     judge_opened(app, delivery="d-labeled")
     [again] = fake.check_runs(REPO, HEAD)
     assert _page_path(again) == path
-    with sqlite3.connect(app.config.db_path) as db:
-        assert db.execute("SELECT COUNT(*) FROM details_pages").fetchone() == (1,)
+    db = open_database(app.config.db_path)
+    assert db.connection().execute("SELECT COUNT(*) AS n FROM details_pages").fetchone()["n"] == 1
+    db.close()
 
 
 def test_unknown_and_malformed_page_ids_are_not_found(fake, start_app):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 
-from app_harness import AGENT_COMMIT, INSTALLATION, REPO, file_entry, setup_repo
+from app_harness import AGENT_COMMIT, INSTALLATION, REPO, both_stores, file_entry, setup_repo
 from fake_github import FakeCommit, FakePull, webhook_example
 
 HEAD_FIXED = "1" * 40
@@ -29,6 +29,7 @@ def _comment_event(body: str, login: str, number: int = 2) -> dict:
     return event
 
 
+@both_stores
 def test_failure_fix_redelivery_override(fake, start_app):
     opened = _pull_event("pull_request.opened")
     base, head = opened["pull_request"]["base"]["sha"], opened["pull_request"]["head"]["sha"]
@@ -165,6 +166,7 @@ def test_labels_change_the_inputs_so_a_labeled_event_is_judged_again(fake, start
     assert len(decisions) == 2
 
 
+@both_stores
 def test_workers_in_a_child_process_as_gatekeeper_serve_runs_them(fake, start_app):
     opened = _pull_event("pull_request.opened")
     head, base = opened["pull_request"]["head"]["sha"], opened["pull_request"]["base"]["sha"]

@@ -151,9 +151,9 @@ def test_installation_events_are_recorded(fake, start_app):
 def app_context(app):
     from gatekeeper.github.client import GitHubApp
     from gatekeeper.github.context import AppContext
-    from gatekeeper.github.db import Database
+    from gatekeeper.github.db import open_database
     from gatekeeper.github.queue import DeliveryQueue
     from gatekeeper.github.records import Records
 
-    db = Database(app.config.db_path)
+    db = open_database(app.config.db_path)
     return AppContext(app.config, DeliveryQueue(db), Records(db), GitHubApp(app.config))

@@ -1,5 +1,6 @@
-"""Several servers on one database (issue 41, hole 6): a claimed delivery is leased, the lease is renewed
-while its worker runs, and only a job whose lease ran out is taken over."""
+"""Several servers on one database (issue 41, hole 6; on PostgreSQL, issue 39): a claimed delivery is leased,
+the lease is renewed while its worker runs, and only a job whose lease ran out is taken over. Each test but
+the SQLite upgrade runs on both stores."""
 
 from __future__ import annotations
 
@@ -9,21 +10,22 @@ import signal
 import sqlite3
 import time
 
-from app_harness import HEAD, OPENED, REPO, setup_pull
+from app_harness import HEAD, OPENED, REPO, both_stores, setup_pull
 
-from gatekeeper.github.db import Database
+from gatekeeper.github.db import open_database
 from gatekeeper.github.queue import DeliveryQueue
 from gatekeeper.github.records import Records
 
 
-def test_a_live_servers_job_is_left_alone_and_a_dead_ones_is_taken_over(tmp_path, caplog):
-    db = tmp_path / "q.sqlite3"
-    a = DeliveryQueue(Database(db), lease_s=10, owner="server-a")
+@both_stores
+def test_a_live_servers_job_is_left_alone_and_a_dead_ones_is_taken_over(store, caplog):
+    db = store
+    a = DeliveryQueue(open_database(db), lease_s=10, owner="server-a")
     assert a.enqueue("d1", "pull_request", "opened", b"{}", now=100.0)
     assert a.claim(now=100.0).attempts == 1
     assert (a.delivery("d1")["lease_owner"], a.delivery("d1")["lease_until"]) == ("server-a", 110.0)
 
-    b = DeliveryQueue(Database(db), lease_s=10, owner="server-b")  # a second server starts on the same database
+    b = DeliveryQueue(open_database(db), lease_s=10, owner="server-b")  # a second server starts on the same database
     assert b.claim(now=105.0) is None  # A's lease runs until 110
     a.heartbeat(threads=1, now=108.0)  # A's worker is alive: the lease now runs until 118
     assert b.claim(now=115.0) is None
@@ -44,8 +46,9 @@ def test_a_live_servers_job_is_left_alone_and_a_dead_ones_is_taken_over(tmp_path
     assert b.delivery("d1")["status"] == "done" and b.claim(now=1e12) is None
 
 
-def test_a_claim_is_settled_only_by_the_attempt_that_holds_it(tmp_path):
-    queue = DeliveryQueue(Database(tmp_path / "q.sqlite3"), lease_s=10)
+@both_stores
+def test_a_claim_is_settled_only_by_the_attempt_that_holds_it(store):
+    queue = DeliveryQueue(open_database(store), lease_s=10)
     queue.enqueue("d1", "pull_request", "opened", b"{}", now=100.0)
     queue.claim(now=100.0)
     again = queue.claim(now=111.0)  # its lease expired (the thread hung), so this same server took it again
@@ -69,14 +72,14 @@ def test_a_database_from_before_leases_opens_and_its_interrupted_job_runs_again(
                 VALUES ('interrupted', 'pull_request', x'7b7d', 'running', 1, 1.0, 1.0),
                        ('waiting', 'pull_request', x'7b7d', 'queued', 0, 2.0, 2.0);
         """)
-    queue = DeliveryQueue(Database(db))
+    queue = DeliveryQueue(open_database(db))
     columns = {row[1] for row in queue.db.connection().execute("PRAGMA table_info(deliveries)")}
     assert {"lease_owner", "lease_until"} <= columns
     first = queue.claim()  # running under the old schema: its single server is gone
     assert (first.delivery_id, first.attempts) == ("interrupted", 2)
     assert queue.finish("interrupted", "success")
     assert queue.claim().delivery_id == "waiting"
-    Database(db)  # opening it again changes nothing
+    open_database(db)  # opening it again changes nothing
 
 
 def _decisions(app) -> list[dict]:
@@ -94,6 +97,7 @@ def _wait(condition, timeout: float = 15.0) -> None:
         time.sleep(0.02)
 
 
+@both_stores
 def test_a_second_server_starting_on_the_database_does_not_steal_a_running_job(fake, start_app):
     """A rolling deploy: server 2 starts while server 1 is in the middle of a job. Before leases, server 2
     queued that job again at start-up and judged it a second time."""
@@ -115,6 +119,7 @@ def test_a_second_server_starting_on_the_database_does_not_steal_a_running_job(f
     assert sum(1 for _, body in fake.check_run_patches if body.get("conclusion")) == 1
 
 
+@both_stores
 def test_the_job_of_a_dead_worker_process_is_taken_over_when_its_lease_expires(fake, start_app):
     setup_pull(fake)
     fake.delay("PATCH", r"/check-runs/\d+$", 3.0)  # past the takeover: the worker dies mid-job
@@ -122,7 +127,8 @@ def test_the_job_of_a_dead_worker_process_is_taken_over_when_its_lease_expires(f
     first.wait_healthy()
     first.send("pull_request", OPENED, delivery="d1")
     _wait(lambda: fake.check_runs(REPO, HEAD))
-    [pid] = [r[0] for r in first.queue().db.connection().execute("SELECT pid FROM heartbeats WHERE role = 'workers'")]
+    [pid] = [r["pid"] for r in first.queue().db.connection().execute("SELECT pid FROM heartbeats"
+                                                                     " WHERE role = 'workers'")]
     os.kill(pid, signal.SIGKILL)  # the worker dies holding d1
 
     second = start_app(job_lease_s=1.0)
@@ -134,7 +140,8 @@ def test_the_job_of_a_dead_worker_process_is_taken_over_when_its_lease_expires(f
     assert run["status"] == "completed" and run["conclusion"] == "success"
 
 
-def test_a_job_whose_workers_keep_dying_is_given_up_after_max_attempts(tmp_path, rsa_keys, fake):
+@both_stores
+def test_a_job_whose_workers_keep_dying_is_given_up_after_max_attempts(tmp_path, rsa_keys, fake, store):
     """Each takeover counts as an attempt; past max_attempts the job fails instead of killing worker after worker."""
     from app_harness import make_config
 
@@ -142,8 +149,8 @@ def test_a_job_whose_workers_keep_dying_is_given_up_after_max_attempts(tmp_path,
     from gatekeeper.github.context import AppContext
     from gatekeeper.github.worker import Worker
 
-    config = make_config(rsa_keys, fake, tmp_path, max_attempts=2, job_lease_s=10)
-    db = Database(config.db_path)
+    config = make_config(rsa_keys, fake, tmp_path, max_attempts=2, job_lease_s=10, db_path=store)
+    db = open_database(config.db_path)
     queue = DeliveryQueue(db, lease_s=10)
     queue.enqueue("d-crash", "pull_request", "opened", b"{}", now=100.0)
     for now in (100.0, 111.0):  # two attempts whose worker died (the lease ran out each time)

@@ -7,7 +7,7 @@ import time
 from dataclasses import replace
 
 import pytest
-from app_harness import APP_ID, make_config
+from app_harness import APP_ID, both_stores, make_config
 
 from gatekeeper.cli import main
 from gatekeeper.errors import InputError
@@ -26,7 +26,7 @@ from gatekeeper.github.checkrun import (
 from gatekeeper.github.client import GitHubApp, InstallationTokens
 from gatekeeper.github.config import load_config
 from gatekeeper.github.overrides import may_override, parse_override
-from gatekeeper.github.db import Database
+from gatekeeper.github.db import open_database
 from gatekeeper.github.queue import DeliveryQueue
 from gatekeeper.github.records import EvaluationKey, Override, Records
 from gatekeeper.verdict import CheckResult, Finding, PolicyRef, Severity, Status, Verdict
@@ -174,8 +174,9 @@ def test_the_public_url_is_an_absolute_http_url_kept_without_its_trailing_slash(
         assert "GATEKEEPER_PUBLIC_URL" in str(error.value)
 
 
-def test_queue_deduplicates_orders_and_survives_a_crash(tmp_path):
-    queue = DeliveryQueue(Database(tmp_path / "q.sqlite3"))
+@both_stores
+def test_queue_deduplicates_orders_and_survives_a_crash(store):
+    queue = DeliveryQueue(open_database(store))
     assert queue.enqueue("a", "pull_request", "opened", b"{}", now=1.0)
     assert not queue.enqueue("a", "pull_request", "opened", b"{}", now=2.0)  # a redelivery
     assert queue.enqueue("b", "pull_request", "opened", b"{}", now=3.0)
@@ -185,14 +186,15 @@ def test_queue_deduplicates_orders_and_survives_a_crash(tmp_path):
     assert queue.claim().delivery_id == "b"  # "a" waits for its backoff
     assert queue.claim() is None
     queue.db.close()
-    reopened = DeliveryQueue(Database(tmp_path / "q.sqlite3"))  # "b" was running when the process died
+    reopened = DeliveryQueue(open_database(store))  # "b" was running when the process died
     assert reopened.claim() is None  # not before its lease runs out: its server might still be alive
     again = reopened.claim(now=time.time() + reopened.lease_s + 1)
     assert again.delivery_id == "b" and again.attempts == 2
 
 
-def test_decisions_are_idempotent_and_audited(tmp_path):
-    records = Records(Database(tmp_path / "a.sqlite3"))
+@both_stores
+def test_decisions_are_idempotent_and_audited(store):
+    records = Records(open_database(store))
     key = EvaluationKey("o/r", 1, "a" * 40, "p" * 64, "i" * 64)
     assert not records.evaluation_done(key)
     records.record_decision(key, 7, "failure", "e" * 64, "d1", "Failed: confinement")
@@ -215,9 +217,10 @@ def test_installation_tokens_are_cached_until_shortly_before_expiry(fake, rsa_ke
     assert fake.tokens_issued == 3
 
 
-def test_audit_command_lists_entries_as_json_and_table(tmp_path, capsys):
-    db = tmp_path / "audit.sqlite3"
-    records = Records(Database(db))
+@both_stores
+def test_audit_command_lists_entries_as_json_and_table(tmp_path, capsys, store):
+    db = store
+    records = Records(open_database(db))
     records.record_decision(EvaluationKey("o/r", 1, "a" * 40, "p" * 64, "i" * 64), 7, "failure", None, "d1", "t")
     records.add_override("o/r", 1, "a" * 40, "alice", "known", "d2")
     records.record_decision(EvaluationKey("x/y", 2, "b" * 40, "p" * 64, "i" * 64), 8, "success", None, "d3", "t")
@@ -231,7 +234,7 @@ def test_audit_command_lists_entries_as_json_and_table(tmp_path, capsys):
     garbage = tmp_path / "garbage.sqlite3"
     garbage.write_bytes(b"not a database at all" * 100)
     assert main(["audit", "--db", str(garbage)]) == 2
-    assert "not a gatekeeper database" in capsys.readouterr().err
+    assert "cannot open the SQLite database: file is not a database" in capsys.readouterr().err
 
 
 def test_serve_refuses_a_bad_configuration_without_echoing_secrets(tmp_path, capsys, monkeypatch):
