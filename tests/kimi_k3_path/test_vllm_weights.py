@@ -12,35 +12,22 @@ pytestmark = pytest.mark.vllm
 
 import torch  # noqa: E402
 
-from kimi_k3_path import vllm_plugin  # noqa: E402
 from kimi_k3_path.reference import (  # noqa: E402
     KdaDenseLayerWeights,
     KdaMoeLayerWeights,
     MlaMoeLayerWeights,
     mxfp4_unpack,
 )
-from kimi_k3_path.support import SUPPORT_MATRIX  # noqa: E402
 from kimi_k3_path.vllm_decode import PathDecode  # noqa: E402
 from kimi_k3_path.vllm_weights import LayoutError, moe_weights  # noqa: E402
 
 from tiny_vllm import MOE_INTERMEDIATE, build_model, decode_mxfp4  # noqa: E402
 
-SPECIALIZED = {"kimi_k3_decode_backend": "latency_specialized"}
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from vllm import ModelRegistry
-    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
-
-    with pytest.MonkeyPatch.context() as patch:
-        for table in (MODELS_CONFIG_MAP, ModelRegistry.models):
-            patch.setitem(table, "KimiK3ForConditionalGeneration", table["KimiK3ForConditionalGeneration"])
-        vllm_plugin.register()
-        patch.setattr(vllm_plugin, "gpu_arch", lambda platform=None: "sm_90")  # no GPU here; the guard wants sm_90
-        # One process is one rank: the model is built at TP 1, which the matrix admits for this test only.
-        patch.setattr(vllm_plugin, "MATRIX", SUPPORT_MATRIX.model_copy(update={"tp": (1, 8, 16)}))
-        yield build_model(tmp_path_factory.mktemp("k3"), torch.Generator().manual_seed(37), patch, SPECIALIZED)
+@pytest.fixture()
+def tiny(tiny_k3):
+    return tiny_k3
 
 
 def _cat(ckpt, names):
@@ -151,7 +138,7 @@ def test_a_parameter_of_the_wrong_shape_is_named(tiny):
     moe = tiny.model.language_model.model.layers[2].block_sparse_moe
     wrong = pytest.MonkeyPatch()
     try:
-        wrong.setattr(moe.gate, "e_score_correction_bias", torch.zeros(31))
+        wrong.setattr(moe.gate, "e_score_correction_bias", torch.nn.Parameter(torch.zeros(31), requires_grad=False))
         with pytest.raises(LayoutError, match=r"gate.e_score_correction_bias: shape \(31,\), expected \(32,\)"):
             moe_weights(moe, decode.dims)
     finally:
