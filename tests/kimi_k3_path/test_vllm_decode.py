@@ -30,7 +30,6 @@ from vllm.models.kimi_k3.nvidia.kda_metadata import KimiK3KDAMetadata  # noqa: E
 
 from kimi_k3_path.reference import (  # noqa: E402
     KdaDenseLayerWeights,
-    KdaMoeLayerWeights,
     KdaState,
     LayerPosition,
     PagedLatentCache,

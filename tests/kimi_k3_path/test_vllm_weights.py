@@ -21,13 +21,8 @@ from kimi_k3_path.reference import (  # noqa: E402
 from kimi_k3_path.vllm_decode import PathDecode  # noqa: E402
 from kimi_k3_path.vllm_weights import LayoutError, moe_weights  # noqa: E402
 
-from tiny_vllm import MOE_INTERMEDIATE, build_model, decode_mxfp4  # noqa: E402
+from tiny_vllm import MOE_INTERMEDIATE, decode_mxfp4  # noqa: E402
 
-
-
-@pytest.fixture()
-def tiny(tiny_k3):
-    return tiny_k3
 
 
 def _cat(ckpt, names):
@@ -91,11 +86,11 @@ def _check_moe(w, ckpt, m, experts):
         assert torch.equal(mxfp4_unpack(w.w2_packed[e], w.w2_scales[e]).double(), expected2), x + "w2 values"
 
 
-def test_every_relaid_tensor_is_the_checkpoints_value(tiny):
-    lm = tiny.model.language_model
+def test_every_relaid_tensor_is_the_checkpoints_value(tiny_k3):
+    lm = tiny_k3.model.language_model
     decode = lm.specialized_decode
     assert isinstance(decode, PathDecode), "an admitted deployment installs the decode executor once loaded"
-    ckpt, t = tiny.checkpoint, tiny.vllm_config.model_config.hf_text_config
+    ckpt, t = tiny_k3.checkpoint, tiny_k3.vllm_config.model_config.hf_text_config
     weights = decode.weights
     assert len(weights.layers) == t.num_hidden_layers
     kinds = []
@@ -122,20 +117,20 @@ def test_every_relaid_tensor_is_the_checkpoints_value(tiny):
     assert weights.final.out_norm is None
 
 
-def test_the_loaded_experts_carry_backend_padding_the_relayout_drops(tiny):
+def test_the_loaded_experts_carry_backend_padding_the_relayout_drops(tiny_k3):
     """What makes the re-layout more than a view here: Marlin's rounding pads the intermediate (480 -> 512 rows per
     half, the up half starting at 512) and the latent (128 -> 256 columns)."""
-    routed = tiny.model.language_model.model.layers[1].block_sparse_moe.experts.routed_experts
+    routed = tiny_k3.model.language_model.model.layers[1].block_sparse_moe.experts.routed_experts
     assert tuple(routed.w13_weight.shape) == (32, 2 * 512, 256 // 2)
     assert tuple(routed.w2_weight.shape) == (32, 256, 512 // 2)
     assert not routed.w13_weight[:, MOE_INTERMEDIATE:512].any() and not routed.w2_weight[:, 128:].any()
-    w = tiny.model.language_model.specialized_decode.weights.layers[1].moe
+    w = tiny_k3.model.language_model.specialized_decode.weights.layers[1].moe
     assert tuple(w.w13_packed.shape) == (32, 2 * MOE_INTERMEDIATE, 64) and tuple(w.w2_packed.shape) == (32, 128, 240)
 
 
-def test_a_parameter_of_the_wrong_shape_is_named(tiny):
-    decode = tiny.model.language_model.specialized_decode
-    moe = tiny.model.language_model.model.layers[2].block_sparse_moe
+def test_a_parameter_of_the_wrong_shape_is_named(tiny_k3):
+    decode = tiny_k3.model.language_model.specialized_decode
+    moe = tiny_k3.model.language_model.model.layers[2].block_sparse_moe
     wrong = pytest.MonkeyPatch()
     try:
         wrong.setattr(moe.gate, "e_score_correction_bias", torch.nn.Parameter(torch.zeros(31), requires_grad=False))
