@@ -9,7 +9,8 @@ import pytest
 @pytest.fixture(scope="session")
 def tiny_k3(tmp_path_factory):
     """The plugin registered, the deployment admitted (`latency_specialized`), the model built and loaded by vLLM
-    (tiny_vllm.py says what is patched to build it on CPU). Everything patched is restored afterwards."""
+    (tiny_vllm.py says what is patched to build it on CPU). Everything patched is restored once it is built, so
+    the other tests of the session see vLLM and the plugin unregistered."""
     pytest.importorskip("vllm", reason="the real vllm package is not installed (the [vllm] extra)")
     import torch
     from tiny_vllm import build_model
@@ -26,5 +27,6 @@ def tiny_k3(tmp_path_factory):
         patch.setattr(vllm_plugin, "gpu_arch", lambda platform=None: "sm_90")  # no GPU here; the guard wants sm_90
         # One process is one rank: the model is built at TP 1, which the matrix admits for these tests only.
         patch.setattr(vllm_plugin, "MATRIX", SUPPORT_MATRIX.model_copy(update={"tp": (1, 8, 16)}))
-        yield build_model(tmp_path_factory.mktemp("k3"), torch.Generator().manual_seed(37), patch,
-                          {"kimi_k3_decode_backend": "latency_specialized"})
+        tiny = build_model(tmp_path_factory.mktemp("k3"), torch.Generator().manual_seed(37), patch,
+                           {"kimi_k3_decode_backend": "latency_specialized"})
+    return tiny

@@ -28,6 +28,8 @@ from vllm.model_executor.layers.attention.mla_attention import (  # noqa: E402
 from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first  # noqa: E402
 from vllm.models.kimi_k3.nvidia.kda_metadata import KimiK3KDAMetadata  # noqa: E402
 
+from vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils import break_fp4_bytes  # noqa: E402
+
 from kimi_k3_path.reference import (  # noqa: E402
     KdaDenseLayerWeights,
     KdaState,
@@ -39,6 +41,7 @@ from kimi_k3_path.reference import (  # noqa: E402
     kda_dense_layer,
     kda_moe_layer,
     mla_moe_layer,
+    mxfp4_unpack,
     rel_err,
     rms_norm,
     shared_experts,
@@ -224,3 +227,23 @@ def test_vllms_modules_that_run_on_cpu_agree_with_the_specialized_pieces(tiny_k3
             assert rel_err(moe.routed_output_transform(lat), rms_norm(lat, w.moe.latent_norm, eps) @ w.moe.up.float().T) < 2e-2
             checked.append("moe")
     assert checked.count("moe") == 7 and "dense_mlp" in checked
+
+
+def test_vllms_fp4_decoder_reads_the_relaid_experts_as_the_reference_does(tiny_k3):
+    """vLLM's own E2M1 decoder (`break_fp4_bytes`) and torch's E8M0 on the loaded expert parameters, padding and
+    all, against the reference's `mxfp4_unpack` on the re-laid-out experts: the same values, bit for bit."""
+    lm = tiny_k3.model.language_model
+    w = lm.specialized_decode.weights.layers[3].moe  # an MLA layer's MoE
+    routed = lm.model.layers[3].block_sparse_moe.experts.routed_experts
+    i, lat, i_pad = w.w13_packed.shape[1] // 2, w.w2_packed.shape[1], routed.w13_weight.shape[1] // 2
+
+    def vllm_values(packed, scales):
+        codes = break_fp4_bytes(packed, torch.float32)
+        return codes * scales.view(torch.float8_e8m0fnu).float().repeat_interleave(32, dim=-1)
+
+    for e in (0, 17, 31):
+        w13 = vllm_values(routed.w13_weight[e], routed.w13_weight_scale[e])
+        expected = torch.cat([w13[:i, :lat], w13[i_pad : i_pad + i, :lat]])
+        assert torch.equal(mxfp4_unpack(w.w13_packed[e], w.w13_scales[e]), expected)
+        w2 = vllm_values(routed.w2_weight[e], routed.w2_weight_scale[e])
+        assert torch.equal(mxfp4_unpack(w.w2_packed[e], w.w2_scales[e]), w2[:lat, :i])

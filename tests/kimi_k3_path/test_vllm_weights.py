@@ -24,7 +24,6 @@ from kimi_k3_path.vllm_weights import LayoutError, moe_weights  # noqa: E402
 from tiny_vllm import MOE_INTERMEDIATE, decode_mxfp4  # noqa: E402
 
 
-
 def _cat(ckpt, names):
     return torch.cat([ckpt[n] for n in names], dim=0)
 
