@@ -247,3 +247,71 @@ def test_vllms_fp4_decoder_reads_the_relaid_experts_as_the_reference_does(tiny_k
         assert torch.equal(mxfp4_unpack(w.w13_packed[e], w.w13_scales[e]), expected)
         w2 = vllm_values(routed.w2_weight[e], routed.w2_weight_scale[e])
         assert torch.equal(mxfp4_unpack(w.w2_packed[e], w.w2_scales[e]), w2[:lat, :i])
+
+
+VLLM_ATTN_RES_ON_CPU = r"""
+import json, os
+os.environ["TRITON_INTERPRET"] = "1"  # before Triton loads: vLLM's Triton kernels run in Triton's CPU interpreter
+os.environ["CUDA_VISIBLE_DEVICES"] = ""  # vllm.triton_utils then accepts Triton without an active GPU driver
+import torch
+from vllm.models.kimi_k3.nvidia.ops.attn_res import attn_res
+from kimi_k3_path.reference import AttnResWeights, LayerPosition, ResidualStream, attn_res_mix, rel_err
+from kimi_k3_path.reference.layers import LayerNorms, pre_attention, pre_mlp
+
+g = torch.Generator().manual_seed(7)
+M, H, BLOCKS, EPS = 3, 256, 2, 1e-5
+def site(out_norm=True):
+    return AttnResWeights(res_norm=(1 + 0.1 * torch.randn(H, generator=g)).bfloat16(),
+                          res_proj=torch.randn(H, generator=g).bfloat16(),
+                          out_norm=(1 + 0.1 * torch.randn(H, generator=g)).bfloat16() if out_norm else None)
+norms = LayerNorms(site(), site(), EPS)
+worst = {}
+def note(what, value):
+    worst[what] = max(worst.get(what, 0.0), value)
+
+for layer in (0, 3, 4, 5):  # block size 4: layer 0 and 4 write a block
+    pos = LayerPosition(layer, block_size=4)
+    prefix = torch.randn(M, H, generator=g).bfloat16()
+    delta = None if layer == 0 else torch.randn(M, H, generator=g).bfloat16()
+    blocks = torch.randn(M, BLOCKS, H, generator=g).bfloat16()
+    # vLLM's KimiDecoderLayer._pre_attn_norm: the op updates the prefix and writes the block in place.
+    p, b = prefix.clone(), blocks.clone()
+    out = attn_res(p, delta, b, norms.attn.res_norm, norms.attn.res_proj, norms.attn.out_norm,
+                   num_blocks=pos.blocks_before_attn, block_write_idx=pos.layer // 4 if pos.writes_block else -1,
+                   eps=EPS, output_norm_eps=EPS)
+    mixed, stream = pre_attention(torch.zeros(M, H) if delta is None else delta.float(),
+                                  ResidualStream(blocks.float(), prefix.float()), norms, pos)
+    note("pre_attention", rel_err(out, mixed))
+    note("prefix", rel_err(p, stream.prefix))
+    note("blocks", rel_err(b, stream.blocks))
+    # _post_attn_norm: a block-writing layer restarts the prefix from the attention output.
+    attn_out = torch.randn(M, H, generator=g).bfloat16()
+    p2 = attn_out.clone() if pos.writes_block else p.clone()
+    out = attn_res(p2, None if pos.writes_block else attn_out, b, norms.mlp.res_norm, norms.mlp.res_proj,
+                   norms.mlp.out_norm, num_blocks=pos.blocks_before_mlp, block_write_idx=-1, eps=EPS,
+                   output_norm_eps=EPS)
+    mixed, stream = pre_mlp(attn_out.float(), ResidualStream(b.float(), p.float()), norms, pos)
+    note("pre_mlp", rel_err(out, mixed))
+# KimiLinearModel's final mix: no output norm.
+final, prefix, delta = site(out_norm=False), torch.randn(M, H, generator=g).bfloat16(), torch.randn(M, H, generator=g).bfloat16()
+blocks = torch.randn(M, BLOCKS, H, generator=g).bfloat16()
+out = attn_res(prefix.clone(), delta, blocks, final.res_norm, final.res_proj, None, num_blocks=BLOCKS,
+               block_write_idx=-1, eps=EPS, output_norm_eps=0.0)
+note("final", rel_err(out, attn_res_mix(blocks.float(), prefix.float() + delta.float(), final, EPS, 0.0)))
+print(json.dumps(worst))
+"""
+
+
+def test_vllms_attn_res_op_agrees_with_the_paths_residual_mixing():
+    """vLLM's stock AttnRes op (the Triton kernel every layer runs twice, and the final mix), run by Triton's CPU
+    interpreter in a fresh process, against the specialized path's `pre_attention` / `pre_mlp` / final mix: the
+    mixed output and the in-place prefix and block updates agree to bf16 rounding (rel_err < 1e-2)."""
+    import json
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", VLLM_ATTN_RES_ON_CPU], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr[-3000:]}"
+    worst = json.loads(result.stdout.strip().splitlines()[-1])
+    assert set(worst) == {"pre_attention", "prefix", "blocks", "pre_mlp", "final"}
+    assert max(worst.values()) < 1e-2, worst
