@@ -27,9 +27,11 @@ from kimi_k3_path.vllm_plugin import check_vllm_config, kimi_k3_config
 class LatencySpecializedKimiK3(KimiK3ForConditionalGeneration):
     def __init__(self, vllm_config: Any, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
-        # The startup guard already admitted (or refused) this deployment; None keeps the stock decode.
+        # The startup guard already admitted (or refused) this deployment; None keeps the stock decode, and then
+        # nothing here reads the config (a checkpoint the decode path cannot run still serves with `auto`).
         self.kimi_k3_path_deployment = check_vllm_config(vllm_config)
-        self._kimi_k3_path_config = kimi_k3_config(vllm_config.model_config.hf_config)
+        if self.kimi_k3_path_deployment is not None:
+            self._kimi_k3_path_config = kimi_k3_config(vllm_config.model_config.hf_config)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         loaded = super().load_weights(weights)
