@@ -315,3 +315,21 @@ def test_vllms_attn_res_op_agrees_with_the_paths_residual_mixing():
     worst = json.loads(result.stdout.strip().splitlines()[-1])
     assert set(worst) == {"pre_attention", "prefix", "blocks", "pre_mlp", "final"}
     assert max(worst.values()) < 1e-2, worst
+
+
+def test_with_auto_the_plugins_model_class_leaves_vllms_decode_alone(tmp_path):
+    """The registered class is vLLM's for `auto`: no executor in the slot, and vLLM's forward runs stock."""
+    from tiny_vllm import build_model
+    from vllm import ModelRegistry
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+
+    from kimi_k3_path import vllm_plugin
+    from kimi_k3_path.vllm_model import LatencySpecializedKimiK3
+
+    with pytest.MonkeyPatch.context() as patch:
+        for table in (MODELS_CONFIG_MAP, ModelRegistry.models):
+            patch.setitem(table, "KimiK3ForConditionalGeneration", table["KimiK3ForConditionalGeneration"])
+        vllm_plugin.register()
+        tiny = build_model(tmp_path / "auto", torch.Generator().manual_seed(1), patch, {"kimi_k3_decode_backend": "auto"})
+    assert isinstance(tiny.model, LatencySpecializedKimiK3) and tiny.model.kimi_k3_path_deployment is None
+    assert tiny.model.language_model.specialized_decode is None
