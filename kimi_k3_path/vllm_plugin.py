@@ -6,6 +6,11 @@ keeps vLLM's stock decode. `register()` hooks Kimi K3's config verification, so 
 is mapped to a `Deployment` and checked by `check_deployment`: an unsupported one fails at startup with the
 guard's message naming every unsupported setting.
 
+For such a deployment the plugin also routes decode steps: `register()` replaces vLLM's Kimi K3 model class by
+`vllm_model.LatencySpecializedKimiK3` (lazily; vLLM's class, unchanged for `auto`), which installs the decode
+executor (`vllm_decode.PathDecode`) in the slot vLLM's own latency_specialized decode uses, once the weights are
+loaded. The executor runs its steps eagerly, so the backend also needs `--enforce-eager` (checked at startup).
+
 The key differs from vLLM's own `decode_backend` (its GB300 CuTe DSL path) so the two never select each other.
 This module imports without vllm (the gatekeeper's static checks load it); vllm is imported inside functions.
 """
@@ -14,9 +19,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kimi_k3_path.config import ConfigError, parse_config
+from kimi_k3_path.config import ConfigError, KimiK3Config, parse_config
 from kimi_k3_path.guard import check_deployment
-from kimi_k3_path.support import Deployment
+from kimi_k3_path.support import SUPPORT_MATRIX, Deployment
 
 BACKEND_KEY = "kimi_k3_decode_backend"
 BACKEND_NAME = "latency_specialized"
@@ -27,18 +32,24 @@ BACKENDS = (STOCK, BACKEND_NAME)
 KIMI_K3_ARCHITECTURES = ("KimiK3ForConditionalGeneration",)
 
 _GUARDED = "_kimi_k3_path_guarded"
+# What the plugin admits; read at each call, so a CPU test of a one-rank model can widen it for itself.
+MATRIX = SUPPORT_MATRIX
+# vLLM builds this class for KimiK3ForConditionalGeneration once the plugin is registered.
+MODEL_CLASS = "kimi_k3_path.vllm_model:LatencySpecializedKimiK3"
 
 
 def register() -> None:
-    """Install the startup guard on Kimi K3's config verification. vLLM calls this in every process, possibly
-    more than once; a second call changes nothing."""
+    """Install the startup guard on Kimi K3's config verification and the model class that routes decode steps.
+    vLLM calls this in every process, possibly more than once; a second call changes nothing."""
+    from vllm import ModelRegistry
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP, VerifyAndUpdateConfig
 
     for architecture in KIMI_K3_ARCHITECTURES:
         stock = MODELS_CONFIG_MAP.get(architecture, VerifyAndUpdateConfig)
-        if getattr(stock, _GUARDED, False):
-            continue
-        MODELS_CONFIG_MAP[architecture] = _with_guard(stock)
+        if not getattr(stock, _GUARDED, False):
+            MODELS_CONFIG_MAP[architecture] = _with_guard(stock)
+        # A lazy registration: the class (and vLLM's model code) is imported only when a Kimi K3 model is built.
+        ModelRegistry.register_model(architecture, MODEL_CLASS)
 
 
 def _with_guard(stock: type) -> type:
@@ -70,8 +81,21 @@ def check_vllm_config(vllm_config: Any) -> Deployment | None:
     if requested_backend(vllm_config) == STOCK:
         return None
     deployment = deployment_from_vllm_config(vllm_config)
-    check_deployment(deployment)
+    check_deployment(deployment, MATRIX)
+    _require_eager(vllm_config)
     return deployment
+
+
+def _require_eager(vllm_config: Any) -> None:
+    """The executor runs each decode step in Python (the reference ops read sequence lengths on the host): a CUDA
+    graph would capture the stock step and replay it, so the specialized path would never run."""
+    compilation = vllm_config.compilation_config
+    mode = getattr(compilation, "cudagraph_mode", None)
+    if mode is not None and getattr(mode, "name", str(mode)) != "NONE":
+        raise ValueError(
+            f"{BACKEND_KEY}={BACKEND_NAME} runs its decode steps eagerly, but this deployment captures CUDA graphs "
+            f"(cudagraph_mode={getattr(mode, 'name', mode)}): start vLLM with --enforce-eager"
+        )
 
 
 def deployment_from_vllm_config(vllm_config: Any) -> Deployment:
@@ -113,14 +137,19 @@ def _dtype_name(dtype: Any) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _expert_quant(hf_config: Any) -> str:
-    """The routed experts' format, read through our own config parser so a config the decode path cannot run
-    (another model under the same architecture name) fails here with the field named."""
+def kimi_k3_config(hf_config: Any) -> KimiK3Config:
+    """The model's config read through our own parser, so a config the decode path cannot run (another model under
+    the same architecture name) fails here with the field named."""
     data = hf_config.to_dict() if hasattr(hf_config, "to_dict") else hf_config
     try:
-        return parse_config(data, source="the model's config.json").text_config.expert_quant
+        return parse_config(data, source="the model's config.json")
     except ConfigError as error:
         raise ValueError(f"{BACKEND_KEY}={BACKEND_NAME} cannot serve this model:\n{error}") from None
+
+
+def _expert_quant(hf_config: Any) -> str:
+    """The routed experts' format."""
+    return kimi_k3_config(hf_config).text_config.expert_quant
 
 
 def _kda_state_dtypes(model_dtype: Any, cache: Any) -> tuple[str, str]:

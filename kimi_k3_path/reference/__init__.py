@@ -18,11 +18,15 @@ from .kda import (
 )
 from .layers import (
     ATTN_RES_BLOCK,
+    DenseMlpWeights,
+    KdaDenseLayerWeights,
     KdaMoeLayerWeights,
     LayerNorms,
     LayerPosition,
     MlaMoeLayerWeights,
     ResidualStream,
+    dense_mlp,
+    kda_dense_layer,
     kda_moe_layer,
     mla_moe_layer,
     random_kda_moe_layer,
@@ -56,10 +60,10 @@ from .norm import gated_rms_norm, l2_normalize, rms_norm
 
 __all__ = [
     "ATTN_RES_BLOCK", "E2M1_MAGNITUDES", "MAX_SOURCES", "MX_BLOCK", "SITU_BETA", "SITU_LINEAR_BETA",
-    "AttnResWeights", "KdaDims", "KdaMoeLayerWeights", "KdaState", "KdaWeights", "LayerNorms", "LayerPosition",
+    "AttnResWeights", "DenseMlpWeights", "KdaDenseLayerWeights", "KdaDims", "KdaMoeLayerWeights", "KdaState", "KdaWeights", "LayerNorms", "LayerPosition",
     "MlaDims", "MlaMoeLayerWeights", "MlaWeights", "MoeDims", "MoeWeights", "PagedLatentCache", "ResidualStream",
-    "attn_res_mix", "conv_step", "delta_rule_step", "e2m1_table", "gated_rms_norm", "kda_decode_step", "kda_gate",
-    "kda_moe_layer", "l2_normalize", "latent_moe", "mla_decode", "mla_decode_unabsorbed", "mla_moe_layer",
+    "attn_res_mix", "conv_step", "dense_mlp", "delta_rule_step", "e2m1_table", "gated_rms_norm", "kda_decode_step", "kda_gate",
+    "kda_dense_layer", "kda_moe_layer", "l2_normalize", "latent_moe", "mla_decode", "mla_decode_unabsorbed", "mla_moe_layer",
     "mxfp4_pack", "mxfp4_unpack", "random_attn_res_weights", "random_kda_moe_layer", "random_kda_state",
     "random_kda_weights", "random_layer_norms", "random_mla_moe_layer", "random_mla_weights", "random_moe_weights", "random_mxfp4",
     "random_paged_cache", "random_residual_stream", "rel_err", "rms_norm", "route", "routed_experts", "select_experts", "shared_experts",

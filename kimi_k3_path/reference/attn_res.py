@@ -23,7 +23,9 @@ class AttnResWeights:
 
     res_norm: torch.Tensor  # [H] weight of the RMSNorm applied to each source for scoring
     res_proj: torch.Tensor  # [H] the learned query vector (a Linear(H, 1) weight, squeezed)
-    out_norm: torch.Tensor  # [H] the sublayer's RMSNorm weight applied to the mix
+    # [H] the sublayer's RMSNorm weight applied to the mix; None for the model's final mix (vLLM's
+    # output_attn_res), which returns the raw mix for the final norm to normalize.
+    out_norm: torch.Tensor | None
 
 
 def attn_res_mix(
@@ -37,7 +39,7 @@ def attn_res_mix(
     sources = torch.cat([blocks.float(), prefix.float().unsqueeze(1)], dim=1)  # [M, n+1, H]
     logits = (rms_norm(sources, w.res_norm, eps) * w.res_proj.float()).sum(dim=-1)  # [M, n+1]
     mixed = (torch.softmax(logits, dim=-1).unsqueeze(-1) * sources).sum(dim=1)
-    return rms_norm(mixed, w.out_norm, out_eps)
+    return mixed if w.out_norm is None else rms_norm(mixed, w.out_norm, out_eps)
 
 
 def random_attn_res_weights(hidden: int, gen: torch.Generator) -> AttnResWeights:

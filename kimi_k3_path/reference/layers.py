@@ -1,4 +1,5 @@
-"""One Kimi K3 decode layer of each kind (KDA + latent MoE, MLA + latent MoE), fp32 reference of one TP rank.
+"""One Kimi K3 decode layer of each kind (KDA + latent MoE, MLA + latent MoE, and the first layer's KDA + dense
+MLP), fp32 reference of one TP rank.
 
 The residual stream follows vLLM's `KimiDecoderLayer` with Block AttnRes: the layer receives the previous
 layer's output (`delta`), folds it into the current block's prefix sum, mixes the depth sources before the
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .activation import situ_glu_packed
 from .attn_res import AttnResWeights, attn_res_mix, random_attn_res_weights
 from .kda import KdaDims, KdaState, KdaWeights, kda_decode_step, random_kda_weights
 from .mla import MlaDims, MlaWeights, PagedLatentCache, mla_decode, random_mla_weights
@@ -29,8 +31,9 @@ class LayerPosition:
     block_size: int = ATTN_RES_BLOCK
 
     def __post_init__(self) -> None:
-        if self.layer < 1:
-            raise ValueError(f"LayerPosition: layer {self.layer}: layer 0 is the dense layer, not a MoE decode layer")
+        # Layer 0 (the dense layer) is a position too: it writes block 0 and mixes only its own prefix.
+        if self.layer < 0:
+            raise ValueError(f"LayerPosition: layer {self.layer} is negative")
 
     @property
     def writes_block(self) -> bool:
@@ -70,6 +73,26 @@ class MlaMoeLayerWeights:
     norms: LayerNorms
     mla: MlaWeights
     moe: MoeWeights
+
+
+@dataclass(frozen=True)
+class DenseMlpWeights:
+    """The SiTU MLP of the first `first_k_dense_replace` layers (vLLM `KimiMLP`): gate rows then up rows."""
+
+    gate_up: torch.Tensor  # [2*I, H]
+    down: torch.Tensor  # [H, I]
+
+
+@dataclass(frozen=True)
+class KdaDenseLayerWeights:
+    norms: LayerNorms
+    kda: KdaWeights
+    mlp: DenseMlpWeights
+
+
+def dense_mlp(x: torch.Tensor, w: DenseMlpWeights) -> torch.Tensor:
+    """x [M, H] -> [M, H] (at TP>1 a partial sum over this rank's intermediate shard)."""
+    return situ_glu_packed(x.float() @ w.gate_up.float().T) @ w.down.float().T
 
 
 def random_layer_norms(hidden: int, gen: torch.Generator) -> LayerNorms:
@@ -115,6 +138,18 @@ def kda_moe_layer(
     attn_out, state = kda_decode_step(h, w.kda, state, kda)
     h, stream = pre_mlp(attn_out, stream, w.norms, pos)
     return latent_moe(h, w.moe, moe), stream, state
+
+
+def kda_dense_layer(
+    delta: torch.Tensor, stream: ResidualStream, w: KdaDenseLayerWeights, state: KdaState, pos: LayerPosition,
+    kda: KdaDims,
+) -> tuple[torch.Tensor, ResidualStream, KdaState]:
+    """The first layer (KDA + dense MLP). vLLM starts the stream with the token embeddings as the prefix and no
+    delta: pass `stream.prefix` = embeddings and `delta` = zeros. Pure."""
+    h, stream = pre_attention(delta, stream, w.norms, pos)
+    attn_out, state = kda_decode_step(h, w.kda, state, kda)
+    h, stream = pre_mlp(attn_out, stream, w.norms, pos)
+    return dense_mlp(h, w.mlp), stream, state
 
 
 def mla_moe_layer(

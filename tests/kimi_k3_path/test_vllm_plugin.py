@@ -42,8 +42,11 @@ def tiny_model(tmp_path_factory) -> ModelConfig:
 
 @pytest.fixture()
 def guarded(monkeypatch):
-    """The guard installed for one test; MODELS_CONFIG_MAP is restored afterwards."""
+    """The guard installed for one test; MODELS_CONFIG_MAP and the model registry are restored afterwards."""
+    from vllm import ModelRegistry
+
     monkeypatch.setitem(MODELS_CONFIG_MAP, K3, MODELS_CONFIG_MAP[K3])
+    monkeypatch.setitem(ModelRegistry.models, K3, ModelRegistry.models[K3])
     vllm_plugin.register()
 
 
@@ -71,8 +74,10 @@ def test_the_entry_point_is_declared_and_loaded_by_vllm(monkeypatch):
     assert [ep.value for ep in ours] == ["kimi_k3_path.vllm_plugin:register"]
 
     import vllm.plugins
+    from vllm import ModelRegistry
 
     monkeypatch.setitem(MODELS_CONFIG_MAP, K3, MODELS_CONFIG_MAP[K3])
+    monkeypatch.setitem(ModelRegistry.models, K3, ModelRegistry.models[K3])
     monkeypatch.setattr(vllm.plugins, "plugins_loaded", False)
     monkeypatch.delenv("VLLM_PLUGINS", raising=False)
     assert not getattr(MODELS_CONFIG_MAP[K3], "_kimi_k3_path_guarded", False)
@@ -179,3 +184,23 @@ def test_a_config_without_a_model_is_refused_when_the_backend_is_requested():
                              cache_config=None, speculative_config=None)
     with pytest.raises(ValueError, match="kimi_k3_decode_backend=latency_specialized needs a model config"):
         vllm_plugin.check_vllm_config(config)
+
+
+def test_the_specialized_backend_needs_eager_decode_steps(tiny_model, on_h200):
+    """CUDA graphs would capture vLLM's stock decode step and replay it: the executor would never run."""
+    from vllm.config import CUDAGraphMode
+
+    config = build(tiny_model)
+    config.additional_config = dict(SPECIALIZED)
+    config.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
+    with pytest.raises(ValueError, match="runs its decode steps eagerly.*start vLLM with --enforce-eager"):
+        vllm_plugin.check_vllm_config(config)
+    config.compilation_config.cudagraph_mode = CUDAGraphMode.NONE
+    assert vllm_plugin.check_vllm_config(config).tp == 8
+
+
+def test_registration_routes_kimi_k3_to_the_plugins_model_class(guarded):
+    from vllm import ModelRegistry
+
+    registered = ModelRegistry.models[K3]
+    assert (registered.module_name, registered.class_name) == ("kimi_k3_path.vllm_model", "LatencySpecializedKimiK3")
