@@ -137,3 +137,30 @@ def test_a_parameter_of_the_wrong_shape_is_named(tiny_k3):
             moe_weights(moe, decode.dims)
     finally:
         wrong.undo()
+
+
+def test_the_layout_checks_name_what_is_wrong(monkeypatch):
+    """The re-layout's checks on their own: a dtype, a tensor too small for its per-rank shape, expert rows that
+    cannot hold gate and up halves; an unpadded w13 is a view of the loaded tensor, not a copy."""
+    from types import SimpleNamespace
+
+    from kimi_k3_path import vllm_weights
+    from kimi_k3_path.vllm_weights import _at_least, _check, _w13, layer_weights, model_weights
+
+    with pytest.raises(LayoutError, match=r"w: dtype torch.float32, expected torch.uint8"):
+        _check(torch.zeros(2, 3), "w", (2, 3), torch.uint8)
+    with pytest.raises(LayoutError, match=r"w: shape \(2, 3\) cannot hold the per-rank shape \(2, 4\)"):
+        _at_least(torch.zeros(2, 3), "w", (2, 4))
+    with pytest.raises(LayoutError, match="w13: 6 rows cannot hold gate and up halves of 4 rows each"):
+        _w13(torch.zeros(1, 6, 8), "w13", 4, 8)
+    unpadded = torch.arange(2 * 8 * 4).reshape(2, 8, 4)
+    assert _w13(unpadded, "w13", 4, 4).data_ptr() == unpadded.data_ptr()
+    padded = _w13(torch.arange(2 * 12 * 4).reshape(2, 12, 4), "w13", 4, 4)
+    assert padded[:, 4:].tolist() == torch.arange(2 * 12 * 4).reshape(2, 12, 4)[:, 6:10].tolist()
+
+    monkeypatch.setattr(vllm_weights, "layer_norms", lambda layer, eps: None)  # the norms are checked elsewhere
+    mla_dense = SimpleNamespace(layer_idx=5, is_moe_layer=False, self_attn=SimpleNamespace())
+    with pytest.raises(LayoutError, match="layer 5: a dense MLP after MLA"):
+        layer_weights(mla_dense, SimpleNamespace(moe=SimpleNamespace(eps=1e-5, hidden=8)), 16)
+    with pytest.raises(LayoutError, match="starts at layer 3: pipeline stages are not supported"):
+        model_weights(SimpleNamespace(start_layer=3), None, 16)
