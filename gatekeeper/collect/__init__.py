@@ -14,13 +14,13 @@ from pathlib import Path
 from rich.console import Console
 
 from gatekeeper.collect.gpu_reports import load_gpu_reports
-from gatekeeper.collect.probes import run_probes
+from gatekeeper.collect.probes import run_probe_jobs
 from gatekeeper.collect.testrun import run_tests
 from gatekeeper.errors import InputError
-from gatekeeper.evidence import Evidence, HeadInfo, Origin, PerfSubmission, TestRun, load_perf_evidence
-from gatekeeper.git import ancestors, commits_changing
+from gatekeeper.evidence import Evidence, HeadInfo, Origin, PackageEvidence, PerfSubmission, TestRun, load_perf_evidence
+from gatekeeper.git import Git, ancestors, commits_changing, export_tree
 from gatekeeper.paths import matches_any
-from gatekeeper.policy import LoadedPolicy, Policy
+from gatekeeper.policy import LoadedPolicy, Package, Policy
 from gatekeeper.sources.git import GitSnapshot, changes_from_git
 
 # How far back the head's ancestry is recorded when the policy allows no window: enough for a report to
@@ -38,23 +38,69 @@ def collect(loaded: LoadedPolicy, repo: Path, base: str, perf_files: tuple[Path,
     origin = collector_origin()
     head = GitSnapshot(repo, "HEAD")
     evidence: dict = {"head": head_info(policy, repo, head.sha)}
+    packages = _packages_to_collect(policy, repo, base, console)
+    parts: dict[str, dict] = {package.name: {} for package in packages}
     with tempfile.TemporaryDirectory(prefix="gatekeeper-collect-") as tmp:
         if policy.checks.changed_path_tests.enabled:
-            evidence["tests"] = _test_runs(loaded, repo, base, head, Path(tmp), origin, console)
+            for package in packages:
+                (Path(tmp) / f"tests-{package.name}").mkdir()
+                view = loaded.model_copy(update={"policy": policy.for_package(package)})
+                parts[package.name]["tests"] = _test_runs(view, repo, base, head, Path(tmp) / f"tests-{package.name}",
+                                                          origin, console)
         if policy.checks.startup_guard.enabled:
-            with console.status("Running the guard probes in a child process…"):
-                probes, axes = run_probes(policy.checks.startup_guard, repo, Path(tmp), origin)
-            evidence["guard_probes"], evidence["support_axes"] = probes, axes
-            if probes is not None:
-                _say(console, probes.error is None, f"guard probes: {len(probes.results)} ran"
-                     + (f"; {probes.error.splitlines()[-1]}" if probes.error else ""))
-            if axes is not None:
-                _say(console, axes.error is None, f"support matrix axes: {axes.error or ', '.join(axes.axes)}")
+            _guard_probes(loaded, packages, repo, base, Path(tmp), origin, console, parts)
+    if policy.packages:
+        evidence["packages"] = {name: PackageEvidence(**part) for name, part in parts.items()}
+    else:
+        evidence.update(next(iter(parts.values()), {}))
     evidence["perf"] = tuple(
         PerfSubmission(origin=Origin(trust=origin.trust, source=f"CI artifact {path}"), evidence=load_perf_evidence(path))
         for path in perf_files
     )
     return Evidence(**evidence)
+
+
+def _packages_to_collect(policy: Policy, repo: Path, base: str, console: Console) -> tuple[Package, ...]:
+    """The packages the change touches (each runs its own tests and probes); every package when the change
+    cannot be listed (a shallow clone) or touches none of them."""
+    packages = policy.package_list()
+    if not policy.packages:
+        return packages
+    try:
+        paths = [p for f in changes_from_git(repo, base).files for p in f.paths]
+    except InputError as exc:
+        console.print(f"[yellow]warning:[/] cannot diff against {base} ({exc.reason}); collecting every package")
+        return packages
+    touched = tuple(pkg for pkg in packages if any(matches_any(p, pkg.owned_paths) for p in paths))
+    console.print(f"packages touched: {', '.join(p.name for p in touched) or 'none (collecting every package)'}")
+    return touched or packages
+
+
+def _guard_probes(loaded: LoadedPolicy, packages: tuple[Package, ...], repo: Path, base: str, tmp: Path,
+                  origin: Origin, console: Console, parts: dict[str, dict]) -> None:
+    """Every package's probes and matrix at the head, then at the base (for the blast radius: what the head
+    admits that the base did not), each side in one child process."""
+    policy = loaded.policy
+    jobs = {p.name: policy.for_package(p).checks.startup_guard for p in packages}
+    policy_dir = Path(loaded.source).resolve().parent
+    with console.status("Running the guard probes in a child process…"):
+        at_head = run_probe_jobs(jobs, repo, tmp / "probes-head", origin, policy_dir)
+    base_sha = Git(repo).commit_sha_or_none(base)
+    at_base = {}
+    if base_sha is not None and export_tree(repo, base_sha, tmp / "base"):
+        with console.status(f"Running the guard probes at the base {base_sha[:12]}…"):
+            at_base = run_probe_jobs(jobs, tmp / "base", tmp / "probes-base", origin, policy_dir)
+    else:
+        console.print(f"[yellow]warning:[/] the base {base} is not in this clone: no blast-radius comparison")
+    for name, (probes, axes) in at_head.items():
+        parts[name].update(guard_probes=probes, support_axes=axes)
+        parts[name].update(zip(("base_guard_probes", "base_support_axes"), at_base.get(name, (None, None))))
+        label = f"{name}: " if policy.packages else ""
+        if probes is not None:
+            _say(console, probes.error is None, f"{label}guard probes: {len(probes.results)} ran"
+                 + (f"; {probes.error.splitlines()[-1]}" if probes.error else ""))
+        if axes is not None:
+            _say(console, axes.error is None, f"{label}support matrix axes: {axes.error or ', '.join(axes.axes)}")
 
 
 def head_info(policy: Policy, repo: Path, sha: str) -> HeadInfo:
