@@ -199,7 +199,7 @@ class GuardProbeRun(_Strict):
     guard: str
     error: str | None = Field(default=None, max_length=MAX_MESSAGE_CHARS)  # import failed, timed out, crashed
     results: tuple[ProbeResult, ...] = ()
-    # What the probes assumed that the machine could not show: the faked platform, the policy's hardware_facts.
+    # What the probes assumed that the machine could not show (the faked platform of probe_builder: vllm).
     assumptions: tuple[str, ...] = ()
 
 

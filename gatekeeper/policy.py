@@ -122,9 +122,6 @@ class StartupGuardSettings(_Strict):
     probe_builder: Literal["factory", "vllm"] = "factory"
     vllm_model: str | None = None       # "vllm": an HF config.json, relative to the policy file
     probe_defaults: dict[str, Any] = Field(default_factory=dict)  # merged under every probe's deployment
-    # "vllm": facts about the hardware the CPU cannot answer, `module:function` -> the value it returns
-    # (NVLink multicast, say). Every one is printed in the evidence, so a reader sees what was assumed.
-    hardware_facts: dict[str, Any] = Field(default_factory=dict)
     # Calls that build a kernel or allocate device memory; the guard must run before any of them. A pattern
     # with a dot matches the whole dotted call name (`torch.*`), one without matches its last part (`empty`).
     kernel_calls: tuple[str, ...] = (
@@ -146,14 +143,6 @@ class StartupGuardSettings(_Strict):
                 raise ValueError(f"{value!r} is not a 'package.module:name' reference")
         return values
 
-    @field_validator("hardware_facts")
-    @classmethod
-    def _fact_refs(cls, facts: dict[str, Any]) -> dict[str, Any]:
-        for ref in facts:
-            if ":" not in ref or not _REF.fullmatch(ref):
-                raise ValueError(f"{ref!r} is not a 'package.module:function' reference")
-        return facts
-
     @model_validator(mode="after")
     def _builder_needs_its_inputs(self) -> StartupGuardSettings:
         if self.probe_builder == "vllm":
@@ -161,8 +150,8 @@ class StartupGuardSettings(_Strict):
                 raise ValueError("probe_builder: vllm needs vllm_model (an HF config.json, relative to the policy file)")
             if self.deployment_factory is not None:
                 raise ValueError("probe_builder: vllm builds the VllmConfig itself; drop deployment_factory")
-        elif self.vllm_model is not None or self.hardware_facts:
-            raise ValueError("vllm_model and hardware_facts only apply with probe_builder: vllm")
+        elif self.vllm_model is not None:
+            raise ValueError("vllm_model only applies with probe_builder: vllm")
         names = [p.name for p in self.probes]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
@@ -301,7 +290,10 @@ class Policy(_Strict):
         keeps the top level's `enabled`, so a package cannot switch a rule the policy requires off)."""
         def merged(rule: str, own: BaseModel | None) -> BaseModel:
             top = getattr(self.checks, rule)
-            return top if own is None else own.model_copy(update={"enabled": top.enabled})
+            if own is None:
+                return top
+            # What the package sets wins; what it leaves out is the top level's (its evidence globs, its bounds).
+            return top.model_copy(update={k: getattr(own, k) for k in own.model_fields_set if k != "enabled"})
 
         checks = self.checks.model_copy(update={
             "startup_guard": merged("startup_guard", package.startup_guard),

@@ -70,10 +70,9 @@ def _request(settings: StartupGuardSettings, policy_dir: Path | None, work: Path
     }
     assumptions: tuple[str, ...] = ()
     if settings.probe_builder == "vllm" and settings.probes:
-        request.update(builder="vllm", vllm_model=str(_model_dir(settings.vllm_model, policy_dir, work)),
-                       hardware_facts=settings.hardware_facts)
-        assumptions = ("VllmConfig built on the CPU; vllm.platforms.current_platform faked to each probe's arch",
-                       *(f"{ref}() returns {value!r} (hardware_facts)" for ref, value in settings.hardware_facts.items()))
+        request.update(builder="vllm", vllm_model=str(_model_dir(settings.vllm_model, policy_dir, work)))
+        assumptions = ("VllmConfig built on the CPU, the platform faked to each probe's arch "
+                       "(device capability, ROCm gfx flags, compute units)",)
     return request, assumptions
 
 

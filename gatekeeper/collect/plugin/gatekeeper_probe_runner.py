@@ -5,7 +5,7 @@ Reads {"jobs": {name: {"guard", "deployment_factory", "support_matrix", "probes"
 "out"} on stdin (one job per owned package) and writes {name: answer} to the file `out` (stdout belongs to the code under review, which may print). Only the
 standard library is imported here, so it runs in whatever environment the project's code needs.
 
-With "builder": "vllm" (and "vllm_model", a directory holding an HF config.json, and "hardware_facts"), each
+With "builder": "vllm" (and "vllm_model", a directory holding an HF config.json), each
 deployment becomes vLLM's own VllmConfig built on the CPU with the platform faked to the probed GPU
 (gatekeeper_vllm_deployments.py), and the guard is called with it.
 """
@@ -71,13 +71,12 @@ def run_vllm_probes(request: dict) -> dict:
         try:
             with builder.deployment(probe["deployment"]) as config:
                 result["deployment"] = vllm_deployments.describe(config)
-                with vllm_deployments.hardware_facts(request.get("hardware_facts") or {}):
-                    try:
-                        guard(config)
-                    except Exception as exc:
-                        result.update(outcome="raised", exception_types=_type_names(exc), message=str(exc)[:MAX_MESSAGE])
-                    else:
-                        result["outcome"] = "accepted"
+                try:
+                    guard(config)
+                except Exception as exc:
+                    result.update(outcome="raised", exception_types=_type_names(exc), message=str(exc)[:MAX_MESSAGE])
+                else:
+                    result["outcome"] = "accepted"
         except Exception as exc:  # vLLM refused to build the deployment: the policy's probe is wrong, say so
             if "outcome" not in result:
                 result.update(outcome="error", message=f"{type(exc).__name__}: {exc}"[:MAX_MESSAGE])

@@ -101,7 +101,29 @@ class Builder:
             if spec.get("spec_method") is not None:
                 configs["speculative_config"] = _speculative(SpeculativeConfig, spec, model, parallel)
             with fake_platform(arch, spec.get("cus")):
-                yield VllmConfig(**configs)
+                config = VllmConfig(**configs)
+                with _as_when_vllm_builds_the_model(config):
+                    yield config
+
+
+@contextlib.contextmanager
+def _as_when_vllm_builds_the_model(config):
+    """The context a model's constructor runs in: the current VllmConfig set, and vLLM's process groups up. This
+    process is one rank (a guard's collective over the TP group is then this rank's own answer)."""
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import parallel_state
+
+    with set_current_vllm_config(config):
+        if not parallel_state.model_parallel_is_initialized():
+            import socket
+
+            with socket.socket() as free:
+                free.bind(("127.0.0.1", 0))
+                port = free.getsockname()[1]
+            parallel_state.init_distributed_environment(
+                world_size=1, rank=0, local_rank=0, distributed_init_method=f"tcp://127.0.0.1:{port}", backend="gloo")
+            parallel_state.initialize_model_parallel(1, 1)
+        yield
 
 
 def _speculative(cls, spec: dict, model, parallel):
@@ -216,20 +238,3 @@ def _environment(env: dict[str, str]):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-
-
-@contextlib.contextmanager
-def hardware_facts(facts: dict):
-    """`module:function` -> a function returning the given value, for facts the CPU cannot answer (a GPU's
-    NVLink multicast). Patched where the guard's modules look them up; restored afterwards."""
-    saved = []
-    try:
-        for ref, value in facts.items():
-            module_name, _, attr = ref.rpartition(":")
-            module = importlib.import_module(module_name)
-            saved.append((module, attr, getattr(module, attr)))
-            setattr(module, attr, lambda *args, _value=value, **kwargs: _value)
-        yield
-    finally:
-        for module, attr, original in reversed(saved):
-            setattr(module, attr, original)
