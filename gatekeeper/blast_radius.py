@@ -57,18 +57,28 @@ def admitted(guard: StartupGuardSettings, axes: SupportAxes | None, probes: Guar
     if probes is None or probes.error is not None:
         return {}
     declared = {p.name: {**guard.probe_defaults, **p.deployment} for p in guard.probes}
+    # The axes are what the policy's probes vary (a setting every probe shares is how they are run, not an axis).
+    varied = {k for p in guard.probes for k in p.deployment if k not in _NOT_AXES}
     values: dict[str, list[Any]] = {}
     for result in probes.results:
         if result.outcome != "accepted":
             continue
-        deployment = result.deployment or declared.get(result.name, {})
-        for name, value in deployment.items():
-            if name in _NOT_AXES or isinstance(value, (dict, list)):
+        deployment = {**declared.get(result.name, {}), **result.deployment}  # as built, where the builder says
+        for name in sorted(varied, key=_axis_order):
+            value = deployment.get(name)
+            if name not in deployment or isinstance(value, (dict, list)):
                 continue
             bucket = values.setdefault(name, [])
             if value not in bucket:
                 bucket.append(value)
     return {name: tuple(_sorted(vs)) for name, vs in values.items()}
+
+
+_ORDER = ("arch", "tp", "dcp", "pp", "dp", "spec", "spec_method", "spec_tokens", "batch", "max_batch")
+
+
+def _axis_order(name: str) -> tuple[int, str]:
+    return (_ORDER.index(name) if name in _ORDER else len(_ORDER), name)
 
 
 def _sorted(values: list[Any]) -> list[Any]:
@@ -127,7 +137,10 @@ def statement(package: Package, head: dict[str, tuple[Any, ...]], others: tuple[
     else:
         parts = []
         for name, values in head.items():
-            if name == "arch":
+            if name == "arch" or (name == "spec_tokens" and head.get("spec_method") == (None,)):
+                continue
+            if name == "spec_method" and values == (None,):
+                parts.append("no speculative decoding")
                 continue
             label = _LABELS.get(name, name.replace("_", " "))
             if name in ("batch", "max_batch") and all(isinstance(v, int) and not isinstance(v, bool) for v in values):

@@ -70,7 +70,7 @@ def run_vllm_probes(request: dict) -> dict:
         result = {"name": probe["name"]}
         try:
             with builder.deployment(probe["deployment"]) as config:
-                result["deployment"] = vllm_deployments.describe(config)
+                result["deployment"] = {"arch": probe["deployment"].get("arch", "cpu"), **vllm_deployments.describe(config)}
                 try:
                     guard(config)
                 except Exception as exc:
