@@ -59,7 +59,8 @@ class Mode(str, Enum):
 
 
 class AgentDetection(_Strict):
-    trailers: tuple[str, ...] = ("Assisted-by", "Generated-by", "Made-with", "AI-assisted")
+    # Assisted-by: `AGENT:MODEL [TOOLS]` (Linux kernel) or `<tool>` (LLVM); AI-used-for: what it was used for.
+    trailers: tuple[str, ...] = ("Assisted-by", "Generated-by", "Made-with", "AI-assisted", "AI-used-for")
     coauthor_trailers: tuple[str, ...] = ("Co-authored-by",)
     agent_identities: tuple[str, ...] = DEFAULT_AGENT_IDENTITIES
     extra_agent_identities: tuple[str, ...] = ()
