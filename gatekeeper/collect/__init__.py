@@ -56,8 +56,28 @@ def collect(loaded: LoadedPolicy, repo: Path, base: str, perf_files: tuple[Path,
     evidence["perf"] = tuple(
         PerfSubmission(origin=Origin(trust=origin.trust, source=f"CI artifact {path}"), evidence=load_perf_evidence(path))
         for path in perf_files
-    )
+    ) + _committed_perf(policy, packages, repo, head, console)
     return Evidence(**evidence)
+
+
+def _committed_perf(policy: Policy, packages: tuple[Package, ...], repo: Path, head: GitSnapshot,
+                    console: Console) -> tuple[PerfSubmission, ...]:
+    """The perf evidence files the change commits (evidence_globs), attached labelled self-reported: so that a
+    verdict made from the PR's files alone (no checkout) sees them too."""
+    if not policy.checks.perf_matrix.enabled:
+        return ()
+    globs = {g for p in packages for g in policy.for_package(p).checks.perf_matrix.evidence_globs}
+    attached = []
+    for path in sorted(p for p in head.paths() if globs and matches_any(p, tuple(globs))):
+        try:
+            found = load_perf_evidence(repo / path)
+        except InputError as exc:
+            console.print(f"[red]✗[/] committed perf evidence {path} is unusable: {exc.reason} (the check reports it)")
+            continue
+        attached.append(PerfSubmission(origin=Origin(trust="self_reported", source=f"PR file {path}"), evidence=found))
+    if attached:
+        console.print(f"attached {len(attached)} committed perf file(s), labelled self-reported")
+    return tuple(attached)
 
 
 def _packages_to_collect(policy: Policy, repo: Path, base: str, console: Console) -> tuple[Package, ...]:
