@@ -87,11 +87,15 @@ def _duplicates(policy: Policy) -> list[LintWarning]:
 def _owned_overlaps(policy: Policy, paths: tuple[str, ...] | None) -> list[LintWarning]:
     warnings = []
     owned = policy.owned_paths
+    # Within one package: two packages owning the same file is _package_overlaps's warning.
+    group = [0] * len(owned)
+    if policy.packages:
+        group = [number for number, package in enumerate(policy.packages) for _ in package.owned_paths]
     for index, glob in enumerate(owned):
         if glob in ("**", "**/*"):
             warnings.append(LintWarning(("owned_paths", index), f"{glob!r} owns every file: confinement can never fail"))
             continue
-        others = [(j, other) for j, other in enumerate(owned) if j != index and other != glob]
+        others = [(j, other) for j, other in enumerate(owned) if j != index and other != glob and group[j] == group[index]]
         for j, other in others:
             if _subsumed(glob, other, paths):
                 warnings.append(LintWarning(
