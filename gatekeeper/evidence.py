@@ -245,6 +245,9 @@ class Evidence(_Strict):
     base_support_axes: SupportAxes | None = None
     perf: tuple[PerfSubmission, ...] = ()
     packages: dict[str, PackageEvidence] = Field(default_factory=dict)
+    # The head's source of the modules the static guard check reads (guards, entry points, support matrices),
+    # path -> text: a verdict made from the PR's files alone (no checkout) can still read them.
+    head_sources: dict[str, str] = Field(default_factory=dict)
 
     def for_package(self, name: str) -> Evidence:
         """The evidence one package's checks read: its own part where the collector recorded one by name."""
@@ -305,10 +308,14 @@ def combine_evidence(files: list[tuple[str, Evidence]]) -> Evidence | None:
     for path, evidence in files:
         for name in Evidence.model_fields:
             value = getattr(evidence, name)
-            if name == "schema_version" or value is None:
+            if name == "schema_version" or value is None or (isinstance(value, dict) and not value):
                 continue
             if isinstance(value, tuple):
                 combined[name] = combined.get(name, ()) + value
+            elif name == "head_sources":
+                for source, text in value.items():
+                    if combined.setdefault(name, {}).setdefault(source, text) != text:
+                        raise InputError(path, f"head_sources: {source} differs from another evidence file's")
             elif name == "packages":
                 for package, part in value.items():
                     packages = combined.setdefault("packages", {})

@@ -237,6 +237,9 @@ class Policy(_Strict):
     version: Literal[1]
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._ -]*$")
     description: str = ""
+    # The one-package shorthand's package: who it serves and what it specializes (the blast radius says both).
+    model: str = ""
+    scope: str = ""
     owned_paths: tuple[Glob, ...] = Field(min_length=1)
     touchpoints: tuple[Touchpoint, ...] = ()
     agent_detection: AgentDetection = AgentDetection()
@@ -283,7 +286,8 @@ class Policy(_Strict):
         """The owned packages; the one-package shorthand is a package named after the policy."""
         if self.packages:
             return self.packages
-        return (Package(name=self.name, owned_paths=self.owned_paths, startup_guard=self.checks.startup_guard,
+        return (Package(name=self.name, model=self.model, scope=self.scope, owned_paths=self.owned_paths,
+                        startup_guard=self.checks.startup_guard,
                         changed_path_tests=self.checks.changed_path_tests, perf_matrix=self.checks.perf_matrix),)
 
     def for_package(self, package: Package) -> Policy:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from gatekeeper.checks.startup_guard import module_path
 from gatekeeper.collect.gpu_reports import load_gpu_reports
 from gatekeeper.collect.probes import run_probe_jobs
 from gatekeeper.collect.testrun import run_tests
@@ -49,6 +50,8 @@ def collect(loaded: LoadedPolicy, repo: Path, base: str, perf_files: tuple[Path,
                                                           origin, console)
         if policy.checks.startup_guard.enabled:
             _guard_probes(loaded, packages, repo, base, Path(tmp), origin, console, parts)
+    if policy.checks.startup_guard.enabled:
+        evidence["head_sources"] = guard_sources(policy, packages, head)
     if policy.packages:
         evidence["packages"] = {name: PackageEvidence(**part) for name, part in parts.items()}
     else:
@@ -78,6 +81,20 @@ def _committed_perf(policy: Policy, packages: tuple[Package, ...], repo: Path, h
     if attached:
         console.print(f"attached {len(attached)} committed perf file(s), labelled self-reported")
     return tuple(attached)
+
+
+def guard_sources(policy: Policy, packages: tuple[Package, ...], head: GitSnapshot) -> dict[str, str]:
+    """The head's text of every module the static startup-guard check reads: the guards, their entry points,
+    the support matrices."""
+    sources = {}
+    for package in packages:
+        guard = policy.for_package(package).checks.startup_guard
+        for ref in (guard.guard, guard.support_matrix, *guard.called_from):
+            path = module_path(head, ref.rpartition(":")[0]) if ref else None
+            text = head.read(path) if path is not None else None
+            if text is not None:
+                sources[path] = text
+    return sources
 
 
 def _packages_to_collect(policy: Policy, repo: Path, base: str, console: Console) -> tuple[Package, ...]:

@@ -61,7 +61,9 @@ def _signals(verdict: Verdict) -> Text:
     for signal in verdict.signals:
         text.append(f"  {signal.kind}", style="magenta")
         text.append(f" in {one_line(signal.source)}: {one_line(signal.detail)}")
-        said = [f"agent {signal.agent}" if signal.agent else "", f"model {signal.model}" if signal.model else "",
+        # A co-author's agent is already in its detail ("(agent: Claude)").
+        named = signal.agent and f"(agent: {signal.agent})" not in signal.detail
+        said = [f"agent {signal.agent}" if named else "", f"model {signal.model}" if signal.model else "",
                 f"tools {', '.join(signal.tools)}" if signal.tools else "",
                 f"used for {signal.used_for}" if signal.used_for else ""]
         text.append(f" ({one_line('; '.join(p for p in said if p))})\n" if any(said) else "\n")
