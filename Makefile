@@ -17,8 +17,9 @@ install: $(BIN)/python
 install-all: $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev,kernels,vllm]'
 
+# The example PR with the evidence `gatekeeper collect` recorded for it (examples/README.md says how): every rule decided.
 demo: install
-	$(BIN)/gatekeeper check --policy policies/kimi-k3-latency-specialized.yaml --pr-files examples/pr-confined/pr-files.json --pr examples/pr-confined/pull.json --commits examples/pr-confined/commits.json
+	$(BIN)/gatekeeper check --policy policies/kimi-k3-latency-specialized.yaml --pr-files examples/pr-confined/pr-files.json --pr examples/pr-confined/pull.json --commits examples/pr-confined/commits.json --evidence examples/pr-confined/evidence.json
 
 test: install-all
 	$(BIN)/python -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc

@@ -37,8 +37,9 @@ def blast_radius(policy: Policy, package: Package, changes: ChangeSet, evidence:
     others = tuple(p.name for p in policy.package_list() if p.name != package.name)
     fields: dict[str, Any] = {"package": package.name, "model": package.model, "admitted": head,
                               "untouched_packages": others}
-    has_base = part is not None and (part.base_support_axes is not None or part.base_guard_probes is not None)
-    if has_base:
+    # A base run that failed (the package did not exist there, say) leaves the change unknown, not "the same".
+    base_runs = [] if part is None else [r for r in (part.base_support_axes, part.base_guard_probes) if r is not None]
+    if base_runs and all(r.error is None for r in base_runs):
         base = admitted(guard, part.base_support_axes, part.base_guard_probes)
         widened = _difference(head, base)
         narrowed = _difference(base, head)

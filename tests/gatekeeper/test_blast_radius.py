@@ -76,3 +76,10 @@ def test_without_a_matrix_the_accepted_probes_are_the_admitted_deployments():
 def test_no_probes_and_no_matrix_means_no_blast_radius():
     bare = load_policy_text("version: 1\nname: b\nowned_paths: [b/**]\n", "b.yaml").policy
     assert blast_radius(bare, bare.package_list()[0], _change("b/x.py"), None) is None
+
+
+def test_a_base_where_the_guard_could_not_run_leaves_the_change_unknown():
+    failed = GuardProbeRun(origin=ORIGIN, guard="k3.guard:check", error="ModuleNotFoundError: No module named 'k3'")
+    evidence = Evidence(support_axes=_axes(HEAD_AXES), guard_probes=_probes(tp8="accepted", tp4="raised"),
+                        base_guard_probes=failed)
+    assert blast_radius(POLICY, PACKAGE, _change("k3/guard.py"), evidence).change == "unknown"
