@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from gatekeeper.checks.startup_guard import static_findings
+from gatekeeper.commands import policy_test
 from gatekeeper.errors import InputError
 from gatekeeper.policy import LoadedPolicy, field_line, load_policy_text, policy_json_schema
 from gatekeeper.policy_lint import lint
@@ -26,7 +27,7 @@ from gatekeeper.verdict import Severity
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("policy", help="validate a policy file, or print its JSON Schema")
+    parser = subparsers.add_parser("policy", help="validate a policy file, test it on fixture PRs, or print its JSON Schema")
     actions = parser.add_subparsers(dest="policy_command", required=True, metavar="ACTION")
     validate = actions.add_parser("validate", help="validate a policy file and lint it against a repository")
     validate.add_argument("file", metavar="FILE", help="the policy YAML")
@@ -36,8 +37,6 @@ def register(subparsers) -> None:
         "files under DIR): globs matching nothing and rules overlapping on real files become warnings",
     )
     validate.set_defaults(func=_validate)
-    from gatekeeper.commands import policy_test
-
     policy_test.register(actions)
     schema = actions.add_parser("schema", help="print the JSON Schema of policy files (for editors)")
     schema.set_defaults(func=_schema)
