@@ -46,7 +46,7 @@ def blast_radius(policy: Policy, package: Package, changes: ChangeSet, evidence:
         gained, lost = _flipped(part.base_guard_probes, part.guard_probes)
         fields.update(widened=widened, narrowed=narrowed, newly_accepted_probes=gained, newly_rejected_probes=lost)
         fields["change"] = _kind(widened or gained, narrowed or lost, _guard_touched(guard, changes))
-    fields["statement"] = statement(package, head, others, fields.get("change", "unknown"))
+    fields["statement"] = statement(package, head, others)
     return BlastRadius(**fields)
 
 
@@ -130,7 +130,7 @@ _LABELS = {"tp": "TP", "dcp": "DCP", "pp": "PP", "dp": "DP", "spec": "spec", "sp
            "spec_tokens": "spec tokens", "max_batch": "batch", "batch": "batch"}
 
 
-def statement(package: Package, head: dict[str, tuple[Any, ...]], others: tuple[str, ...], change: str) -> str:
+def statement(package: Package, head: dict[str, tuple[Any, ...]], others: tuple[str, ...]) -> str:
     """One sentence a reviewer reads: who, on what, in which settings; and what cannot be affected."""
     who = package.model or package.name
     if not head:
@@ -152,10 +152,7 @@ def statement(package: Package, head: dict[str, tuple[Any, ...]], others: tuple[
         text = f"{who}{arch}" + (", " + ", ".join(parts) if parts else "")
     if package.scope:
         text += f"; {package.scope}"
-    text += "; every other package untouched (" + ", ".join(others) + ")" if others else ""
-    if change == "widens":
-        text += ". This change WIDENS what the guard admits"
-    return text
+    return text + ("; every other package untouched (" + ", ".join(others) + ")" if others else "")
 
 
 def _either(values: tuple[Any, ...]) -> str:
