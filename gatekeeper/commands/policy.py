@@ -54,20 +54,20 @@ def _validate(args) -> int:
         line = field_line(text, warning.loc)
         where = f"{args.file}:{line}" if line is not None else args.file
         print(f"{where}: warning: {warning.field}: {warning.message}", file=sys.stderr)
-    errors = 0 if snapshot is None else _check_guards(loaded, text, snapshot, args.repo)
+    errors, checked = (0, 0) if snapshot is None else _check_guards(loaded, text, snapshot, args.repo)
     count = f"{len(warnings)} warning{'s' if len(warnings) != 1 else ''}"
     if errors:
         print(f"{args.file}: the guards do not hold in {args.repo}: {errors} error(s), {count}")
         return 1
-    checked = f"; every guard holds in {args.repo}" if snapshot is not None else ""
-    print(f"{args.file}: valid policy {loaded.policy.name!r} (sha256 {loaded.sha256[:12]}), {count}{checked}")
+    held = f"; {'the guard holds' if checked == 1 else f'every guard ({checked}) holds'} in {args.repo}" if checked else ""
+    print(f"{args.file}: valid policy {loaded.policy.name!r} (sha256 {loaded.sha256[:12]}), {count}{held}")
     return 0
 
 
-def _check_guards(loaded: LoadedPolicy, text: str, snapshot: Snapshot, repo: str) -> int:
+def _check_guards(loaded: LoadedPolicy, text: str, snapshot: Snapshot, repo: str) -> tuple[int, int]:
     """The static startup-guard check of every package against the repository; prints each error, returns how
-    many there were."""
-    policy, errors = loaded.policy, 0
+    many there were and how many guards were checked."""
+    policy, errors, checked = loaded.policy, 0, 0
     for index, package in enumerate(policy.package_list()):
         guard = policy.for_package(package).checks.startup_guard
         if not guard.enabled or guard.guard is None:
@@ -75,12 +75,13 @@ def _check_guards(loaded: LoadedPolicy, text: str, snapshot: Snapshot, repo: str
         loc = ("packages", index, "startup_guard") if policy.packages else ("checks", "startup_guard")
         line = field_line(text, loc)
         where = f"{loaded.source}:{line}" if line is not None else loaded.source
+        checked += 1
         for finding in static_findings(snapshot, guard, package.owned_paths):
             at = f" ({repo}/{finding.path}{f':{finding.line}' if finding.line else ''})" if finding.path else ""
             severity = "error" if finding.severity is Severity.error else "warning"
             print(f"{where}: {severity}: {package.name}: {finding.message}{at}", file=sys.stderr)
             errors += finding.severity is Severity.error
-    return errors
+    return errors, checked
 
 
 class DirectorySnapshot:
