@@ -34,7 +34,8 @@ def register(subparsers) -> None:
     validate.add_argument(
         "--repo", metavar="DIR",
         help="check the globs against this repository (its HEAD commit if DIR is a git repository, else the "
-        "files under DIR): globs matching nothing and rules overlapping on real files become warnings",
+        "files under DIR): globs matching nothing and rules overlapping on real files become warnings; and every "
+        "package's guard statically (it exists, raises, runs first): one that does not hold exits 1",
     )
     validate.set_defaults(func=_validate)
     policy_test.register(actions)
