@@ -18,10 +18,11 @@ from gatekeeper.collect.gpu_reports import load_gpu_reports
 from gatekeeper.collect.probes import run_probe_jobs
 from gatekeeper.collect.testrun import run_tests
 from gatekeeper.errors import InputError
-from gatekeeper.evidence import Evidence, HeadInfo, Origin, PackageEvidence, PerfSubmission, TestRun, load_perf_evidence
+from gatekeeper.evidence import (Evidence, GuardProbeRun, HeadInfo, Origin, PackageEvidence, PerfSubmission, SupportAxes,
+                                 TestRun, load_perf_evidence)
 from gatekeeper.git import Git, ancestors, commits_changing, export_tree
 from gatekeeper.paths import matches_any
-from gatekeeper.policy import LoadedPolicy, Package, Policy
+from gatekeeper.policy import LoadedPolicy, Package, Policy, StartupGuardSettings
 from gatekeeper.sources.git import GitSnapshot, changes_from_git
 
 # How far back the head's ancestry is recorded when the policy allows no window: enough for a report to
@@ -123,10 +124,14 @@ def _guard_probes(loaded: LoadedPolicy, packages: tuple[Package, ...], repo: Pat
     with console.status("Running the guard probes in a child process…"):
         at_head = run_probe_jobs(jobs, repo, tmp / "probes-head", origin, policy_dir)
     base_sha = Git(repo).commit_sha_or_none(base)
-    at_base = {}
+    at_base: dict = {}
     if base_sha is not None and export_tree(repo, base_sha, tmp / "base"):
+        # A guard the base does not have (a new package) must not be imported from wherever else it is installed.
+        at_base = {name: _absent_at_base(settings, origin) for name, settings in jobs.items()
+                   if _missing_modules(settings, GitSnapshot(repo, base_sha))}
+        present = {name: settings for name, settings in jobs.items() if name not in at_base}
         with console.status(f"Running the guard probes at the base {base_sha[:12]}…"):
-            at_base = run_probe_jobs(jobs, tmp / "base", tmp / "probes-base", origin, policy_dir)
+            at_base.update(run_probe_jobs(present, tmp / "base", tmp / "probes-base", origin, policy_dir))
     else:
         console.print(f"[yellow]warning:[/] the base {base} is not in this clone: no blast-radius comparison")
     for name, (probes, axes) in at_head.items():
@@ -138,6 +143,20 @@ def _guard_probes(loaded: LoadedPolicy, packages: tuple[Package, ...], repo: Pat
                  + (f"; {probes.error.splitlines()[-1]}" if probes.error else ""))
         if axes is not None:
             _say(console, axes.error is None, f"{label}support matrix axes: {axes.error or ', '.join(axes.axes)}")
+
+
+def _missing_modules(settings: StartupGuardSettings, base: GitSnapshot) -> list[str]:
+    return [ref.rpartition(":")[0] for ref in (settings.guard, settings.support_matrix)
+            if ref and module_path(base, ref.rpartition(":")[0]) is None]
+
+
+def _absent_at_base(settings: StartupGuardSettings, origin: Origin) -> tuple[GuardProbeRun | None, SupportAxes | None]:
+    why = "not in the base commit (a new package?): nothing to compare with"
+    probes = GuardProbeRun(origin=origin, guard=settings.guard, error=f"{settings.guard}: {why}") \
+        if settings.guard and settings.probes else None
+    axes = SupportAxes(origin=origin, source=settings.support_matrix, error=f"{settings.support_matrix}: {why}") \
+        if settings.support_matrix else None
+    return probes, axes
 
 
 def head_info(policy: Policy, repo: Path, sha: str) -> HeadInfo:
