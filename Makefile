@@ -21,8 +21,9 @@ install-all: $(BIN)/python
 browser:
 	tools/install-browser.sh
 
+# The example PR with the evidence `gatekeeper collect` recorded for it (examples/README.md says how): every rule decided.
 demo: install
-	$(BIN)/gatekeeper check --policy policies/kimi-k3-latency-specialized.yaml --pr-files examples/pr-confined/pr-files.json --pr examples/pr-confined/pull.json --commits examples/pr-confined/commits.json
+	$(BIN)/gatekeeper check --policy policies/kimi-k3-latency-specialized.yaml --pr-files examples/pr-confined/pr-files.json --pr examples/pr-confined/pull.json --commits examples/pr-confined/commits.json --evidence examples/pr-confined/evidence.json
 
 # The App's PostgreSQL tests need a server: tools/postgres-test-server.sh starts a private one (installing
 # Debian's package when run as root) unless GATEKEEPER_TEST_POSTGRES_URL names one. Where none can be started

@@ -190,6 +190,8 @@ class ProbeResult(_Strict):
     outcome: Literal["accepted", "raised", "error"]  # error: the deployment could not even be built
     exception_types: tuple[str, ...] = ()  # qualified names of the raised type and its bases, most derived first
     message: str = Field(default="", max_length=MAX_MESSAGE_CHARS)
+    # probe_builder: vllm: the deployment as the built VllmConfig states it (the platform faked to `arch`).
+    deployment: dict[str, Any] = Field(default_factory=dict)
 
 
 class GuardProbeRun(_Strict):
@@ -197,6 +199,8 @@ class GuardProbeRun(_Strict):
     guard: str
     error: str | None = Field(default=None, max_length=MAX_MESSAGE_CHARS)  # import failed, timed out, crashed
     results: tuple[ProbeResult, ...] = ()
+    # What the probes assumed that the machine could not show (the faked platform of probe_builder: vllm).
+    assumptions: tuple[str, ...] = ()
 
 
 class SupportAxes(_Strict):
@@ -217,15 +221,41 @@ class SupportAxes(_Strict):
         return self
 
 
+class PackageEvidence(_Strict):
+    """What the collector recorded for one owned package of a policy with `packages`."""
+
+    tests: tuple[TestRun, ...] = ()
+    guard_probes: GuardProbeRun | None = None
+    support_axes: SupportAxes | None = None
+    # The same probes and matrix run on the base commit: what the change admits that the base did not.
+    base_guard_probes: GuardProbeRun | None = None
+    base_support_axes: SupportAxes | None = None
+
+
 class Evidence(_Strict):
-    """Everything handed to the checks besides the change itself."""
+    """Everything handed to the checks besides the change itself. The top-level tests, probes and axes are the
+    one-package shorthand's; a policy with `packages` has them per package, in `packages`."""
 
     schema_version: Literal[1] = 1
     head: HeadInfo | None = None
     tests: tuple[TestRun, ...] = ()
     guard_probes: GuardProbeRun | None = None
     support_axes: SupportAxes | None = None
+    base_guard_probes: GuardProbeRun | None = None
+    base_support_axes: SupportAxes | None = None
     perf: tuple[PerfSubmission, ...] = ()
+    packages: dict[str, PackageEvidence] = Field(default_factory=dict)
+    # The head's source of the modules the static guard check reads (guards, entry points, support matrices),
+    # path -> text: a verdict made from the PR's files alone (no checkout) can still read them.
+    head_sources: dict[str, str] = Field(default_factory=dict)
+
+    def for_package(self, name: str) -> Evidence:
+        """The evidence one package's checks read: its own part where the collector recorded one by name."""
+        own = self.packages.get(name)
+        if own is None:
+            return self
+        return self.model_copy(update={**{field: getattr(own, field) for field in PackageEvidence.model_fields},
+                                       "packages": {}})
 
     @field_validator("perf", mode="before")
     @classmethod
@@ -252,13 +282,17 @@ def demote(evidence: Evidence, why: str) -> Evidence:
     def relabel(origin: Origin) -> Origin:
         return Origin(trust="self_reported", source=f"{origin.source} (self-reported: {why})")
 
+    def parts(holder: Evidence | PackageEvidence) -> dict[str, Any]:
+        update: dict[str, Any] = {"tests": tuple(t.model_copy(update={"origin": relabel(t.origin)}) for t in holder.tests)}
+        for name in ("guard_probes", "support_axes", "base_guard_probes", "base_support_axes"):
+            part = getattr(holder, name)
+            update[name] = part and part.model_copy(update={"origin": relabel(part.origin)})
+        return update
+
     return evidence.model_copy(update={
-        "tests": tuple(t.model_copy(update={"origin": relabel(t.origin)}) for t in evidence.tests),
-        "guard_probes": evidence.guard_probes and evidence.guard_probes.model_copy(
-            update={"origin": relabel(evidence.guard_probes.origin)}),
-        "support_axes": evidence.support_axes and evidence.support_axes.model_copy(
-            update={"origin": relabel(evidence.support_axes.origin)}),
+        **parts(evidence),
         "perf": tuple(p.model_copy(update={"origin": relabel(p.origin)}) for p in evidence.perf),
+        "packages": {name: part.model_copy(update=parts(part)) for name, part in evidence.packages.items()},
     })
 
 
@@ -274,10 +308,21 @@ def combine_evidence(files: list[tuple[str, Evidence]]) -> Evidence | None:
     for path, evidence in files:
         for name in Evidence.model_fields:
             value = getattr(evidence, name)
-            if name == "schema_version" or value is None:
+            if name == "schema_version" or value is None or (isinstance(value, dict) and not value):
                 continue
             if isinstance(value, tuple):
                 combined[name] = combined.get(name, ()) + value
+            elif name == "head_sources":
+                for source, text in value.items():
+                    if combined.setdefault(name, {}).setdefault(source, text) != text:
+                        raise InputError(path, f"head_sources: {source} differs from another evidence file's")
+            elif name == "packages":
+                for package, part in value.items():
+                    packages = combined.setdefault("packages", {})
+                    if package in packages and packages[package] != part:
+                        raise InputError(path, f"package {package!r} is also given by {given_by[f'package {package}']}; "
+                                               "give it in one evidence file only")
+                    packages[package], given_by[f"package {package}"] = part, path
             elif name in combined and combined[name] != value:
                 raise InputError(path, f"{name} is also given by {given_by[name]}; give it in one evidence file only")
             else:

@@ -128,3 +128,18 @@ def file_at(repo: Path, sha: str, path: str) -> str | None:
     except UnicodeDecodeError:
         return None
 
+
+
+def export_tree(repo: Path, sha: str, target: Path) -> bool:
+    """The files of commit `sha` written under `target` (what importing the base's code needs); False when git
+    cannot (the base is not in this clone)."""
+    archive = Git(repo).run_bytes_or_none("archive", "--format=tar", sha)
+    if archive is None:
+        return False
+    import io
+    import tarfile
+
+    target.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(target, filter="data")  # git's own archive, still: no links out, no absolute paths
+    return True

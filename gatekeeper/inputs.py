@@ -11,7 +11,7 @@ from gatekeeper.evaluate import evaluate
 from gatekeeper.evidence import Evidence, demote
 from gatekeeper.policy import LoadedPolicy
 from gatekeeper.provenance import Provenance, PullRequestInfo, detect
-from gatekeeper.snapshot import Snapshot
+from gatekeeper.snapshot import DictSnapshot, Snapshot
 from gatekeeper.verdict import Signal, Verdict
 
 
@@ -32,7 +32,18 @@ def verdict_for(inputs: EvaluationInputs) -> Verdict:
     if evidence is not None and inputs.evidence_untrusted is not None:
         evidence = demote(evidence, inputs.evidence_untrusted)
     return evaluate(inputs.policy, inputs.changes, _declared(detected, inputs.declared), evidence,
-                    snapshot=inputs.snapshot, pull_request=inputs.pull_request)
+                    snapshot=inputs.snapshot or _recorded_sources(inputs, evidence), pull_request=inputs.pull_request)
+
+
+def _recorded_sources(inputs: EvaluationInputs, evidence: Evidence | None) -> Snapshot | None:
+    """The guard modules the collector recorded at the head, when the change's own source shows no files (GitHub
+    PR files, a diff) and the evidence was collected at this very head."""
+    if evidence is None or not evidence.head_sources or evidence.head is None:
+        return None
+    head = inputs.changes.head_sha or (inputs.pull_request.head_sha if inputs.pull_request is not None else None)
+    if head is None or not evidence.head.sha.startswith(head):
+        return None
+    return DictSnapshot(evidence.head_sources)
 
 
 def _declared(detected: Provenance, declared: bool | None) -> Provenance:

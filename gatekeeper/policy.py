@@ -1,7 +1,9 @@
 """Policy files: pydantic models, loading with YAML line numbers in every error, and the policy hash.
 
 A policy says which paths a model owns, which outside touchpoints it may edit (with line budgets), how
-agent assistance is detected, which mode that selects, and the settings of the four checks.
+agent assistance is detected, which mode that selects, and the settings of the four checks. A policy for a
+whole engine lists several owned `packages` (each with its own paths, guard, tests and perf axes); a policy
+without `packages` is the one-package shorthand: its top-level `owned_paths` and `checks` are that package.
 """
 
 from __future__ import annotations
@@ -57,7 +59,8 @@ class Mode(str, Enum):
 
 
 class AgentDetection(_Strict):
-    trailers: tuple[str, ...] = ("Assisted-by", "Generated-by", "Made-with", "AI-assisted")
+    # Assisted-by: `AGENT:MODEL [TOOLS]` (Linux kernel) or `<tool>` (LLVM); AI-used-for: what it was used for.
+    trailers: tuple[str, ...] = ("Assisted-by", "Generated-by", "Made-with", "AI-assisted", "AI-used-for")
     coauthor_trailers: tuple[str, ...] = ("Co-authored-by",)
     agent_identities: tuple[str, ...] = DEFAULT_AGENT_IDENTITIES
     extra_agent_identities: tuple[str, ...] = ()
@@ -115,6 +118,11 @@ class StartupGuardSettings(_Strict):
     deployment_factory: str | None = None  # "module:Class" building a probe's deployment from its dict
     probes: tuple[GuardProbe, ...] = ()
     timeout_s: float = Field(default=60.0, gt=0)
+    # How a probe's deployment reaches the guard: "factory" hands it to `deployment_factory` (or the dict itself);
+    # "vllm" builds vLLM's own VllmConfig on the CPU from `vllm_model` with the platform faked to the probe's GPU.
+    probe_builder: Literal["factory", "vllm"] = "factory"
+    vllm_model: str | None = None       # "vllm": an HF config.json, relative to the policy file
+    probe_defaults: dict[str, Any] = Field(default_factory=dict)  # merged under every probe's deployment
     # Calls that build a kernel or allocate device memory; the guard must run before any of them. A pattern
     # with a dot matches the whole dotted call name (`torch.*`), one without matches its last part (`empty`).
     kernel_calls: tuple[str, ...] = (
@@ -135,6 +143,21 @@ class StartupGuardSettings(_Strict):
             if not _REF.fullmatch(value):
                 raise ValueError(f"{value!r} is not a 'package.module:name' reference")
         return values
+
+    @model_validator(mode="after")
+    def _builder_needs_its_inputs(self) -> StartupGuardSettings:
+        if self.probe_builder == "vllm":
+            if self.vllm_model is None and self.probes:
+                raise ValueError("probe_builder: vllm needs vllm_model (an HF config.json, relative to the policy file)")
+            if self.deployment_factory is not None:
+                raise ValueError("probe_builder: vllm builds the VllmConfig itself; drop deployment_factory")
+        elif self.vllm_model is not None:
+            raise ValueError("vllm_model only applies with probe_builder: vllm")
+        names = [p.name for p in self.probes]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"probe names must be unique; repeated: {', '.join(duplicates)}")
+        return self
 
 
 class ChangedPathTestsSettings(_Strict):
@@ -174,6 +197,22 @@ class PerfMatrixSettings(_Strict):
         return self
 
 
+_PACKAGE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+
+
+class Package(_Strict):
+    """One owned package of an engine: its paths, and the settings of the evidence rules that judge it.
+    A setting left out is the policy's top-level one (`checks.<rule>`)."""
+
+    name: str = Field(pattern=_PACKAGE_NAME)
+    model: str = ""   # who it serves, for the blast radius: "Kimi K3"
+    scope: str = ""   # what it specializes: "pure decode (decode_backend=latency_specialized)"
+    owned_paths: tuple[Glob, ...] = Field(min_length=1)
+    startup_guard: StartupGuardSettings | None = None
+    changed_path_tests: ChangedPathTestsSettings | None = None
+    perf_matrix: PerfMatrixSettings | None = None
+
+
 class Checks(_Strict):
     confinement: ConfinementSettings = ConfinementSettings()
     startup_guard: StartupGuardSettings = StartupGuardSettings(enabled=False)
@@ -201,6 +240,9 @@ class Policy(_Strict):
     version: Literal[1]
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._ -]*$")
     description: str = ""
+    # The one-package shorthand's package: who it serves and what it specializes (the blast radius says both).
+    model: str = ""
+    scope: str = ""
     owned_paths: tuple[Glob, ...] = Field(min_length=1)
     touchpoints: tuple[Touchpoint, ...] = ()
     agent_detection: AgentDetection = AgentDetection()
@@ -209,13 +251,64 @@ class Policy(_Strict):
     require_trusted: tuple[CheckId, ...] = ()
     max_files: int = Field(default=3000, ge=1, le=3000)
     checks: Checks = Checks()
+    # Several owned packages, each judged on its own when a change touches it. Empty: the one-package shorthand.
+    packages: tuple[Package, ...] = ()
+    # Rules on trial: reported ("would have failed"), never blocking.
+    shadow: tuple[CheckId, ...] = ()
     app: AppSettings = AppSettings()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _owned_paths_of_the_packages(cls, data: Any) -> Any:
+        # With packages the owned paths are theirs; the top level must not give a second, diverging list.
+        if isinstance(data, dict) and data.get("packages"):
+            if "owned_paths" in data:
+                raise ValueError("owned_paths: give the owned paths in each package, not at the top level as well")
+            packages = data["packages"]
+            if isinstance(packages, list):
+                data = {**data, "owned_paths": [g for p in packages if isinstance(p, dict)
+                                                for g in (p.get("owned_paths") or []) if isinstance(g, str)] or None}
+        return data
+
+    @field_validator("packages")
+    @classmethod
+    def _unique_packages(cls, packages: tuple[Package, ...]) -> tuple[Package, ...]:
+        names = [p.name for p in packages]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"package names must be unique; repeated: {', '.join(duplicates)}")
+        return packages
 
     def required_checks(self, mode: Mode) -> tuple[CheckId, ...]:
         enabled = self.checks.enabled()
         if mode is Mode.strict:
             return enabled
         return tuple(c for c in enabled if c in self.default_mode_checks)
+
+    def package_list(self) -> tuple[Package, ...]:
+        """The owned packages; the one-package shorthand is a package named after the policy."""
+        if self.packages:
+            return self.packages
+        return (Package(name=self.name, model=self.model, scope=self.scope, owned_paths=self.owned_paths,
+                        startup_guard=self.checks.startup_guard,
+                        changed_path_tests=self.checks.changed_path_tests, perf_matrix=self.checks.perf_matrix),)
+
+    def for_package(self, package: Package) -> Policy:
+        """This policy as the checks see it for one package: its owned paths and its rule settings (each rule
+        keeps the top level's `enabled`, so a package cannot switch a rule the policy requires off)."""
+        def merged(rule: str, own: BaseModel | None) -> BaseModel:
+            top = getattr(self.checks, rule)
+            if own is None:
+                return top
+            # What the package sets wins; what it leaves out is the top level's (its evidence globs, its bounds).
+            return top.model_copy(update={k: getattr(own, k) for k in own.model_fields_set if k != "enabled"})
+
+        checks = self.checks.model_copy(update={
+            "startup_guard": merged("startup_guard", package.startup_guard),
+            "changed_path_tests": merged("changed_path_tests", package.changed_path_tests),
+            "perf_matrix": merged("perf_matrix", package.perf_matrix),
+        })
+        return self.model_copy(update={"owned_paths": package.owned_paths, "checks": checks, "packages": ()})
 
 
 _REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$|^[A-Za-z_]\w*$")

@@ -36,6 +36,34 @@ def lint(policy: Policy, repo_paths: Iterable[str] | None = None) -> list[LintWa
     if paths is not None:
         warnings += _unmatched(policy, paths)
     warnings += _check_settings(policy)
+    warnings += _package_overlaps(policy, paths)
+    return [LintWarning(_package_loc(policy, w.loc), w.message) for w in warnings]
+
+
+def _package_loc(policy: Policy, loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
+    """With packages, the top-level owned paths are theirs, concatenated: point at the package's own entry."""
+    if not policy.packages or loc[:1] != ("owned_paths",) or len(loc) < 2:
+        return loc
+    index = int(loc[1])
+    for number, package in enumerate(policy.packages):
+        if index < len(package.owned_paths):
+            return ("packages", number, "owned_paths", index, *loc[2:])
+        index -= len(package.owned_paths)
+    return loc
+
+
+def _package_overlaps(policy: Policy, paths: tuple[str, ...] | None) -> list[LintWarning]:
+    """Two packages owning one file: a change to it is judged by both, which is rarely what was meant."""
+    warnings = []
+    for index, package in enumerate(policy.packages):
+        for earlier in policy.packages[:index]:
+            candidates = paths if paths is not None else tuple(g for g in package.owned_paths if _is_literal(g))
+            shared = next((p for p in candidates if matches_any(p, package.owned_paths)
+                           and matches_any(p, earlier.owned_paths)), None)
+            if shared is not None:
+                warnings.append(LintWarning(("packages", index, "owned_paths"), (
+                    f"package {package.name!r} and package {earlier.name!r} both own {shared}: a change to it is "
+                    "judged by both")))
     return warnings
 
 
@@ -59,11 +87,15 @@ def _duplicates(policy: Policy) -> list[LintWarning]:
 def _owned_overlaps(policy: Policy, paths: tuple[str, ...] | None) -> list[LintWarning]:
     warnings = []
     owned = policy.owned_paths
+    # Within one package: two packages owning the same file is _package_overlaps's warning.
+    group = [0] * len(owned)
+    if policy.packages:
+        group = [number for number, package in enumerate(policy.packages) for _ in package.owned_paths]
     for index, glob in enumerate(owned):
         if glob in ("**", "**/*"):
             warnings.append(LintWarning(("owned_paths", index), f"{glob!r} owns every file: confinement can never fail"))
             continue
-        others = [(j, other) for j, other in enumerate(owned) if j != index and other != glob]
+        others = [(j, other) for j, other in enumerate(owned) if j != index and other != glob and group[j] == group[index]]
         for j, other in others:
             if _subsumed(glob, other, paths):
                 warnings.append(LintWarning(
@@ -134,11 +166,12 @@ def _check_settings(policy: Policy) -> list[LintWarning]:
         for index, check in enumerate(getattr(policy, field)):
             if check not in enabled:
                 warnings.append(LintWarning((field, index), f"{check} is disabled in checks, so this has no effect"))
-    guard = policy.checks.startup_guard
-    if guard.enabled and guard.guard is None:
-        warnings.append(LintWarning(
-            ("checks", "startup_guard", "guard"), "startup_guard is enabled but names no guard: it can never pass"
-        ))
+    for index, package in enumerate(policy.package_list()):
+        guard = policy.for_package(package).checks.startup_guard
+        if guard.enabled and guard.guard is None:
+            loc = ("packages", index, "startup_guard") if policy.packages else ("checks", "startup_guard", "guard")
+            who = f"package {package.name!r}: " if policy.packages else ""
+            warnings.append(LintWarning(loc, f"{who}startup_guard is enabled but names no guard: it can never pass"))
     detection = policy.agent_detection
     if detection.on_signal is Mode.default and detection.on_no_signal is Mode.strict:
         warnings.append(LintWarning(

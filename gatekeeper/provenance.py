@@ -11,6 +11,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from markdown_it import MarkdownIt
+from markdown_it.token import Token
+from mdit_py_plugins.tasklists import tasklists_plugin
 from pydantic import BaseModel, ConfigDict
 
 from gatekeeper.changes import Commit
@@ -131,14 +134,44 @@ def _commit_signals(policy: AgentDetection, commit: Commit) -> list[Signal]:
     for token, value in parse_trailers(commit.message, policy.trailers + policy.coauthor_trailers):
         folded = token.casefold()
         if folded in assisted_tokens and value:
-            signals.append(Signal(kind="trailer", source=where, detail=f"{token}: {value}"))
+            if folded == "ai-used-for":
+                if value.casefold().rstrip(".") not in _NO_ANSWERS:
+                    signals.append(Signal(kind="trailer", source=where, detail=f"{token}: {value}", used_for=value))
+                continue
+            signals.append(Signal(kind="trailer", source=where, detail=f"{token}: {value}",
+                                  **assisted_by(value)))
         elif folded in coauthor_tokens and (identity := agent_identity(value, policy.identities)):
-            signals.append(Signal(kind="trailer", source=where, detail=f"{token}: {value} (agent: {identity})"))
+            signals.append(Signal(kind="trailer", source=where, detail=f"{token}: {value} (agent: {identity})",
+                                  agent=identity, model=_coauthor_model(value, identity)))
     if commit.author_login and (pattern := _bot_pattern(commit.author_login, policy.bot_authors)):
         signals.append(
             Signal(kind="bot_author", source=where, detail=f"author {commit.author_login} matches {pattern!r}")
         )
     return signals
+
+
+def assisted_by(value: str) -> dict:
+    """Agent, model and tools of an `Assisted-by` value, in the forms in use:
+
+    `AGENT:MODEL [TOOL1] [TOOL2]` (the Linux kernel's), e.g. `claude-code:claude-opus-4 coccinelle`;
+    `<tool>` (LLVM's), e.g. `GitHub Copilot` or `Cursor <cursor@cursor.com>`: the agent, no model.
+    """
+    words = _EMAIL.sub("", value).split()
+    if words and ":" in words[0] and not words[0].startswith(("http:", "https:")):
+        agent, _, model = words[0].partition(":")
+        tools = tuple(w.strip("[]") for w in words[1:] if w.strip("[]"))
+        return {"agent": agent or None, "model": model or None, "tools": tools}
+    return {"agent": " ".join(words) or None}
+
+
+_EMAIL = re.compile(r"<[^>]*>")
+
+
+def _coauthor_model(value: str, identity: str) -> str | None:
+    """The model a Co-authored-by name states beside the agent: `Claude Opus 4.5 <...>` -> `Opus 4.5`."""
+    name = _EMAIL.sub("", value).strip()
+    rest = re.sub(rf"(?<![A-Za-z0-9]){re.escape(identity)}(?![A-Za-z0-9])", "", name, count=1, flags=re.I).strip(" -:()")
+    return rest or None
 
 
 def agent_identity(value: str, identities: Iterable[str]) -> str | None:
@@ -183,56 +216,59 @@ def _pull_request_signals(policy: AgentDetection, pr: PullRequestInfo) -> list[S
     return signals
 
 
-_HTML_COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.DOTALL)
-_HEADING = re.compile(r"^ {0,3}(#{1,6})[ \t]+(.*?)[ \t]*#*[ \t]*$")
-_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
-_CHECKED_BOX = re.compile(r"^\s*[-*+][ \t]+\[[xX]\][ \t]+(.+)$")
-_TOOL_ANSWER = re.compile(r"^\s*(?:[-*+][ \t]+)?\**(?:tools?|agents?)(?:\s*\(s\))?[^:\n]{0,40}:\**[ \t]*(.*)$", re.I)
+_TOOL_ANSWER = re.compile(r"^\s*(?:tools?|agents?)(?:\s*\(s\))?[^:\n]{0,40}:[ \t]*(.*)$", re.I)
 # What people write in a "tool" answer to say that no agent was used.
 _NO_ANSWERS = {"", "-", "--", "n/a", "na", "none", "no", "nothing", "nope", "not used", "no agent", "no tool", "_"}
+# CommonMark with GitHub's task lists: `- [x] item` becomes a list item with a checked checkbox.
+_MARKDOWN = MarkdownIt("commonmark").use(tasklists_plugin)
 
 
 def disclosure_answer(body: str, heading: str) -> str | None:
     """What the disclosure section of a PR body declares, or None when it declares no agent assistance.
 
-    The section runs from a Markdown heading whose text is `heading` (case-insensitive) to the next heading
-    of the same or a higher level. A checked box, or a non-empty "Tool:" / "Agent:" answer, means assisted;
-    the untouched template (unchecked boxes, empty answers, HTML comments only) means not disclosed.
+    The body is parsed as Markdown (CommonMark and GitHub task lists, markdown-it-py). The section runs from a
+    heading whose text is `heading` (case-insensitive, a trailing colon ignored) to the next heading of the same
+    or a higher level. A checked task-list box, or a non-empty "Tool:" / "Agent:" answer, means assisted; the
+    untouched template (unchecked boxes, empty answers, HTML comments) means not disclosed. Code blocks and
+    HTML never count: they show an example, they do not answer.
     """
-    section = _section(_HTML_COMMENT.sub("", body.replace("\r\n", "\n")), heading)
-    if section is None:
-        return None
     answers = []
-    for line in section:
-        if box := _CHECKED_BOX.match(line):
-            answers.append(f"checked: {box.group(1).strip()}")
-        elif tool := _TOOL_ANSWER.match(line):
-            value = tool.group(1).strip().strip("*_` ").strip()
-            if value.casefold().rstrip(".") not in _NO_ANSWERS:
-                answers.append(f"tool: {value}")
+    for token in _section_inlines(_MARKDOWN.parse(body.replace("\r\n", "\n")), heading):
+        children = token.children or []
+        if children and children[0].type == "html_inline" and "task-list-item-checkbox" in children[0].content:
+            if 'checked="checked"' in children[0].content:
+                answers.append(f"checked: {_plain(children[1:]).strip()}")
+            continue
+        for line in _plain(children).split("\n"):
+            if tool := _TOOL_ANSWER.match(line):
+                value = tool.group(1).strip().strip("*_` ").strip()
+                if value.casefold().rstrip(".") not in _NO_ANSWERS:
+                    answers.append(f"tool: {value}")
     return "; ".join(answers) if answers else None
 
 
-def _section(body: str, heading: str) -> list[str] | None:
+def _section_inlines(tokens: list[Token], heading: str):
+    """The inline tokens (paragraphs, list items) of the section under `heading`, nested headings excluded."""
     wanted = heading.strip().casefold()
     level: int | None = None
-    lines: list[str] = []
-    fence: str | None = None
-    for line in body.split("\n"):
-        if fence is not None:
-            if line.strip().startswith(fence):
-                fence = None
-            continue  # code blocks can show an example section; they never answer it
-        if (opening := _FENCE.match(line)) is not None:
-            fence = opening.group(1)
-            continue
-        match = _HEADING.match(line)
-        if match is not None:
-            if level is not None and len(match.group(1)) <= level:
-                break
-            if level is None and match.group(2).strip().casefold().rstrip(":") == wanted:
-                level = len(match.group(1))
-                continue
-        if level is not None:
-            lines.append(line)
-    return lines if level is not None else None
+    for index, token in enumerate(tokens):
+        if token.type == "heading_open":
+            depth = int(token.tag[1:])
+            title = tokens[index + 1].content.strip().casefold().rstrip(":").strip()
+            if level is not None and depth <= level:
+                return
+            if level is None and title == wanted:
+                level = depth
+        elif level is not None and token.type == "inline" and tokens[index - 1].type != "heading_open":
+            yield token
+
+
+def _plain(children: list[Token]) -> str:
+    """The text of inline tokens without their markup (`**Codex**` -> `Codex`), line breaks kept."""
+    parts = []
+    for child in children:
+        if child.type in ("text", "code_inline"):
+            parts.append(child.content)
+        elif child.type in ("softbreak", "hardbreak"):
+            parts.append("\n")
+    return "".join(parts)

@@ -28,6 +28,8 @@ DETAILS_RENDERERS: dict[str, DetailsRenderer] = {}
 def render_terminal(verdict: Verdict, console: Console) -> None:
     console.print(_header(verdict))
     console.print(_signals(verdict))
+    if verdict.blast_radius:
+        console.print(_blast_radius(verdict))
     console.print(_checks_table(verdict))
     for check in verdict.checks:
         if check.status is not Status.skipped and (section := _check_section(check)) is not None:
@@ -58,7 +60,32 @@ def _signals(verdict: Verdict) -> Text:
         text.append("Agent-assisted, signals:\n", style="bold")
     for signal in verdict.signals:
         text.append(f"  {signal.kind}", style="magenta")
-        text.append(f" in {one_line(signal.source)}: {one_line(signal.detail)}\n")
+        text.append(f" in {one_line(signal.source)}: {one_line(signal.detail)}")
+        # A co-author's agent is already in its detail ("(agent: Claude)").
+        named = signal.agent and f"(agent: {signal.agent})" not in signal.detail
+        said = [f"agent {signal.agent}" if named else "", f"model {signal.model}" if signal.model else "",
+                f"tools {', '.join(signal.tools)}" if signal.tools else "",
+                f"used for {signal.used_for}" if signal.used_for else ""]
+        text.append(f" ({one_line('; '.join(p for p in said if p))})\n" if any(said) else "\n")
+    return text
+
+
+_CHANGE_TEXT = {"widens": "WIDENS what the guard admits", "narrows": "narrows what the guard admits",
+                "guard_changed": "guard code changed, same admitted deployments",
+                "kernel_only": "kernels only: the admitted deployments are unchanged", "unknown": "not compared with the base"}
+
+
+def _blast_radius(verdict: Verdict) -> Text:
+    text = Text("Blast radius:\n", style="bold")
+    for radius in verdict.blast_radius:
+        text.append(f"  {one_line(radius.package)}: ", style="magenta")
+        text.append(one_line(radius.statement) + "\n")
+        text.append(f"    change: {_CHANGE_TEXT[radius.change]}\n", style="bold red" if radius.change == "widens" else "")
+        for axis, values in radius.widened.items():
+            text.append(f"    newly admitted {one_line(axis)}: {one_line(', '.join(map(str, values)))}\n", style="red")
+        if radius.newly_accepted_probes:
+            text.append(f"    probes rejected at the base, accepted now: {one_line(', '.join(radius.newly_accepted_probes))}\n",
+                        style="red")
     return text
 
 
@@ -69,7 +96,10 @@ def _checks_table(verdict: Verdict) -> Table:
     table.add_column("Summary", overflow="fold")
     for check in verdict.checks:
         status = check.status.value
-        table.add_row(check.id, Text(status, style=_STATUS_STYLES[status]), Text(one_line(check.summary)))
+        label = Text(status, style=_STATUS_STYLES[status])
+        if check.shadow:
+            label.append(" (shadow: would have failed; never blocks)" if status == "fail" else " (shadow)", style="dim")
+        table.add_row(check.id, label, Text(one_line(check.summary)))
     return table
 
 

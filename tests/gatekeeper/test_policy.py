@@ -85,3 +85,17 @@ def test_field_line_finds_nested_fields():
     text = MINIMAL + "touchpoints:\n  - path: a.py\n    max_added: 3\n    max_removed: 0\n"
     assert field_line(text, ("touchpoints", 0, "max_added")) == 7
     assert field_line(text, ("owned_paths", 0)) == 4
+
+
+def test_the_vllm_policy_has_the_four_specialized_decode_packages_with_their_guards():
+    """Loads without vllm installed (tests/policies/test_vllm_policy.py runs it against vLLM's sources)."""
+    policy = load_policy(ROOT / "policies" / "vllm.yaml").policy
+    guards = {p.name: p.startup_guard.guard for p in policy.packages}
+    assert guards == {
+        "kimi_k3-nvidia": "vllm.models.kimi_k3.nvidia.specialized_decode.runtime:specialized_decode_config",
+        "kimi_k3-amd": "vllm.models.kimi_k3.amd.specialized_decode.runtime:specialized_decode_config",
+        "deepseek_v41-nvidia": "vllm.models.deepseek_v41.nvidia.specialized_decode:specialized_decode_config",
+        "minimax_m3-amd": "vllm.models.minimax_m3.amd.specialized_decode.runtime.spec:specialized_decode_config",
+    }
+    assert all(p.startup_guard.probe_builder == "vllm" and p.startup_guard.probes for p in policy.packages)
+    assert all((ROOT / "policies" / p.startup_guard.vllm_model).is_file() for p in policy.packages)

@@ -239,3 +239,39 @@ _LINES = st.sampled_from([
 @given(st.lists(_LINES, min_size=1, max_size=10))
 def test_trailer_parsing_agrees_with_git_on_generated_messages(lines):
     test_trailer_parsing_agrees_with_git_interpret_trailers("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize(
+    "trailer, agent, model, tools, used_for",
+    [
+        # The Linux kernel's form: AGENT:MODEL [TOOL1] [TOOL2].
+        ("Assisted-by: claude-code:claude-opus-4-5 [coccinelle] [sparse]", "claude-code", "claude-opus-4-5",
+         ("coccinelle", "sparse"), None),
+        ("Assisted-by: codex:gpt-5", "codex", "gpt-5", (), None),
+        # LLVM's form: the tool's name.
+        ("Assisted-by: GitHub Copilot", "GitHub Copilot", None, (), None),
+        ("Assisted-by: Cursor <cursoragent@cursor.com>", "Cursor", None, (), None),
+        # vLLM's: the agent as a co-author, its model where the name states one.
+        ("Co-authored-by: Claude Opus 4.5 <noreply@anthropic.com>", "Claude", "Opus 4.5", (), None),
+        ("Co-authored-by: Claude <noreply@anthropic.com>", "Claude", None, (), None),
+        ("AI-used-for: test generation, docs", None, None, (), "test generation, docs"),
+    ],
+)
+def test_trailer_forms_in_use_record_agent_and_model(trailer, agent, model, tools, used_for):
+    provenance = detect(POLICY, [_commit(f"Fix decode\n\nBody.\n\n{trailer}\n")])
+    [signal] = provenance.signals
+    assert (signal.agent, signal.model, signal.tools, signal.used_for) == (agent, model, tools, used_for)
+    assert signal.detail.startswith(trailer)
+
+
+def test_ai_used_for_none_is_not_a_signal():
+    assert detect(POLICY, [_commit("Fix\n\nBody.\n\nAI-used-for: none\n")]).signals == ()
+
+
+def test_the_disclosure_is_parsed_as_markdown_not_matched_line_by_line():
+    # A box ticked inside an HTML comment, an indented code block or a quote in another section never counts;
+    # a ticked box in a nested list of the section does, its text without markup.
+    body = ("## Agent assistance\n\n<!--\n- [x] example\n-->\n\n    - [x] indented code\n\n"
+            "- Details\n  - [x] An **AI agent** wrote the tests\n\n## Other\n\n> - [x] quoted elsewhere\n")
+    assert disclosure_answer(body, "Agent assistance") == "checked: An AI agent wrote the tests"
+    assert disclosure_answer("## Agent assistance:\n\nTool: `aider`\n", "Agent assistance") == "tool: aider"

@@ -1,15 +1,20 @@
 """Runs inside the child process the collector starts: imports the guard and the support matrix of the code
 under review, hands each probe's deployment to the guard, and prints one JSON document on stdout.
 
-Reads {"guard", "deployment_factory", "support_matrix", "probes": [{"name", "deployment"}], "out"} on stdin and
-writes its answer to the file `out` (stdout belongs to the code under review, which may print). Only the
+Reads {"jobs": {name: {"guard", "deployment_factory", "support_matrix", "probes": [{"name", "deployment"}]}},
+"out"} on stdin (one job per owned package) and writes {name: answer} to the file `out` (stdout belongs to the code under review, which may print). Only the
 standard library is imported here, so it runs in whatever environment the project's code needs.
+
+With "builder": "vllm" (and "vllm_model", a directory holding an HF config.json), each
+deployment becomes vLLM's own VllmConfig built on the CPU with the platform faked to the probed GPU
+(gatekeeper_vllm_deployments.py), and the guard is called with it.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 import traceback
 
@@ -55,6 +60,32 @@ def run_probes(request: dict) -> dict:
     return {"results": results}
 
 
+def run_vllm_probes(request: dict) -> dict:
+    import gatekeeper_vllm_deployments as vllm_deployments  # next to this script; imports vllm
+
+    guard = resolve(request["guard"])
+    builder = vllm_deployments.Builder(request["vllm_model"])
+    results = []
+    for probe in request["probes"]:
+        result = {"name": probe["name"]}
+        try:
+            with builder.deployment(probe["deployment"]) as config:
+                result["deployment"] = {"arch": probe["deployment"].get("arch", "cpu"), **vllm_deployments.describe(config)}
+                try:
+                    guard(config)
+                except Exception as exc:
+                    result.update(outcome="raised", exception_types=_type_names(exc), message=str(exc)[:MAX_MESSAGE])
+                else:
+                    result["outcome"] = "accepted"
+        except Exception as exc:  # vLLM refused to build the deployment: the policy's probe is wrong, say so
+            if "outcome" not in result:
+                result.update(outcome="error", message=f"{type(exc).__name__}: {exc}"[:MAX_MESSAGE])
+            else:
+                raise
+        results.append(result)
+    return {"results": results}
+
+
 def support_axes(ref: str) -> dict:
     matrix = resolve(ref)
     axes = matrix.perf_axes() if callable(getattr(matrix, "perf_axes", None)) else matrix
@@ -67,8 +98,7 @@ def _plain(value):
     return value if value is None or isinstance(value, (str, int, float, bool)) else str(value)
 
 
-def main() -> int:
-    request = json.load(sys.stdin)
+def run_job(request: dict) -> dict:
     out: dict = {}
     if request.get("support_matrix"):
         try:
@@ -77,12 +107,22 @@ def main() -> int:
             out["support_axes_error"] = f"{type(exc).__name__}: {exc}"[:MAX_MESSAGE]
     if request.get("guard"):
         try:
-            out["probes"] = run_probes(request)
+            out["probes"] = (run_vllm_probes if request.get("builder") == "vllm" else run_probes)(request)
         except Exception:
             out["probes_error"] = traceback.format_exc(limit=5)[-MAX_MESSAGE:]
+    return out
+
+
+def main() -> int:
+    request = json.load(sys.stdin)
+    out = {name: run_job(job) for name, job in request["jobs"].items()}
     with open(request["out"], "w", encoding="utf-8") as answer:
         json.dump(out, answer)
-    return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The answer is written. Leave at once: threads the code under review started (vLLM's) can hold interpreter
+    # shutdown for tens of seconds, which would count against the probes' time limit.
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -357,3 +357,26 @@ def test_with_owned_counting_the_collector_records_which_commits_changed_the_own
     info = head_info(load_policy_text(code_only, "policy.yaml").policy, repo, notes)
     assert info.owned_changes == (owned, contribution)
     assert head_info(load_policy_text(text, "policy.yaml").policy, repo, notes).owned_changes == (notes, owned)
+
+
+def test_the_base_run_tells_a_new_package_from_a_widened_matrix(repo):
+    """Against `base` the contribution is new: nothing to compare with (and nothing imported from elsewhere).
+    A later change admitting TP 4 is compared with the contribution it changes: the matrix widens."""
+    loaded = load_policy_text(POLICY.replace("TIMEOUT", "60"), "policy.yaml")
+    evidence = collect(loaded, repo, "base", (), Console(quiet=True))
+    assert "not in the base commit" in evidence.base_guard_probes.error
+    verdict = evaluate(loaded, changes_from_git(repo, "base"), Provenance(declared=True), evidence,
+                       snapshot=GitSnapshot(repo, "HEAD"))
+    assert verdict.blast_radius[0].change == "unknown"
+
+    git(repo, "tag", "contribution")
+    support = repo / "tiny" / "support.py"
+    support.write_text(support.read_text().replace("tp=(8, 16)", "tp=(4, 8, 16)"))
+    commit(repo, "admit TP 4")
+    evidence = collect(loaded, repo, "contribution", (), Console(quiet=True))
+    assert evidence.base_support_axes.axes == {"tp": (8, 16), "batch": (1, 64)}
+    verdict = evaluate(loaded, changes_from_git(repo, "contribution"), Provenance(declared=True), evidence,
+                       snapshot=GitSnapshot(repo, "HEAD"))
+    [radius] = verdict.blast_radius
+    assert (radius.change, radius.widened, radius.newly_accepted_probes) == ("widens", {"tp": (4,)}, ("tp4",))
+    assert {c.id: c.status for c in verdict.checks}["startup_guard"] is Status.failed  # tp4 must be rejected

@@ -64,7 +64,7 @@ def test_terminal_output_to_a_file(policy_file, gatekeeper, tmp_path):
     assert "\x1b[" not in text  # no colour codes in a file
 
 
-def test_the_demo_is_neutral_loudly_and_strict_makes_it_fail(gatekeeper, capsys):
+def test_without_its_evidence_the_demo_is_neutral_loudly_and_strict_makes_it_fail(gatekeeper, capsys):
     args = ["check", "--policy", ROOT / "policies" / "kimi-k3-latency-specialized.yaml", *_pr_args(CONFINED)]
     result = gatekeeper(*args, "--format", "json")
     assert result.returncode == 0, result.stderr
@@ -74,6 +74,39 @@ def test_the_demo_is_neutral_loudly_and_strict_makes_it_fail(gatekeeper, capsys)
     assert "the verdict is NEUTRAL, which is not a pass: exit 0; --strict makes it exit 1" in result.stderr
     assert main([*map(str, args), "--format", "json", "--strict"]) == 1
     assert "exit 1 (--strict)" in capsys.readouterr().err
+
+
+def test_the_demo_with_its_collected_evidence_decides_every_rule_and_states_its_blast_radius(gatekeeper):
+    """`make demo`: the example's evidence was made by `gatekeeper collect` (examples/build.py)."""
+    args = ["check", "--policy", ROOT / "policies" / "kimi-k3-latency-specialized.yaml", *_pr_args(CONFINED),
+            "--evidence", CONFINED / "evidence.json"]
+    result = gatekeeper(*args, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert {c["id"]: c["status"] for c in data["checks"]} == {
+        "confinement": "pass", "startup_guard": "pass", "changed_path_tests": "pass", "perf_matrix": "pass"}
+    assert data["verdict"] == "pass" and result.stderr == ""
+    [radius] = data["blast_radius"]
+    assert radius["statement"].startswith("Kimi K3 on sm_90, TP 8 or 16, DCP 1, batch <= 64")
+    assert radius["change"] == "guard_changed" and radius["widened"] == {}
+    markdown = gatekeeper(*args, "--format", "markdown").stdout
+    assert "### Blast radius" in markdown and "guard code changed, same admitted deployments" in markdown
+
+
+def test_the_example_that_widens_the_matrix_fails_on_the_guard_and_says_what_it_widens(gatekeeper):
+    widens = ROOT / "examples" / "pr-widens-guard"
+    result = gatekeeper("check", "--policy", ROOT / "policies" / "kimi-k3-latency-specialized.yaml", *_pr_args(widens),
+                        "--evidence", widens / "evidence.json", "--format", "json")
+    assert result.returncode == 1, result.stderr
+    data = json.loads(result.stdout)
+    guard = next(c for c in data["checks"] if c["id"] == "startup_guard")
+    assert guard["status"] == "fail"
+    assert "probe 'tp4' (expect reject): the guard accepted a deployment it must reject" in [
+        f["message"] for f in guard["findings"]]
+    [radius] = data["blast_radius"]
+    assert radius["change"] == "widens" and radius["widened"] == {"tp": [4]}
+    assert radius["newly_accepted_probes"] == ["tp4"]
+    assert [s["agent"] for s in data["signals"] if s["kind"] == "trailer"][0] == "claude-code"
 
 
 def _git(repo: Path, *args: str) -> str:

@@ -8,7 +8,8 @@ from gatekeeper.verdict import CheckResult, Status, Verdict
 
 def test_json_is_the_versioned_contract(verdict):
     data = json.loads(render_json(verdict))
-    assert set(data) == {"schema_version", "verdict", "policy", "agent_assisted", "signals", "checks", "mode"}
+    assert set(data) == {"schema_version", "verdict", "policy", "agent_assisted", "signals", "checks", "mode",
+                         "blast_radius", "packages"}  # the last two added within version 1
     assert data["schema_version"] == 1
     assert data["policy"] == {"name": "kimi-k3-latency-specialized", "sha256": "ab" * 32}
     assert [c["status"] for c in data["checks"]] == ["fail", "pass", "neutral", "skipped"]
