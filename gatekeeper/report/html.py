@@ -16,7 +16,7 @@ from typing import Any
 
 import jinja2
 
-from gatekeeper.report.text import one_line, visible
+from gatekeeper.report.text import BLAST_CHANGE_TEXT, one_line, visible
 from gatekeeper.verdict import CheckResult, Status, Verdict
 
 # The page allows nothing but its own inline styles and a data: icon (which also stops the browser asking the
@@ -39,7 +39,7 @@ _ENV = jinja2.Environment(
 _ENV.filters["v"] = lambda value: visible(str(value))  # hidden characters shown, never interpreted
 _ENV.filters["line"] = lambda value: one_line(str(value))
 _ENV.filters["json"] = lambda value: json.dumps(value, indent=2, sort_keys=True, default=str)
-_ENV.globals.update(cell_w=CELL_W, cell_h=CELL_H, strip_h=16)
+_ENV.globals.update(cell_w=CELL_W, cell_h=CELL_H, strip_h=16, blast_change_text=BLAST_CHANGE_TEXT)
 
 
 @dataclass(frozen=True)
@@ -80,8 +80,8 @@ class Heatmap:
 
 def render_html(verdict: Verdict, *, subject: str | None = None, raw: dict[str, Any] | None = None) -> str:
     """The page. `subject` says what was judged ("owner/repo#12 at 1a2b3c4"); `raw` is the verdict as JSON data
-    when it may carry fields this version does not model, each shown only when present: a blast radius, and what
-    the App adds (an `override` of the head, why CI's evidence counted as self-reported: `evidence_untrusted`)."""
+    when it may carry fields this version does not model, each shown only when present: what the App adds (an
+    `override` of the head, why CI's evidence counted as self-reported: `evidence_untrusted`)."""
     data = raw if raw is not None else verdict.model_dump(mode="json")
     checks = [_check_view(check) for check in verdict.checks]
     counts = {s.value: sum(1 for c in verdict.checks if c.status is s) for s in Status}
@@ -92,7 +92,6 @@ def render_html(verdict: Verdict, *, subject: str | None = None, raw: dict[str, 
         counts=counts,
         undecided=[c.id for c in verdict.checks if c.status is Status.neutral],
         overridden=bool(verdict.signals) and not verdict.agent_assisted,
-        blast_radius=data.get("blast_radius"),
         override=data.get("override"),
         evidence_untrusted=data.get("evidence_untrusted"),
         csp=CONTENT_SECURITY_POLICY,

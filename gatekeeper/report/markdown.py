@@ -15,7 +15,7 @@ from typing import Any, Literal
 import jinja2
 
 from gatekeeper.report.tables import details_table
-from gatekeeper.report.text import md_code, md_text, md_trusted
+from gatekeeper.report.text import BLAST_CHANGE_TEXT, md_code, md_text, md_trusted
 from gatekeeper.verdict import CheckId, CheckResult, Status, Verdict
 
 # GitHub rejects a check-run summary or a comment longer than this many characters.
@@ -42,7 +42,8 @@ _ENV.filters["trusted"] = md_trusted
 _ENV.filters["json"] = lambda value: json.dumps(value, indent=2, sort_keys=True, default=str)
 _ENV.filters["table"] = lambda rows: md_table(rows)
 _ENV.filters["fenced"] = lambda text, lang="": md_fenced(text, lang)
-_ENV.globals.update(status_icon=STATUS_ICONS, severity_icon=SEVERITY_ICONS, is_table=lambda v: _is_table(v))
+_ENV.globals.update(status_icon=STATUS_ICONS, severity_icon=SEVERITY_ICONS, is_table=lambda v: _is_table(v),
+                    blast_change_text=BLAST_CHANGE_TEXT)
 
 
 def render_markdown(

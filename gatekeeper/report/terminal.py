@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gatekeeper.report.tables import details_table
-from gatekeeper.report.text import md_trusted, one_line
+from gatekeeper.report.text import BLAST_CHANGE_TEXT, md_trusted, one_line
 from gatekeeper.verdict import CheckResult, Status, Verdict
 
 _STATUS_STYLES = {"pass": "bold green", "fail": "bold red", "neutral": "bold yellow", "skipped": "dim"}
@@ -70,9 +70,6 @@ def _signals(verdict: Verdict) -> Text:
     return text
 
 
-_CHANGE_TEXT = {"widens": "WIDENS what the guard admits", "narrows": "narrows what the guard admits",
-                "guard_changed": "guard code changed, same admitted deployments",
-                "kernel_only": "kernels only: the admitted deployments are unchanged", "unknown": "not compared with the base"}
 
 
 def _blast_radius(verdict: Verdict) -> Text:
@@ -80,7 +77,7 @@ def _blast_radius(verdict: Verdict) -> Text:
     for radius in verdict.blast_radius:
         text.append(f"  {one_line(radius.package)}: ", style="magenta")
         text.append(one_line(radius.statement) + "\n")
-        text.append(f"    change: {_CHANGE_TEXT[radius.change]}\n", style="bold red" if radius.change == "widens" else "")
+        text.append(f"    change: {BLAST_CHANGE_TEXT[radius.change]}\n", style="bold red" if radius.change == "widens" else "")
         for axis, values in radius.widened.items():
             text.append(f"    newly admitted {one_line(axis)}: {one_line(', '.join(map(str, values)))}\n", style="red")
         if radius.newly_accepted_probes:

@@ -61,3 +61,13 @@ def md_trusted(markdown: str) -> str:
     message), so hidden characters are still shown and @mentions still broken."""
     lines = (visible(line) for line in markdown.replace("\r\n", "\n").split("\n"))
     return "\n".join(lines).replace("@", "@\u2060")
+
+
+# What a blast radius's change kind (verdict.ChangeKind) means, as every report says it.
+BLAST_CHANGE_TEXT = {
+    "widens": "widens what the guard admits",
+    "narrows": "narrows what the guard admits",
+    "guard_changed": "guard code changed, same admitted deployments",
+    "kernel_only": "kernels only: the admitted deployments are unchanged",
+    "unknown": "not compared with the base",
+}

@@ -68,10 +68,14 @@ def test_pr_controlled_text_cannot_inject_markup(page_verdict):
 
 
 def test_blast_radius_is_shown_only_when_the_verdict_has_one(page_verdict):
+    from gatekeeper.verdict import BlastRadius
+
     assert "Blast radius" not in render_html(page_verdict)
-    raw = {**page_verdict.model_dump(mode="json"), "blast_radius": {"callers": [{"path": "vllm/x.py", "line": 3}]}}
-    page = render_html(page_verdict, raw=raw)
-    assert 'id="blast-radius"' in page and "vllm/x.py" in page
+    radius = BlastRadius(package="kimi_k3/nvidia", statement="Kimi K3 on sm_90, TP 8 or 16 <b>", change="widens",
+                         widened={"tp": (4,)}, newly_accepted_probes=("tp4",))
+    page = render_html(page_verdict.model_copy(update={"blast_radius": (radius,)}))
+    assert 'id="blast-radius"' in page and "kimi_k3/nvidia" in page and "widens what the guard admits" in page
+    assert "newly admitted tp: 4" in page and "accepted now: tp4" in page and "&lt;b&gt;" in page
 
 
 @pytest.mark.browser
