@@ -51,7 +51,7 @@ fi
 
 bench_rc=0
 if [ "${BENCH:-1}" = 1 ]; then
-  python3 -m benchmarks.kimi_k3.bench --layer kda_moe,mla_moe,moe --tp 8,16 --batch 1,2,4,8,16,32,64 \
+  python3 -m benchmarks.kimi_k3.bench --layer kda_moe,mla_moe,moe,step --tp 8,16 --batch 1,2,4,8,16,32,64 \
     --candidate kernels --replays "${REPLAYS:-200}" --commit "$SHA" --out "$OUT/perf/h200.json" 2>&1 | tee "$OUT/bench.log"
   bench_rc=${PIPESTATUS[0]}
 fi

@@ -20,9 +20,13 @@ specialized path: the same stock-like layer with its latent MoE replaced by
 `kimi_k3_path.kernels.moe.latent_moe_decode` (`--candidate kernels`), or the stock ops themselves
 (`--candidate stock`: an A/A measurement until kernels land). `auto` takes the kernels when they import.
 
-Byte floor: the bytes one layer step must move (every weight it reads once, only the experts the batch routes
-to and at their unpadded size, the KDA state read and written, the MLA cache rows read, the residual stream)
-over 4.3e12 B/s, the device-to-device copy bandwidth measured on the H200 (see ../shared/gpu/README.md).
+Byte floor (floors.py): the bytes one step must move (every weight it reads once, only the experts the batch routes
+to and at their unpadded size, the KDA state read and written, the MLA cache rows read, the residual stream) over
+4.3e12 B/s, the device-to-device copy bandwidth measured on the H200.
+
+`--layer step` measures a whole decode step of one rank instead of one layer: the model's first layers (by default its
+first AttnRes block) in one CUDA graph per batch, stock-like against the same step with the CuTe DSL MoE in every MoE
+layer (step.py).
 """
 
 from __future__ import annotations
@@ -37,13 +41,15 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-LAYERS = ("kda_moe", "mla_moe", "moe")
-COPY_BANDWIDTH = 4.3e12  # B/s, device-to-device copy on the H200
+from benchmarks.kimi_k3 import step as step_stack
+from benchmarks.kimi_k3.floors import floor_us, layer_bytes
+
+LAYERS = ("kda_moe", "mla_moe", "moe", "step")
 L2_BYTES_DEFAULT = 60 * 2**20
 MAX_COPIES = 8
 MIN_STEPS_PER_GRAPH = 12  # layer steps per CUDA graph (see time_variants)
@@ -77,7 +83,10 @@ def _layer_list(text: str) -> tuple[str, ...]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.kimi_k3.bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--layer", type=_layer_list, default=("kda_moe", "mla_moe"), help="kda_moe, mla_moe, moe (comma list)")
+    p.add_argument("--layer", type=_layer_list, default=("kda_moe", "mla_moe"),
+                   help="kda_moe, mla_moe, moe (the MoE block alone), step (a stack of layers, step.py) (comma list)")
+    p.add_argument("--step-layers", type=int,
+                   help="--layer step: the first N layers of the model (default: its first AttnRes block)")
     p.add_argument("--tp", type=_int_list, default=(8, 16))
     p.add_argument("--batch", type=_int_list, default=(1, 2, 4, 8, 16, 32, 64))
     p.add_argument("--out", type=Path, help="write the PerfEvidence JSON here")
@@ -104,6 +113,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.candidate = "stock"
     if args.replays < 1 or args.context < 1 or args.page < 1:
         p.error("--replays, --context and --page must be positive")
+    if args.step_layers is not None and args.step_layers < 1:
+        p.error("--step-layers must be positive")
     return args
 
 
@@ -126,9 +137,10 @@ def measurement_of(samples_us: list[float]) -> dict[str, float | int]:
     return {"median": median, "spread_pct": (pct(0.9) - pct(0.1)) / median * 100.0, "runs": len(ordered)}
 
 
-def time_variants(variants: dict[str, list[Callable[[], Any]]], replays: int, device: str) -> dict[str, list[float]]:
-    """Per variant, timings in microseconds per layer step (`replays` steps in all on the GPU, in samples that each
-    average MIN_STEPS_PER_GRAPH or more); each variant has one callable per copy."""
+def time_variants(variants: dict[str, list[Callable[[], Any]]], replays: int, device: str,
+                  steps_per_graph: int = MIN_STEPS_PER_GRAPH) -> dict[str, list[float]]:
+    """Per variant, timings in microseconds per step (`replays` steps in all on the GPU, in samples that each
+    average `steps_per_graph` or more); each variant has one callable per copy."""
     import torch
 
     if device == "cpu":
@@ -140,8 +152,8 @@ def time_variants(variants: dict[str, list[Callable[[], Any]]], replays: int, de
                 samples[name].append((time.perf_counter() - start) * 1e6)
         return {name: per_cycle(times, len(variants[name])) for name, times in samples.items()}
 
-    # One graph per variant: its copies in order, the cycle repeated until the graph holds MIN_STEPS_PER_GRAPH layer
-    # steps. Consecutive steps still touch different copies (a cycle moves >= 4x the L2), and the ~9 us a graph launch
+    # One graph per variant: its copies in order, the cycle repeated until the graph holds `steps_per_graph` (for a
+    # layer, MIN_STEPS_PER_GRAPH) steps. Consecutive steps still touch different copies (a cycle moves >= 4x the L2), and the ~9 us a graph launch
     # costs between two events (bench_gemv: one tiny kernel per graph 9.2 us, 30 per graph 1.2 us each) is spread
     # over the steps as a decode step's graph spreads it over all its layers. A sample is one replay / its steps.
     graphs: dict[str, torch.cuda.CUDAGraph] = {}
@@ -154,7 +166,7 @@ def time_variants(variants: dict[str, list[Callable[[], Any]]], replays: int, de
                 fn()
                 fn()
         torch.cuda.current_stream().wait_stream(side)
-        cycles = math.ceil(MIN_STEPS_PER_GRAPH / len(fns))
+        cycles = math.ceil(steps_per_graph / len(fns))
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             for _ in range(cycles):
@@ -187,28 +199,6 @@ def per_cycle(replay_us: list[float], copies: int) -> list[float]:
 # Workloads
 
 
-def tensor_bytes(obj: Any, skip: tuple[str, ...] = ()) -> int:
-    """Bytes of every tensor field of a dataclass (recursively), except the named fields."""
-    import torch
-
-    total = 0
-    for f in fields(obj):
-        if f.name in skip:
-            continue
-        value = getattr(obj, f.name)
-        if isinstance(value, torch.Tensor):
-            total += value.numel() * value.element_size()
-        elif is_dataclass(value):
-            total += tensor_bytes(value, skip)
-    return total
-
-
-def expert_bytes(latent: int, inter: int) -> int:
-    """One expert's MXFP4 w13 and w2 with their scales, unpadded."""
-    per_matrix = 2 * inter * latent  # w13 elements; w2 has half as many
-    return (per_matrix + per_matrix // 2) // 2 + (per_matrix + per_matrix // 2) // 32
-
-
 @dataclass
 class Case:
     layer: str
@@ -218,6 +208,7 @@ class Case:
     candidate: list[Callable[[], Any]]
     floor_bytes: int
     note: str
+    steps_per_graph: int = MIN_STEPS_PER_GRAPH  # a whole decode step is one graph, as in a server
 
 
 class CandidateMoe:
@@ -284,6 +275,10 @@ class Bench:
     def cases(self, layer: str, tp: int) -> Iterator[Case]:
         import torch
 
+        if layer == "step":
+            yield from self.step_cases(tp)
+            return
+
         from kimi_k3_path.reference import (
             LayerPosition, random_kda_state, random_kda_weights, random_layer_norms, random_mla_weights,
             random_moe_weights, random_paged_cache, random_residual_stream,
@@ -336,7 +331,7 @@ class Bench:
                     item["cache"] = random_paged_cache(dims.mla, [self.args.context + 1] * batch, self.args.page, gen)
                 inputs.append(item)
                 if c == 0:
-                    floor = self.floor_bytes(layer, dims, pos, weights[0], item)
+                    floor = layer_bytes(layer, dims, pos, weights[0], item, item["x"])
                     copies = self.copies_for(floor)
             pairs = list(zip(weights, inputs))
             base_fns = [self.layer_fn(layer, dims, pos, w, item, None) for w, item in pairs]
@@ -353,6 +348,81 @@ class Bench:
                 f"layer {pos.layer} (0-based); {copies} copies of weights+inputs rotated; "
                 f"floor = {floor} B / 4.3e12 B/s; stock expert intermediate {dims.stock_intermediate}{ctx}{checked}"
             ))
+
+    def step_cases(self, tp: int) -> Iterator[Case]:
+        """`--layer step`: per batch, the first layers of the model as one decode step (step.py), both variants on
+        their own copies of one random state, checked at the first batch (check_step)."""
+        import torch
+
+        from kimi_k3_path.config import shard_shapes
+        from kimi_k3_path.executor import StepBatch, build_executor
+        from kimi_k3_path.reference.dims import layer_dims
+        from kimi_k3_path.support import Deployment
+
+        dims = layer_dims(self.config, tp)
+        try:
+            layers = step_stack.stack_layers(self.config, self.args.step_layers or dims.attn_res_block)
+        except ValueError as exc:
+            raise BenchError(str(exc)) from exc
+        ref_weights = step_stack.random_weights(layers, dims, shard_shapes(self.config, tp).dense_intermediate,
+                                                self.generator(10_000 * tp + 100 * LAYERS.index("step")))
+        kernels = (lambda w: CandidateMoe(w, dims.moe, self.device)) if self.candidate_kind == "kernels" else None
+        stack = step_stack.DeviceStack(layers, ref_weights, dims, self.device, kernels, self.sms())
+        arch = "cpu" if self.device == "cpu" else "sm_{}{}".format(*torch.cuda.get_device_capability(0))
+        executor = build_executor(Deployment(arch=arch, tp=tp, max_batch=max(self.args.batch)))
+        for batch in self.args.batch:
+            gen = self.generator(2_000_000 + 10_000 * tp + 100 * batch)
+            x = torch.randn(batch, dims.moe.hidden, generator=gen, device=self.device).to(torch.bfloat16)
+            states = step_stack.random_states(layers, dims, batch, self.args.context, self.args.page, gen)
+            checked = ""
+            if batch == self.args.batch[0]:
+                checked = "; " + self.check_step(stack, ref_weights, x, states, tp, batch)
+            floor = stack.floor_bytes(x, states)
+            base_fn, cand_fn = (stack.step_fn(x, states, specialized=s) for s in (False, True))
+            for fn in (base_fn, cand_fn):  # compile and autotune outside the profiler
+                fn()
+            decision = executor.decide(StepBatch.decode([self.args.context] * batch))
+            yield Case("step", tp, batch, [base_fn], [cand_fn], floor, (
+                f"baseline = stock-like step ({self.kernel_count(base_fn)} kernels); {self.candidate_note} in every "
+                f"MoE layer ({self.kernel_count(cand_fn)} kernels); {step_stack.describe(layers)}; one step per CUDA "
+                f"graph; executor decision for this batch: {decision.path} ({decision.reason}); MLA context "
+                f"{self.args.context} tokens, page {self.args.page}; no TP all-reduce (one GPU); floor = {floor} B / "
+                f"4.3e12 B/s{checked}"
+            ), steps_per_graph=1)
+
+    def check_step(self, stack: Any, ref_weights: list[Any], x: Any, states: list[Any], tp: int, batch: int) -> str:
+        """Before timing, each variant runs the step once on its own copy of `states`: both outputs must be finite, and
+        the specialized MoE of every layer, on the input the step gave it, within 1e-2 of the fp32 reference MoE (the
+        per-layer rows' bar). How far the two steps' outputs are apart is reported, not judged: one near-tie in the
+        top-k selection (bf16 upstream) routes a token differently and moves the output of every later layer, so no
+        tolerance separates that from a fault; tests/benchmarks/kimi_k3/test_step.py checks the composition with
+        routing margins instead. Returns the note text; BenchError on a failure."""
+        import torch
+
+        from kimi_k3_path.reference import latent_moe, rel_err
+
+        moe_inputs: dict[int, Any] = {}
+        outputs = {
+            "stock-like": stack.step_fn(x, states, specialized=False)(),
+            "specialized": stack.step_fn(x, states, specialized=True,
+                                         observe=lambda i, h: moe_inputs.__setitem__(i, h.clone()))(),
+        }
+        for name, out in outputs.items():
+            if not torch.isfinite(out).all():
+                raise BenchError(f"step tp={tp} batch={batch}: the {name} step's output is not finite")
+        moe_errors = []
+        for i, part in enumerate(stack.parts):
+            if part.get("kernels") is not None:
+                h = moe_inputs[i]
+                err = rel_err(part["kernels"](h), latent_moe(h.float(), ref_weights[i].moe, stack.dims.moe))
+                if not err < 1e-2:
+                    raise BenchError(f"step tp={tp} batch={batch}: layer {i}'s candidate MoE is {err:.3g} from the "
+                                     "fp32 reference (bar 1e-2)")
+                moe_errors.append(err)
+        apart = rel_err(outputs["specialized"], outputs["stock-like"])
+        checked = (f"candidate MoE rel err vs the fp32 reference, worst of {len(moe_errors)} layers "
+                   f"{max(moe_errors):.2e}; " if moe_errors else "")
+        return checked + f"specialized vs stock-like step output rel err {apart:.2e}"
 
     def attention_fn(self, layer: str, dims: Any, pos: Any, w: dict[str, Any], item: dict[str, Any]) -> Callable[[], Any]:
         """A closure computing the MoE input of one decode step on copy `item`: the stock attention part (the same
@@ -416,34 +486,6 @@ class Bench:
                 print(f"    {sum(times):9.1f} us {len(times):3d}x  {name}")
         return len(profile)
 
-    def floor_bytes(self, layer: str, dims: Any, pos: Any, w: dict[str, Any], item: dict[str, Any]) -> int:
-        """Bytes one step must move at minimum (module docstring); experts: those this batch routes to."""
-        from benchmarks.kimi_k3 import stock
-
-        moe = w["moe"]
-        x = item["x"]
-        ids, _ = stock.route(x, moe, dims.moe)
-        active = int(ids.unique().numel())
-        act = x.element_size()
-        total = tensor_bytes(moe, skip=("w13_packed", "w13_scales", "w2_packed", "w2_scales"))
-        total += active * expert_bytes(dims.moe.latent, dims.moe.intermediate)
-        m, h = x.shape
-        total += 2 * m * h * act  # MoE input and output
-        if layer == "moe":
-            return total
-        total += tensor_bytes(w["norms"])
-        # Each AttnRes mix reads its blocks, the prefix and the delta, and writes the prefix and its output.
-        total += (pos.blocks_before_attn + pos.blocks_before_mlp + 8) * m * h * act
-        if layer == "kda_moe":
-            state = item["state"]
-            total += tensor_bytes(w["kda"])
-            total += 2 * state.recurrent.numel() * 4 + 2 * state.conv.numel() * act  # read + write
-        else:
-            cache = item["cache"]
-            total += tensor_bytes(w["mla"])
-            total += int(cache.seq_lens.sum()) * dims.mla.cache_row * act + m * dims.mla.cache_row * act
-        return total
-
 
 def hardware(device: str) -> dict[str, Any]:
     if device == "cpu":
@@ -489,6 +531,7 @@ def case_argv(args: argparse.Namespace, layer: str, tp: int, commit: str) -> lis
     """The arguments that measure only (layer, tp) of `args`, in the process they start."""
     argv = ["--layer", layer, "--tp", str(tp), "--batch", ",".join(map(str, args.batch)), "--config", args.config,
             "--context", str(args.context), "--page", str(args.page), "--replays", str(args.replays),
+            *(["--step-layers", str(args.step_layers)] if args.step_layers else []),
             "--candidate", args.candidate, "--commit", commit, "--seed", str(args.seed), "--processes", "one"]
     return argv + ["--breakdown"] * args.breakdown + ["--cpu-smoke"] * args.cpu_smoke
 
@@ -559,18 +602,23 @@ def run(args: argparse.Namespace, on_rows: Callable[[Any], None] | None = None) 
     for layer in args.layer:
         for tp in args.tp:
             for case in bench.cases(layer, tp):
-                samples = time_variants({"baseline": case.baseline, "candidate": case.candidate}, args.replays, device)
+                samples = time_variants({"baseline": case.baseline, "candidate": case.candidate}, args.replays, device,
+                                        case.steps_per_graph)
                 base, cand = measurement_of(samples["baseline"]), measurement_of(samples["candidate"])
-                floor_us = case.floor_bytes / COPY_BANDWIDTH * 1e6
+                floor = floor_us(case.floor_bytes)
                 print(f"{layer:8} {tp:>3} {case.batch:>5} {base['median']:>12.1f} {base['spread_pct']:>8.1f} "
-                      f"{cand['median']:>13.1f} {cand['spread_pct']:>8.1f} {floor_us:>9.1f} {base['median'] / floor_us:>10.2f}", flush=True)
+                      f"{cand['median']:>13.1f} {cand['spread_pct']:>8.1f} {floor:>9.1f} {base['median'] / floor:>10.2f}", flush=True)
+                note = case.note
+                if layer == "step":
+                    note += (f"; tokens/s per rank: {case.batch / cand['median'] * 1e6:.0f} specialized, "
+                             f"{case.batch / base['median'] * 1e6:.0f} stock-like")
                 rows.append({
                     "axes": {
                         "arch": hw["arch"] or "cpu", "tp": tp, "dcp": 1, "batch": case.batch,
                         "spec": spec_label(None, 0), "layer": layer,
                     },
                     "metric": "latency", "unit": "us", "candidate": cand, "baseline": base,
-                    "floor": floor_us, "note": case.note,
+                    "floor": floor, "note": note,
                 })
                 del case
                 if device == "cuda":

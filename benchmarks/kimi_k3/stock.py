@@ -19,6 +19,7 @@ Per layer, in order (one rank; TP collectives are not part of a single-GPU per-r
        sort by expert, W4A16 grouped expert GEMM w13, SiTU-GLU, W4A16 grouped GEMM w2 (times the routing
        weight), sum over top-k, latent RMSNorm, shared gate_up GEMM, SiTU-GLU, shared down GEMM,
        up-proj GEMM accumulating the shared output (addmm, as vLLM's `residual.addmm_`)
+  Dense MLP (layer 0 only) ............ gate_up GEMM (cuBLAS), SiTU-GLU (Triton), down GEMM (cuBLAS)
 
 Where and why this differs from vLLM's real SM90 path:
   - Experts: Hopper has no FP4 tensor cores, so stock runs MXFP4 experts W4A16 through Marlin/Humming CUDA
@@ -51,7 +52,7 @@ import triton
 import triton.language as tl
 
 from kimi_k3_path.reference.kda import KdaDims, KdaWeights
-from kimi_k3_path.reference.layers import LayerNorms, LayerPosition
+from kimi_k3_path.reference.layers import DenseMlpWeights, LayerNorms, LayerPosition
 from kimi_k3_path.reference.mla import MlaDims, MlaWeights, PagedLatentCache
 from kimi_k3_path.reference.moe import MoeDims, MoeWeights
 
@@ -532,6 +533,23 @@ class GpuMla:
         )
 
 
+@dataclass(frozen=True)
+class GpuDense:
+    """The dense SiTU MLP of layer 0: gate rows then up rows, as vLLM merges them."""
+
+    gate_up: torch.Tensor  # [2*I, H] bf16
+    down: torch.Tensor  # [H, I] bf16
+
+    @staticmethod
+    def from_reference(w: DenseMlpWeights, device: torch.device | str) -> GpuDense:
+        return GpuDense(**_to_device(w, device, set()))
+
+
+def dense_mlp(x: torch.Tensor, w: GpuDense) -> torch.Tensor:
+    """Layer 0's MLP as stock runs it: gate_up GEMM, SiTU-GLU, down GEMM."""
+    return situ_mul(x @ w.gate_up.t()) @ w.down.t()
+
+
 def pad_expert_intermediate(w: MoeWeights, inter: int, padded: int) -> MoeWeights:
     """Zero-pad each expert's intermediate from `inter` to `padded` rows (w13: gate and up halves separately;
     w2: columns), as stock vLLM does at TP16. Zero weights add exactly zero: situ_glu(0, 0) = 0."""
@@ -644,7 +662,9 @@ class GpuKdaState:
 
     @staticmethod
     def from_reference(state: Any, device: torch.device | str) -> GpuKdaState:
-        return GpuKdaState(state.conv.to(device, _ACT).contiguous(), state.recurrent.to(device, torch.float32).contiguous())
+        # Copies always: the state is updated in place, and `.to` returns the fp32 recurrent state itself on the CPU.
+        return GpuKdaState(state.conv.to(device, _ACT, copy=True).contiguous(),
+                           state.recurrent.to(device, torch.float32, copy=True).contiguous())
 
 
 def kda_attention(x: torch.Tensor, w: GpuKda, state: GpuKdaState, d: KdaDims) -> torch.Tensor:
@@ -687,7 +707,7 @@ class GpuLatentCache:
         page = cache.pages.shape[1]
         slots = [cache.slot(i, int(n) - 1) for i, n in enumerate(cache.seq_lens.tolist())]
         return GpuLatentCache(
-            pages=cache.pages.to(device, _ACT).contiguous(),
+            pages=cache.pages.to(device, _ACT, copy=True).contiguous(),  # written in place
             block_table=cache.block_table.to(device, torch.int32).contiguous(),
             seq_lens=cache.seq_lens.to(device, torch.int32),
             slots=torch.tensor([pg * page + off for pg, off in slots], dtype=torch.int64, device=device),
@@ -743,7 +763,8 @@ class GpuStream:
 
     @staticmethod
     def from_reference(stream: Any, device: torch.device | str) -> GpuStream:
-        return GpuStream(stream.blocks.to(device, _ACT).contiguous(), stream.prefix.to(device, _ACT).contiguous())
+        return GpuStream(stream.blocks.to(device, _ACT, copy=True).contiguous(),
+                         stream.prefix.to(device, _ACT, copy=True).contiguous())
 
 
 def _pre_attention(delta: torch.Tensor, s: GpuStream, n: GpuNorms, pos: LayerPosition) -> torch.Tensor:
@@ -789,6 +810,14 @@ def kda_moe_layer(
 ) -> torch.Tensor:
     """One KDA + MoE decode layer; updates `stream` and `state` in place and returns the layer output."""
     return latent_moe(kda_attention_part(delta, stream, norms, kda, state, pos, kda_dims), moe, moe_dims)
+
+
+def kda_dense_layer(
+    delta: torch.Tensor, stream: GpuStream, norms: GpuNorms, kda: GpuKda, dense: GpuDense, state: GpuKdaState,
+    pos: LayerPosition, kda_dims: KdaDims,
+) -> torch.Tensor:
+    """Layer 0 (KDA + dense MLP); updates `stream` and `state` in place and returns the layer output."""
+    return dense_mlp(kda_attention_part(delta, stream, norms, kda, state, pos, kda_dims), dense)
 
 
 def mla_moe_layer(

@@ -99,6 +99,14 @@ def random_layer_norms(hidden: int, gen: torch.Generator) -> LayerNorms:
     return LayerNorms(attn=random_attn_res_weights(hidden, gen), mlp=random_attn_res_weights(hidden, gen))
 
 
+def random_dense_mlp_weights(hidden: int, intermediate: int, gen: torch.Generator) -> DenseMlpWeights:
+    """intermediate: per rank (config.shard_shapes(...).dense_intermediate)."""
+    return DenseMlpWeights(
+        gate_up=torch.randn(2 * intermediate, hidden, generator=gen, device=gen.device) / hidden**0.5,
+        down=torch.randn(hidden, intermediate, generator=gen, device=gen.device) / intermediate**0.5,
+    )
+
+
 def random_kda_moe_layer(kda: KdaDims, moe: MoeDims, gen: torch.Generator) -> KdaMoeLayerWeights:
     return KdaMoeLayerWeights(random_layer_norms(moe.hidden, gen), random_kda_weights(kda, gen), random_moe_weights(moe, gen))
 

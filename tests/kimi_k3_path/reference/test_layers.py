@@ -5,7 +5,6 @@ import torch
 
 from kimi_k3_path.reference import (
     AttnResWeights,
-    DenseMlpWeights,
     KdaDenseLayerWeights,
     LayerPosition,
     MoeDims,
@@ -17,6 +16,7 @@ from kimi_k3_path.reference import (
     mla_decode,
     mla_moe_layer,
     naive,
+    random_dense_mlp_weights,
     random_kda_moe_layer,
     random_kda_state,
     random_kda_weights,
@@ -87,8 +87,7 @@ def test_the_dense_first_layer_composes_the_naive_ops(gen, kda_dims):
     w = KdaDenseLayerWeights(
         norms=random_kda_moe_layer(kda_dims, MoeDims(hidden, 32, 4, 2, 32, 32), gen).norms,
         kda=random_kda_weights(kda_dims, gen),
-        mlp=DenseMlpWeights(gate_up=torch.randn(2 * inter, hidden, generator=gen) / hidden**0.5,
-                            down=torch.randn(hidden, inter, generator=gen) / inter**0.5),
+        mlp=random_dense_mlp_weights(hidden, inter, gen),
     )
     state = random_kda_state(kda_dims, 2, gen)
     embeddings = torch.randn(2, hidden, generator=gen)

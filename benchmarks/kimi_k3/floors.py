@@ -1,0 +1,75 @@
+"""The byte floor of a decode layer or step: the bytes it must move at minimum, and the time that takes at the H200's
+measured device-to-device copy rate. Every weight read once (only the experts the batch routes to, at their
+unpadded MXFP4 size), the KDA state read and written, the MLA cache rows read and the new row written, the residual
+stream's AttnRes sources read and the mix written, the layer's input and output."""
+
+from __future__ import annotations
+
+from dataclasses import fields, is_dataclass
+from typing import Any
+
+COPY_BANDWIDTH = 4.3e12  # B/s, device-to-device copy on the H200
+EXPERT_TENSORS = ("w13_packed", "w13_scales", "w2_packed", "w2_scales")
+
+
+def floor_us(floor_bytes: int) -> float:
+    return floor_bytes / COPY_BANDWIDTH * 1e6
+
+
+def tensor_bytes(obj: Any, skip: tuple[str, ...] = ()) -> int:
+    """Bytes of every tensor field of a dataclass (recursively), except the named fields."""
+    import torch
+
+    total = 0
+    for f in fields(obj):
+        if f.name in skip:
+            continue
+        value = getattr(obj, f.name)
+        if isinstance(value, torch.Tensor):
+            total += value.numel() * value.element_size()
+        elif is_dataclass(value):
+            total += tensor_bytes(value, skip)
+    return total
+
+
+def expert_bytes(latent: int, inter: int) -> int:
+    """One expert's MXFP4 w13 and w2 with their scales, unpadded."""
+    per_matrix = 2 * inter * latent  # w13 elements; w2 has half as many
+    return (per_matrix + per_matrix // 2) // 2 + (per_matrix + per_matrix // 2) // 32
+
+
+def moe_bytes(moe: Any, x: Any, dims: Any) -> int:
+    """The latent-MoE block (`stock.GpuMoe` weights) on input x [M, H]: its dense weights, the experts x routes to,
+    the input and the output."""
+    from benchmarks.kimi_k3 import stock
+
+    ids, _ = stock.route(x, moe, dims)
+    active = int(ids.unique().numel())
+    return (tensor_bytes(moe, skip=EXPERT_TENSORS) + active * expert_bytes(dims.latent, dims.intermediate)
+            + 2 * x.numel() * x.element_size())
+
+
+def layer_bytes(layer: str, dims: Any, pos: Any, w: dict[str, Any], item: dict[str, Any], mlp_input: Any) -> int:
+    """One decode layer of kind `layer` ("kda_moe", "mla_moe", "kda_dense"; "moe": the MoE block alone) in the stock
+    layouts: `w` holds its weights ("norms", "kda"/"mla", "moe"/"dense"), `item` its state ("state"/"cache"), and
+    `mlp_input` [M, H] is what its MLP reads (it decides the routed experts)."""
+    m, h = mlp_input.shape
+    act = mlp_input.element_size()
+    if layer.endswith("_dense"):
+        total = tensor_bytes(w["dense"]) + 2 * m * h * act
+    else:
+        total = moe_bytes(w["moe"], mlp_input, dims.moe)
+    if layer == "moe":
+        return total
+    total += tensor_bytes(w["norms"])
+    # Each AttnRes mix reads its blocks, the prefix and the delta, and writes the prefix and its output.
+    total += (pos.blocks_before_attn + pos.blocks_before_mlp + 8) * m * h * act
+    if layer.startswith("kda"):
+        state = item["state"]
+        total += tensor_bytes(w["kda"])
+        total += 2 * state.recurrent.numel() * 4 + 2 * state.conv.numel() * act  # read + write
+    else:
+        cache = item["cache"]
+        total += tensor_bytes(w["mla"])
+        total += int(cache.seq_lens.sum()) * dims.mla.cache_row * act + m * dims.mla.cache_row * act
+    return total

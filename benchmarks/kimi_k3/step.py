@@ -1,0 +1,171 @@
+"""A whole decode step of one TP rank, for the bench's `--layer step` rows: the stack of real-shaped layers the model
+starts with (by default its first AttnRes block: layer 0 with KDA and the dense MLP, then KDA+MoE and MLA+MoE layers
+in the config's order), run layer after layer, captured by the bench as one CUDA graph per batch size.
+
+The two variants differ as the per-layer rows do: the stock-like step runs every layer as `stock.py`'s op sequence;
+the specialized step is the same step with each MoE block on the CuTe DSL kernels. Each step starts as vLLM starts
+one: the residual stream's prefix is the token embeddings, its blocks are empty and layer 0 has no delta; the KDA
+states and MLA caches persist from step to step. Not in the step: the embedding lookup, the final AttnRes mix and
+norm, the LM head, sampling, and the tensor-parallel all-reduces (one GPU; issue 40).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from benchmarks.kimi_k3.floors import layer_bytes
+
+KINDS = ("kda_dense", "kda_moe", "mla_moe")
+
+
+@dataclass(frozen=True)
+class StackLayer:
+    pos: Any  # reference.LayerPosition
+    kind: str  # one of KINDS
+
+    @property
+    def attention(self) -> str:
+        return self.kind.split("_")[0]
+
+
+def stack_layers(config: Any, count: int) -> tuple[StackLayer, ...]:
+    """The first `count` layers of the model, in order; ValueError for a count the model does not have."""
+    from kimi_k3_path.reference import LayerPosition
+
+    total = config.text_config.num_hidden_layers
+    if not 1 <= count <= total:
+        raise ValueError(f"a step of {count} layers: the model has 1..{total}")
+    block = config.text_config.attn_res_block_size
+    layers = tuple(
+        StackLayer(LayerPosition(i, block), f"{config.attention_kind(i)}_{config.mlp_kind(i)}") for i in range(count)
+    )
+    odd = [f"{layer.pos.layer} ({layer.kind})" for layer in layers if layer.kind not in KINDS]
+    if odd:
+        raise ValueError(f"layers {', '.join(odd)} are of a kind the step does not build ({', '.join(KINDS)})")
+    return layers
+
+
+def describe(layers: tuple[StackLayer, ...]) -> str:
+    counts = {kind: sum(layer.kind == kind for layer in layers) for kind in KINDS}
+    return f"layers 0-{len(layers) - 1}: " + ", ".join(f"{n} {kind}" for kind, n in counts.items() if n)
+
+
+def random_weights(layers: tuple[StackLayer, ...], dims: Any, dense_intermediate: int, gen: Any) -> list[Any]:
+    """The reference (fp32, MXFP4 experts) weights of every layer."""
+    from kimi_k3_path.reference import (
+        KdaDenseLayerWeights, random_dense_mlp_weights, random_kda_moe_layer, random_kda_weights, random_layer_norms,
+        random_mla_moe_layer,
+    )
+
+    def one(layer: StackLayer) -> Any:
+        if layer.kind == "kda_dense":
+            return KdaDenseLayerWeights(random_layer_norms(dims.moe.hidden, gen), random_kda_weights(dims.kda, gen),
+                                        random_dense_mlp_weights(dims.moe.hidden, dense_intermediate, gen))
+        if layer.kind == "kda_moe":
+            return random_kda_moe_layer(dims.kda, dims.moe, gen)
+        return random_mla_moe_layer(dims.mla, dims.moe, gen)
+
+    return [one(layer) for layer in layers]
+
+
+def random_states(layers: tuple[StackLayer, ...], dims: Any, batch: int, context: int, page: int, gen: Any) -> list[Any]:
+    """Per layer, its reference decode state: a KdaState, or a PagedLatentCache holding `context` tokens per
+    sequence before the one decoded."""
+    from kimi_k3_path.reference import random_kda_state, random_paged_cache
+
+    return [random_kda_state(dims.kda, batch, gen) if layer.attention == "kda"
+            else random_paged_cache(dims.mla, [context + 1] * batch, page, gen) for layer in layers]
+
+
+def reference_step(x: Any, layers: tuple[StackLayer, ...], weights: list[Any], states: list[Any], dims: Any) -> Any:
+    """The fp32 reference of the step: the last layer's output [M, H] for embeddings x [M, H]. Pure."""
+    import torch
+
+    from kimi_k3_path.reference import ResidualStream, kda_dense_layer, kda_moe_layer, mla_moe_layer
+
+    m, hidden = x.shape
+    stream = ResidualStream(blocks=torch.zeros(m, dims.max_blocks, hidden, device=x.device), prefix=x.float())
+    delta = torch.zeros(m, hidden, device=x.device)
+    for layer, w, state in zip(layers, weights, states):
+        if layer.kind == "kda_dense":
+            delta, stream, _ = kda_dense_layer(delta, stream, w, state, layer.pos, dims.kda)
+        elif layer.kind == "kda_moe":
+            delta, stream, _ = kda_moe_layer(delta, stream, w, state, layer.pos, dims.kda, dims.moe)
+        else:
+            delta, stream, _ = mla_moe_layer(delta, stream, w, state, layer.pos, dims.mla, dims.moe)
+    return delta
+
+
+class DeviceStack:
+    """The stack's weights in the stock layouts on `device`, shared read-only by both variants; `moe_kernels` maps a
+    layer's reference MoE weights to the specialized MoE (x -> out), or is None where no kernels run."""
+
+    def __init__(self, layers: tuple[StackLayer, ...], weights: list[Any], dims: Any, device: str,
+                 moe_kernels: Callable[[Any], Callable[[Any], Any]] | None, sms: int):
+        from benchmarks.kimi_k3 import stock
+
+        self.layers, self.dims, self.device, self.sms = layers, dims, device, sms
+        self.parts: list[dict[str, Any]] = []
+        for layer, w in zip(layers, weights):
+            part: dict[str, Any] = {"norms": stock.GpuNorms.from_reference(w.norms, device)}
+            if layer.attention == "kda":
+                part["kda"] = stock.GpuKda.from_reference(w.kda, device)
+            else:
+                part["mla"] = stock.GpuMla.from_reference(w.mla, dims.mla, device)
+            if layer.kind == "kda_dense":
+                part["dense"] = stock.GpuDense.from_reference(w.mlp, device)
+            else:
+                part["moe"] = stock.GpuMoe.from_reference(w.moe, dims.moe, device, pad_intermediate=dims.stock_intermediate)
+                part["kernels"] = moe_kernels(w.moe) if moe_kernels is not None else None
+            self.parts.append(part)
+
+    def step_fn(self, x: Any, states: list[Any], specialized: bool,
+                observe: Callable[[int, Any], None] | None = None) -> Callable[[], Any]:
+        """A closure running one step on its own device copies of `states` (updated in place, step after step) for
+        embeddings x [M, H] bf16; returns the last layer's output. `observe(i, mlp_input)` sees each layer's MLP
+        input (eager runs only)."""
+        import torch
+
+        from benchmarks.kimi_k3 import stock
+
+        m, hidden = x.shape
+        stream = stock.GpuStream(torch.zeros(m, self.dims.max_blocks, hidden, device=self.device, dtype=torch.bfloat16),
+                                 torch.empty(m, hidden, device=self.device, dtype=torch.bfloat16))
+        zeros = torch.zeros(m, hidden, device=self.device, dtype=torch.bfloat16)
+        device_states = [stock.GpuKdaState.from_reference(s, self.device) if layer.attention == "kda"
+                         else stock.GpuLatentCache.from_reference(s, self.device, sms=self.sms)
+                         for layer, s in zip(self.layers, states)]
+
+        def step() -> Any:
+            stream.prefix.copy_(x)
+            stream.blocks.zero_()
+            delta = zeros
+            for i, (layer, part, state) in enumerate(zip(self.layers, self.parts, device_states)):
+                if layer.attention == "kda":
+                    h = stock.kda_attention_part(delta, stream, part["norms"], part["kda"], state, layer.pos, self.dims.kda)
+                else:
+                    h = stock.mla_attention_part(delta, stream, part["norms"], part["mla"], state, layer.pos, self.dims.mla)
+                if observe is not None:
+                    observe(i, h)
+                if layer.kind == "kda_dense":
+                    delta = stock.dense_mlp(h, part["dense"])
+                elif specialized and part["kernels"] is not None:
+                    delta = part["kernels"](h)
+                else:
+                    delta = stock.latent_moe(h, part["moe"], self.dims.moe)
+            return delta
+
+        return step
+
+    def floor_bytes(self, x: Any, states: list[Any]) -> int:
+        """The step's byte floor: its layers' floors (floors.layer_bytes), each with the MLP input the stock-like
+        step computes for it from x and `states` (an eager run on copies; the routed experts depend on it)."""
+        inputs: dict[int, Any] = {}
+        self.step_fn(x, states, specialized=False, observe=lambda i, h: inputs.__setitem__(i, h.clone()))()
+        return sum(
+            layer_bytes(layer.kind, self.dims, layer.pos, part,
+                        {"state" if layer.attention == "kda" else "cache": state}, inputs[i])
+            for i, (layer, part, state) in enumerate(zip(self.layers, self.parts, states))
+        )
