@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from .oneshot import BF16_BYTES, FLAG_BYTES, HIDDEN, WORLDS, ProtocolError
 
 
-
 @dataclass(frozen=True)
 class Traffic:
     """One all-reduce call as seen by one rank."""
