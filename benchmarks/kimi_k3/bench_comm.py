@@ -225,8 +225,8 @@ def run(args: argparse.Namespace) -> Any:
             times = slowest_rank(time_samples(calls, args.samples, args.layers, device), device)
             rows += rows_for(None if device == "cpu" else _arch(), world, m, times)
             if rank == 0:
-                print(" ".join(f"M={m:<3} {r['axes']['impl']}={r['candidate']['median']:.1f}us" for r in rows[-len(calls):]),
-                      flush=True)
+                done = rows[-len(calls):]
+                print(" ".join(f"M={m:<3} {r['axes']['impl']}={r['candidate']['median']:.1f}us" for r in done), flush=True)
         if rank == 0:
             evidence = _evidence(args, device, rows)
             args.out.write_text(evidence.model_dump_json(indent=2))

@@ -28,7 +28,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
-from kimi_k3_path.kernels.common import BF16_PER_VEC, VEC_BYTES, WARP, bf16x2_to_f32, ld_act_v4, ld_coherent_i32
+from kimi_k3_path.kernels.common import BF16_PER_VEC, VEC_BYTES, bf16x2_to_f32, ld_act_v4, ld_coherent_i32
 
 from .oneshot import BF16_BYTES, FLAG_BYTES, Layout
 

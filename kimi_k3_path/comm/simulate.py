@@ -123,4 +123,5 @@ def check(calls: list[np.ndarray], outputs: list[np.ndarray]) -> None:
                 m, h = bad[0]
                 raise ProtocolViolation(
                     f"call {n} (M={x.shape[1]}), rank {rank}: {len(bad)} values differ from the rank-order fp32 sum, "
-                    f"first at row {m} column {h}: got bf16 bits {out[rank][m, h]:#06x}, expected {expected[m, h]:#06x}")
+                    f"first at row {m} column {h}: got bf16 bits {out[rank][m, h]:#06x}, "
+                    f"expected {expected[m, h]:#06x}")
