@@ -14,14 +14,15 @@ from kimi_k3_path.comm.kernel import OneShotAllReduce, fake_args  # noqa: E402
 from kimi_k3_path.comm.oneshot import Layout  # noqa: E402
 
 
-def _ptx(layout: Layout, ranks: int) -> str:
-    fn = cute.compile(OneShotAllReduce(layout, ranks), *fake_args(layout, ranks), options="--keep-ptx")
+def _ptx(layout: Layout, ranks: int, dump_dir) -> str:
+    fn = cute.compile(OneShotAllReduce(layout, ranks), *fake_args(layout, ranks),
+                      options=f"--keep-ptx --dump-dir={dump_dir}")  # without a dump dir, the PTX lands in the cwd
     return fn.__ptx__
 
 
 @pytest.mark.parametrize("world, ranks", [(2, 1), (4, 1), (8, 1), (8, 8)])
-def test_compiles_with_the_protocol_in_its_ptx(world, ranks):
-    ptx = _ptx(Layout(world, max_m=64), ranks)
+def test_compiles_with_the_protocol_in_its_ptx(world, ranks, tmp_path):
+    ptx = _ptx(Layout(world, max_m=64), ranks, tmp_path)
     assert ".target sm_90a" in ptx
     assert ptx.count("st.global.v4.b32") == world + 1  # slot (p, rank) of every buffer, then out
     assert ptx.count("st.release.sys.global.b32") == 1 and ptx.count("ld.acquire.sys.global.b32") >= 1
