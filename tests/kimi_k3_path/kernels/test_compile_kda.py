@@ -48,6 +48,18 @@ def test_kda_recurrent_compiles_for_the_h200(tp, heads):
     assert callable(cute.compile(op_for(d), *fake_args(d.heads)))
 
 
+@pytest.mark.parametrize("arch", ["sm_100a", "sm_103a"])
+def test_kda_recurrent_compiles_for_blackwell(arch, tmp_path):
+    """As every kernel (test_compile.test_every_form_compiles_for_blackwell): a port starts from code that builds."""
+    for tp in (8, 16):
+        d = kda_dims(tp)
+        out = tmp_path / f"tp{tp}"
+        out.mkdir()
+        cute.compile(op_for(d), *fake_args(d.heads), options=f"--gpu-arch {arch} --keep-cubin --dump-dir={out}")
+        (cubin,) = out.glob("*.cubin")
+        assert cubin.name.endswith(f".{arch}.cubin")
+
+
 @pytest.mark.parametrize("tp", [8, 16])
 def test_state_stays_in_registers_and_streams_once(tp, tmp_path):
     """What the design assumes (not yet measured): the 16 rows x 16 bytes a thread holds never spill (no local
