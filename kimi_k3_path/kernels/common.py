@@ -389,6 +389,40 @@ def lane_group_sum(value: Float32, lanes: int) -> Float32:
     return value
 
 
+def st_global_v4_f32(addr: Int64, values) -> None:
+    """Store four fp32 values (16 bytes) at global addr."""
+    cute.arch.inline_ptx("st.global.v4.f32 [{$r0}], {{$r1}, {$r2}, {$r3}, {$r4}};", read_only_args=[addr, *values])
+
+
+def select_f32(take_first: Int32, first: Float32, second: Float32) -> Float32:
+    """first where take_first != 0, else second: a selp, exact for every value (NaN and Inf included), where an
+    arithmetic blend (second + t * (first - second)) would let a NaN in one operand through into the other."""
+    return cute.arch.inline_ptx(
+        "{ .reg .pred p; setp.ne.s32 p, {$r0}, 0; selp.f32 {$w0}, {$r1}, {$r2}, p; }",
+        write_only_types=[Float32],
+        read_only_args=[take_first, first, second],
+    )
+
+
+def lane_reduce_scatter(values: list, lane: Int32) -> Float32:
+    """Given WARP values per lane, lane l gets the sum over the warp of values[l]: recursive halving, 31 shuffles
+    where 32 separate butterfly sums take 160. At the step of offset h each lane keeps the half of its values whose
+    index has its bit h (lane & h) and sends the other half to lane ^ h, which keeps that one."""
+    if len(values) != WARP:
+        raise ValueError(f"lane_reduce_scatter: expected {WARP} values, got {len(values)}")
+    half = WARP // 2
+    while half >= 1:
+        upper = lane & half
+        kept = []
+        for i in range(half):
+            low, high = values[i], values[i + half]
+            sent = select_f32(upper, low, high)
+            kept.append(select_f32(upper, high, low) + cute.arch.shuffle_sync_bfly(sent, half))
+        values = kept
+        half //= 2
+    return values[0]
+
+
 def sigmoid(x: Float32) -> Float32:
     return Float32(1.0) / (Float32(1.0) + cute.math.exp(-x))
 

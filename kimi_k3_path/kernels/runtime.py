@@ -61,16 +61,27 @@ def cu_stream(stream: Any) -> Any:
     return cuda.CUstream(stream.cuda_stream)
 
 
-def expect(name: str, t: Any, shape: tuple[int, ...], dtype: str) -> None:
+def expect(name: str, t: Any, shape: tuple[int, ...], dtype: str, device: bool = True) -> None:
     """Raise ValueError naming the argument unless `t` is a contiguous, 16-byte aligned CUDA tensor of `shape` and
-    `dtype`."""
+    `dtype` (device=False: the shape, dtype and contiguity only)."""
     if tuple(t.shape) != tuple(shape):
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
     if str(t.dtype) != f"torch.{dtype}":
         raise ValueError(f"{name}: expected dtype {dtype}, got {t.dtype}")
     if not t.is_contiguous():
         raise ValueError(f"{name}: must be contiguous")
+    if not device:
+        return
     if not t.is_cuda:
         raise ValueError(f"{name}: must be a CUDA tensor (the kernels run on the GPU), got device {t.device}")
     if t.data_ptr() % ALIGN:
         raise ValueError(f"{name}: data pointer must be {ALIGN}-byte aligned")
+
+
+def expect_all(specs: list[tuple[Any, ...]]) -> None:
+    """expect() for every (name, tensor, shape, dtype), every shape and dtype before any device, so that a wrong shape
+    is reported as one wherever the tensors are (and the host checks can be tested without a GPU)."""
+    for spec in specs:
+        expect(*spec, device=False)
+    for spec in specs:
+        expect(*spec)

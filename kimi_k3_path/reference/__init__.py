@@ -13,6 +13,7 @@ from .kda import (
     delta_rule_step,
     kda_decode_step,
     kda_gate,
+    kda_recurrent_step,
     random_kda_state,
     random_kda_weights,
 )
@@ -63,7 +64,7 @@ __all__ = [
     "ATTN_RES_BLOCK", "E2M1_MAGNITUDES", "MAX_SOURCES", "MX_BLOCK", "SITU_BETA", "SITU_LINEAR_BETA",
     "AttnResWeights", "DenseMlpWeights", "KdaDenseLayerWeights", "KdaDims", "KdaMoeLayerWeights", "KdaState", "KdaWeights", "LayerNorms", "LayerPosition",
     "MlaDims", "MlaMoeLayerWeights", "MlaWeights", "MoeDims", "MoeWeights", "PagedLatentCache", "ResidualStream",
-    "attn_res_mix", "conv_step", "dense_mlp", "delta_rule_step", "e2m1_table", "gated_rms_norm", "kda_decode_step", "kda_gate",
+    "attn_res_mix", "conv_step", "dense_mlp", "delta_rule_step", "e2m1_table", "gated_rms_norm", "kda_decode_step", "kda_gate", "kda_recurrent_step",
     "kda_dense_layer", "kda_moe_layer", "l2_normalize", "latent_moe", "mla_decode", "mla_decode_unabsorbed", "mla_moe_layer",
     "mxfp4_pack", "mxfp4_unpack", "random_attn_res_weights", "random_dense_mlp_weights", "random_kda_moe_layer", "random_kda_state",
     "random_kda_weights", "random_layer_norms", "random_mla_moe_layer", "random_mla_weights", "random_moe_weights", "random_mxfp4",

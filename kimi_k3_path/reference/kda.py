@@ -119,11 +119,13 @@ def delta_rule_step(
     return (new_state @ q.unsqueeze(-1)).squeeze(-1), new_state
 
 
-def kda_decode_step(x: torch.Tensor, w: KdaWeights, state: KdaState, d: KdaDims) -> tuple[torch.Tensor, KdaState]:
-    """x [M, hidden] (the AttnRes-mixed, normed input) -> (attention output [M, hidden], new state). Pure."""
-    m = x.shape[0]
-    qkv, g_out, f_a, beta_raw = split_in_proj(x.float() @ w.in_proj.float().T, d)
-    g_raw = f_a @ w.f_b.float().T
+def kda_recurrent_step(
+    projected: torch.Tensor, g_raw: torch.Tensor, w: KdaWeights, state: KdaState, d: KdaDims
+) -> tuple[torch.Tensor, KdaState]:
+    """The step between the GEMVs (what kernels/kda_recurrent.py fuses): in_proj's output [M, in_proj_rows] and f_b's
+    [M, proj] -> (the gated-RMSNormed attention output [M, proj], o_proj's input; new state). Pure."""
+    m = projected.shape[0]
+    qkv, g_out, _, beta_raw = split_in_proj(projected.float(), d)
     conv_out, conv_state = conv_step(qkv, state.conv, w.conv)
     q, k, v = (t.reshape(m, d.heads, d.head_dim) for t in conv_out.split(d.proj, dim=-1))
     q = l2_normalize(q) * d.head_dim**-0.5
@@ -132,4 +134,12 @@ def kda_decode_step(x: torch.Tensor, w: KdaWeights, state: KdaState, d: KdaDims)
         state.recurrent.float(), q, k, v, kda_gate(g_raw, w.a_log, w.dt_bias, d), torch.sigmoid(beta_raw)
     )
     o = gated_rms_norm(o, g_out.reshape(m, d.heads, d.head_dim), w.o_norm, d.norm_eps)
-    return o.reshape(m, d.proj) @ w.o_proj.float().T, replace(state, conv=conv_state, recurrent=recurrent)
+    return o.reshape(m, d.proj), replace(state, conv=conv_state, recurrent=recurrent)
+
+
+def kda_decode_step(x: torch.Tensor, w: KdaWeights, state: KdaState, d: KdaDims) -> tuple[torch.Tensor, KdaState]:
+    """x [M, hidden] (the AttnRes-mixed, normed input) -> (attention output [M, hidden], new state). Pure."""
+    projected = x.float() @ w.in_proj.float().T
+    f_a = split_in_proj(projected, d)[2]
+    o, new_state = kda_recurrent_step(projected, f_a @ w.f_b.float().T, w, state, d)
+    return o @ w.o_proj.float().T, new_state

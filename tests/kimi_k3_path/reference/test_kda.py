@@ -8,11 +8,13 @@ from kimi_k3_path.reference import (
     delta_rule_step,
     kda_decode_step,
     kda_gate,
+    kda_recurrent_step,
     naive,
     random_kda_state,
     random_kda_weights,
     rel_err,
 )
+from kimi_k3_path.reference.kda import split_in_proj
 
 
 def test_kda_step_matches_naive_matrix_form(gen, kda_dims):
@@ -28,6 +30,24 @@ def test_kda_step_matches_naive_matrix_form(gen, kda_dims):
     # Two steps compose: the state carries information forward.
     x2 = torch.randn(3, kda_dims.hidden, generator=gen)
     assert rel_err(kda_decode_step(x2, w, new, kda_dims)[0], naive.kda_decode_step(x2, w, n_new, kda_dims)[0]) < 1e-5
+
+
+def test_recurrent_step_between_the_gemvs_is_the_decode_step(gen, kda_dims):
+    """The middle that kernels/kda_recurrent.py fuses (and its GPU tests' oracle), composed with the in_proj, f_b and
+    o_proj GEMVs, is the decode step, checked against the naive fp64 loops too (so not only against itself)."""
+    w = random_kda_weights(kda_dims, gen)
+    state = random_kda_state(kda_dims, 3, gen)
+    x = torch.randn(3, kda_dims.hidden, generator=gen)
+    projected = x @ w.in_proj.T
+    g_raw = split_in_proj(projected, kda_dims)[2] @ w.f_b.T
+    o, new = kda_recurrent_step(projected, g_raw, w, state, kda_dims)
+    assert o.shape == (3, kda_dims.proj)
+    out, ref_new = kda_decode_step(x, w, state, kda_dims)
+    assert torch.equal(o @ w.o_proj.T, out)
+    assert torch.equal(new.recurrent, ref_new.recurrent) and torch.equal(new.conv, ref_new.conv)
+    n_out, n_new = naive.kda_decode_step(x, w, state, kda_dims)
+    assert rel_err(o @ w.o_proj.T, n_out) < 1e-5
+    assert rel_err(new.recurrent, n_new.recurrent) < 1e-5
 
 
 def test_gate_is_bounded_by_the_lower_bound(gen, kda_dims):

@@ -1,0 +1,351 @@
+"""The KDA decode step's per-head middle for one TP rank, in one launch (NOT YET RUN ON A GPU: compiled for sm_90a on
+CPU only; tests/kimi_k3_path/kernels/test_kda_recurrent_gpu.py is the first check). Per (sequence, head), as
+kimi_k3_path.reference.kda.kda_recurrent_step computes it:
+
+  1 conv    the width-4 causal depthwise conv of this head's q, k and v channels over the bf16 conv state
+            [slot, 3*proj, 3] (oldest first) and the new input (in_proj's q|k|v), then SiLU; the shifted window
+            is written back into the slot;
+  2 norm    q = l2norm(q) * D^-0.5, k = l2norm(k);
+  3 gate    exp(g), g = lower_bound * sigmoid(exp(A_log[h]) * (g_raw + dt_bias)), per channel (g_raw: f_b's output);
+  4 state   the gated delta rule on the fp32 state S [slot, h, D_v, D_k] in place: S <- S diag(exp g);
+            v' = beta (v - S k); S <- S + v' k^T; o = S q (= S_decayed q + v' (k.q)); beta = sigmoid(beta_raw);
+  5 out     gated RMSNorm over the head's D_v: o * rsqrt(mean o^2 + eps) * o_norm * sigmoid(g_out), bf16 [M, proj].
+
+The in_proj, f_b and o_proj GEMVs are not in this launch: it reads in_proj's output row as the reference splits it
+(q|k|v|g_out|f_a|beta_raw) and f_b's, and writes o_proj's input, so a later fusion can take either end.
+
+State addressing: as vLLM's mamba cache, an int32 slot per sequence into a pool of states, any order; a slot outside
+[0, pool) (vLLM pads with -1) touches no state and gets a zero output row. The host wrapper rejects out-of-range and
+duplicate slots unless told not to read them (check_slots=False: no host synchronization, for CUDA graphs).
+
+Bytes (`kda_recurrent_bytes`): the fp32 state, 64 KB per (sequence, head) read once and written once, is 93% of
+them at M=1 and 95% at M=64 (the rest: the bf16 conv state read and written, inputs, taps). Floors at 4.3 TB/s:
+TP8 (12 heads) M=1 1.69 MB 0.39 us, M=64 105.4 MB 24.5 us; TP16 (6 heads) M=1 0.85 MB 0.20 us, M=64 52.7 MB 12.3 us.
+
+Mapping: one CTA of 8 warps per (sequence, head), grid (heads, M). Warp w owns state rows 16w..16w+15, a row being
+512 contiguous bytes = one 16-byte load per lane (lane l holds columns 4l..4l+3), so the whole 64 KB is in flight at
+once in 64 registers per thread (16 vectors) and never leaves them between its load and its store. Why so:
+- Each row's S k and S q are dots over D_k, i.e. over the warp's lanes, and the update is row-wise: no exchange
+  between warps except the RMSNorm's sum over D_v (one CTA barrier through 8 shared floats). Splitting a head's rows
+  over CTAs would need that sum across CTAs (a cluster, or a second pass), for the sake of M=1 only.
+- The 32 row sums a warp needs (S k and S q of its 16 rows) are one reduce-scatter (common.lane_reduce_scatter: 31
+  shuffles, lane l gets sum l) instead of 32 butterflies (160 shuffles); v' is then broadcast back row by row.
+- The state loads are issued first, before griddepcontrol.wait (the launch may start early behind f_b: the state
+  does not depend on it), as weak loads so that they stay ahead of the wait and the barrier; conv, norms and gates
+  (warps 0-3, 4 channels per lane, shared memory) run while they are in flight.
+- 64 KB per CTA in flight and ~2 CTAs per SM (<= 128 registers) keep ~128 KB per SM outstanding at M=64 (768 CTAs at
+  TP8, 384 at TP16), well above what DRAM's rate times its latency needs (~35 KB per SM).
+- M=1 has only 12 (TP8) or 6 (TP16) CTAs: latency-bound, a load round trip + the chain + a store round trip, a few
+  microseconds against a floor under half a microsecond. Splitting rows over a cluster would shorten the chain, not
+  remove it; it is the next step if the M=1 row shows this launch on the layer's critical path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass import BFloat16, Float32, Int32, Int64
+
+from .common import (
+    VEC_BYTES,
+    WARP,
+    bf16x2_to_f32,
+    bits_to_f32,
+    lane_group_sum,
+    lane_reduce_scatter,
+    ld_act_v4,
+    ld_weight_v4,
+    select_f32,
+    sigmoid,
+    st_global_v4_f32,
+)
+from .router import MAX_TOKENS
+
+HEAD_DIM = 128  # a row of the state is one 16-byte load per lane: 4 fp32 columns x 32 lanes
+CONV_WIDTH = 4
+WARPS = 8  # 16 rows per warp: S k and S q of its rows are exactly 32 sums, one per lane after the reduce-scatter
+ROWS_PER_WARP = HEAD_DIM // WARPS
+COLS_PER_LANE = HEAD_DIM // WARP
+L2_NORM_EPS = 1e-6  # kimi_k3_path.reference.norm.L2_NORM_EPS (under the square root)
+COPY_BANDWIDTH = 4.3e12  # B/s: the floor's rate, as benchmarks/kimi_k3/bench.py's COPY_BANDWIDTH
+
+# Shared memory: q, k, v, exp(g) of the head (fp32, HEAD_DIM each), then one partial sum of o^2 per warp.
+Q, K, V, DECAY = 0, 1, 2, 3
+
+
+def kda_recurrent_bytes(m: int, heads: int, head_dim: int = HEAD_DIM, conv_width: int = CONV_WIDTH) -> dict[str, int]:
+    """Bytes one launch moves from and to DRAM for a batch of m sequences (each sequence's state once; the weights
+    once, however many CTAs reread them from L2)."""
+    proj = heads * head_dim
+    return {
+        "recurrent_state": 2 * m * heads * head_dim * head_dim * 4,  # fp32, read + written
+        "conv_state": 2 * m * 3 * proj * (conv_width - 1) * 2,  # bf16, read + written
+        "inputs": m * (3 * proj + proj + heads) * 2 + m * proj * 2 + m * 4,  # in_proj's q|k|v, g_out, beta; g_raw; slot
+        "weights": 3 * proj * conv_width * 2 + heads * 4 + proj * 4 + head_dim * 4,  # taps bf16; a_log, dt_bias, o_norm
+        "output": m * proj * 2,
+    }
+
+
+def floor_us(nbytes: int) -> float:
+    """The time to move nbytes at COPY_BANDWIDTH, in microseconds."""
+    return nbytes / COPY_BANDWIDTH * 1e6
+
+
+class KdaRecurrent:
+    """One CTA (8 warps) per (sequence, head); see the module docstring."""
+
+    def __init__(self, heads: int, head_dim: int, conv_width: int, gate_lower_bound: float, norm_eps: float):
+        if head_dim != HEAD_DIM:
+            raise ValueError(f"KdaRecurrent: head_dim={head_dim}; the kernel is written for {HEAD_DIM} (a state row "
+                             "is one 16-byte load per lane)")
+        if conv_width != CONV_WIDTH:
+            raise ValueError(f"KdaRecurrent: conv_width={conv_width}; the kernel is written for {CONV_WIDTH}")
+        if heads < 1:
+            raise ValueError(f"KdaRecurrent: heads={heads} must be at least 1")
+        if not -5.0 <= gate_lower_bound < 0.0 or norm_eps <= 0.0:
+            raise ValueError(f"KdaRecurrent: gate_lower_bound={gate_lower_bound} must be in [-5, 0) and "
+                             f"norm_eps={norm_eps} positive")
+        self.heads, self.d, self.lb, self.eps = heads, head_dim, gate_lower_bound, norm_eps
+        self.proj = heads * head_dim
+
+    def smem_bytes(self) -> int:
+        return 4 * self.d * 4 + 128 + WARPS * 4 + 16
+
+    @cute.jit
+    def __call__(self, projected, g_raw, conv_taps, a_log, dt_bias, o_norm, slots, conv_state, state, out,
+                 stream: cuda.CUstream):
+        self.kernel(projected, g_raw, conv_taps, a_log, dt_bias, o_norm, slots, conv_state, state, out,
+                    state.shape[0]).launch(
+            grid=[self.heads, projected.shape[0], 1], block=[WARPS * WARP, 1, 1], smem=self.smem_bytes(),
+            stream=stream, use_pdl=True,
+        )
+
+    def row_address(self, state, slot: Int32, head: Int32, row, lane: Int32) -> Int64:
+        """Byte address of this lane's 4 columns of state row `row` of (slot, head)."""
+        return (state.iterator.toint() + (Int64(slot) * self.heads + Int64(head)) * (self.d * self.d * 4)
+                + Int64(row * self.d + COLS_PER_LANE * lane) * 4)
+
+    def load_rows(self, state, slot: Int32, head: Int32, warp: Int32, lane: Int32) -> list:
+        """The lane's 16-byte vector of each of the warp's rows, as 4 raw words each (weak loads: they stay ahead of
+        griddepcontrol.wait and bar.sync, so all 64 KB of the CTA is in flight before the conv starts)."""
+        return [list(ld_weight_v4(self.row_address(state, slot, head, warp * ROWS_PER_WARP + j, lane), "ordered"))
+                for j in range(ROWS_PER_WARP)]
+
+    def conv_channels(self, projected, conv_taps, conv_state, vecs, m: Int32, slot: Int32, head: Int32, part: Int32,
+                      lane: Int32) -> None:
+        """Warp `part` (0 q, 1 k, 2 v): this lane's 4 channels of the head through the conv and SiLU, the window
+        shifted back into the conv state; q and k L2-normalized over the warp (q also times D^-0.5) into vecs."""
+        first = part * self.proj + head * self.d + COLS_PER_LANE * lane
+        # The 4 channels' taps are 32 contiguous bytes (bf16 [channel, W]); every CTA of the head rereads them.
+        taps_addr = conv_taps.iterator.toint() + Int64(first) * (CONV_WIDTH * 2)
+        words = list(ld_act_v4(taps_addr)) + list(ld_act_v4(taps_addr + VEC_BYTES))
+        # Every load before the first store: a store to the conv state may alias a later channel's load for all
+        # the compiler knows, which would otherwise put one DRAM round trip per channel on the chain.
+        channels = [first + c for c in range(COLS_PER_LANE)]
+        windows = [[conv_state[slot, ch, t] for t in range(CONV_WIDTH - 1)] + [projected[m, ch]] for ch in channels]
+        outs = []
+        for c, window in enumerate(windows):
+            t0, t1 = bf16x2_to_f32(words[2 * c])
+            t2, t3 = bf16x2_to_f32(words[2 * c + 1])
+            acc = (t0 * window[0].to(Float32) + t1 * window[1].to(Float32) + t2 * window[2].to(Float32)
+                   + t3 * window[3].to(Float32))
+            outs.append(acc * sigmoid(acc))
+        for ch, window in zip(channels, windows):
+            for t in range(CONV_WIDTH - 1):
+                conv_state[slot, ch, t] = window[t + 1]
+        squares = Float32(0.0)
+        for c in range(COLS_PER_LANE):
+            squares = squares + outs[c] * outs[c]
+        norm = cute.math.rsqrt(lane_group_sum(squares, WARP) + Float32(L2_NORM_EPS))
+        scale = select_f32(part - V, norm, Float32(1.0))  # v is not normalized
+        scale = select_f32(part - Q, scale, scale * Float32(self.d ** -0.5))
+        for c in range(COLS_PER_LANE):
+            vecs[part * self.d + COLS_PER_LANE * lane + c] = outs[c] * scale
+
+    def decay_channels(self, g_raw, a_log, dt_bias, vecs, m: Int32, head: Int32, lane: Int32) -> None:
+        """exp(g) of this lane's 4 channels into vecs, g = lower_bound * sigmoid(exp(A_log) * (g_raw + dt_bias))."""
+        cols = [COLS_PER_LANE * lane + c for c in range(COLS_PER_LANE)]
+        raw = [(g_raw[m, head * self.d + col], dt_bias[head * self.d + col]) for col in cols]  # loads first
+        a = cute.math.exp(a_log[head])
+        for col, (gr, bias) in zip(cols, raw):
+            g = Float32(self.lb) * sigmoid(a * (gr.to(Float32) + bias))
+            vecs[DECAY * self.d + col] = cute.math.exp(g)
+
+    def update_rows(self, rows: list, vecs, state, slot: Int32, head: Int32, warp: Int32, lane: Int32,
+                    beta: Float32):
+        """The delta rule on the warp's 16 rows (in registers), each stored back once. Returns (o, row): lane l < 16
+        and lane l + 16 both get o of row 16 * warp + l."""
+        col = COLS_PER_LANE * lane
+        q = [vecs[Q * self.d + col + c] for c in range(COLS_PER_LANE)]
+        k = [vecs[K * self.d + col + c] for c in range(COLS_PER_LANE)]
+        decay = [vecs[DECAY * self.d + col + c] for c in range(COLS_PER_LANE)]
+        kq = Float32(0.0)
+        for c in range(COLS_PER_LANE):
+            kq = kq + k[c] * q[c]
+        kq = lane_group_sum(kq, WARP)
+        decayed, sk_parts, sq_parts = [], [], []
+        for words in rows:
+            s = [bits_to_f32(words[c]) * decay[c] for c in range(COLS_PER_LANE)]
+            sk, sq = Float32(0.0), Float32(0.0)
+            for c in range(COLS_PER_LANE):
+                sk = sk + s[c] * k[c]
+                sq = sq + s[c] * q[c]
+            decayed.append(s)
+            sk_parts.append(sk)
+            sq_parts.append(sq)
+        # Lane l < 16 gets row l's S k, lane l + 16 its S q; each half then takes the other's by one shuffle.
+        mine = lane_reduce_scatter(sk_parts + sq_parts, lane)
+        theirs = cute.arch.shuffle_sync_bfly(mine, ROWS_PER_WARP)
+        upper = lane & ROWS_PER_WARP
+        sk = select_f32(upper, theirs, mine)
+        sq = select_f32(upper, mine, theirs)
+        row = warp * ROWS_PER_WARP + (lane & (ROWS_PER_WARP - 1))
+        v_new = beta * (vecs[V * self.d + row] - sk)
+        o = sq + v_new * kq
+        for j, s in enumerate(decayed):
+            vj = cute.arch.shuffle_sync(v_new, j)
+            st_global_v4_f32(self.row_address(state, slot, head, warp * ROWS_PER_WARP + j, lane),
+                             [s[c] + vj * k[c] for c in range(COLS_PER_LANE)])
+        return o, row
+
+    @cute.kernel
+    def kernel(self, projected, g_raw, conv_taps, a_log, dt_bias, o_norm, slots, conv_state, state, out,
+               pool: Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        head, m, _ = cute.arch.block_idx()
+        warp, lane = tidx // WARP, tidx % WARP
+        smem = cutlass.memory.SmemAllocator()
+        vecs = smem.allocate_tensor(Float32, cute.make_layout(4 * self.d), byte_alignment=128)
+        partial = smem.allocate_tensor(Float32, cute.make_layout(WARPS), byte_alignment=16)
+        slot = slots[m]
+        if slot >= 0 and slot < pool:
+            rows = self.load_rows(state, slot, head, warp, lane)
+            cute.arch.griddepcontrol_wait()  # in_proj's and f_b's outputs are written from here on
+            if warp < DECAY:
+                self.conv_channels(projected, conv_taps, conv_state, vecs, m, slot, head, warp, lane)
+            if warp == DECAY:
+                self.decay_channels(g_raw, a_log, dt_bias, vecs, m, head, lane)
+            beta = sigmoid(projected[m, 4 * self.proj + self.d + head].to(Float32))
+            cute.arch.sync_threads()
+            o, row = self.update_rows(rows, vecs, state, slot, head, warp, lane, beta)
+            squares = lane_group_sum(o * o, ROWS_PER_WARP)  # lanes 16..31 repeat lanes 0..15's rows
+            if lane == 0:
+                partial[warp] = squares
+            cute.arch.sync_threads()
+            total = Float32(0.0)
+            for w in cutlass.range_constexpr(WARPS):
+                total = total + partial[w]
+            rstd = cute.math.rsqrt(total / Float32(self.d) + Float32(self.eps))
+            if lane < ROWS_PER_WARP:
+                gate = sigmoid(projected[m, 3 * self.proj + head * self.d + row].to(Float32))
+                out[m, head * self.d + row] = (o * rstd * o_norm[row] * gate).to(BFloat16)
+        else:
+            cute.arch.griddepcontrol_wait()  # a predecessor may still read `out`
+            if tidx < self.d:
+                out[m, head * self.d + tidx] = BFloat16(0.0)
+
+
+@dataclass(frozen=True)
+class KdaKernelWeights:
+    """One rank's weights of the KDA middle, as the kernel reads them (kimi_k3_path.reference.kda.KdaWeights)."""
+
+    conv: torch.Tensor  # [3*proj, W] bf16 depthwise taps, oldest input first (the checkpoint's dtype)
+    a_log: torch.Tensor  # [heads] fp32
+    dt_bias: torch.Tensor  # [proj] fp32
+    o_norm: torch.Tensor  # [D] fp32
+    gate_lower_bound: float
+    norm_eps: float
+
+    @property
+    def heads(self) -> int:
+        return self.a_log.shape[0]
+
+    @property
+    def head_dim(self) -> int:
+        return self.o_norm.shape[0]
+
+    @property
+    def conv_width(self) -> int:
+        return self.conv.shape[1]
+
+
+def prepare_kda_weights(ref, d, device) -> KdaKernelWeights:
+    """The kernel's copy of a reference KdaWeights `ref` for KdaDims `d`: bf16 taps, fp32 vectors, on `device`."""
+    return KdaKernelWeights(
+        conv=ref.conv.to(device=device, dtype=torch.bfloat16).contiguous(),
+        a_log=ref.a_log.to(device=device, dtype=torch.float32).contiguous(),
+        dt_bias=ref.dt_bias.to(device=device, dtype=torch.float32).contiguous(),
+        o_norm=ref.o_norm.to(device=device, dtype=torch.float32).contiguous(),
+        gate_lower_bound=d.gate_lower_bound, norm_eps=d.norm_eps,
+    )
+
+
+def check_slot_indices(slots: list[int], pool: int) -> None:
+    """Raise ValueError unless every slot is in [0, pool) and no two sequences share one (a shared slot would be
+    updated by two CTAs at once)."""
+    bad = [s for s in slots if not 0 <= s < pool]
+    if bad:
+        raise ValueError(f"kda_recurrent_decode: state slots {bad} are outside the pool [0, {pool})")
+    seen, dup = set(), []
+    for s in slots:
+        if s in seen:
+            dup.append(s)
+        seen.add(s)
+    if dup:
+        raise ValueError(f"kda_recurrent_decode: state slots {sorted(set(dup))} are used by more than one sequence")
+
+
+def fake_args(heads: int, head_dim: int = HEAD_DIM, conv_width: int = CONV_WIDTH, m=None, pool=None) -> tuple:
+    """Fake tensors (dynamic batch and pool unless given) for compiling KdaRecurrent without a GPU."""
+    from .runtime import dyn, fake, fake_stream
+
+    m = dyn() if m is None else m
+    pool = dyn() if pool is None else pool
+    proj = heads * head_dim
+    rows = 4 * proj + head_dim + heads
+    return (fake(BFloat16, (m, rows)), fake(BFloat16, (m, proj)), fake(BFloat16, (3 * proj, conv_width)),
+            fake(Float32, (heads,)), fake(Float32, (proj,)), fake(Float32, (head_dim,)), fake(Int32, (m,)),
+            fake(BFloat16, (pool, 3 * proj, conv_width - 1)), fake(Float32, (pool, heads, head_dim, head_dim)),
+            fake(BFloat16, (m, proj)), fake_stream())
+
+
+def kda_recurrent_decode(projected, g_raw, w, slots, conv_state, state, out, stream, check_slots: bool = True) -> None:
+    """The KDA middle (module docstring) for a decode batch of M = 1..64 sequences on `stream`:
+    projected [M, 4*proj + D + heads] bf16 (in_proj's output), g_raw [M, proj] bf16 (f_b's), w: KdaKernelWeights,
+    slots [M] int32 into the pools conv_state [P, 3*proj, W-1] bf16 and state [P, heads, D, D] fp32 (updated in
+    place), out [M, proj] bf16 (o_proj's input). check_slots reads `slots` on the host (a synchronization) to reject
+    out-of-range and duplicate slots; pass False under CUDA graph capture (the kernel skips out-of-range ones; a
+    duplicate is then the caller's to exclude)."""
+    from .runtime import compile_cached, cu_stream, expect_all, to_cute
+
+    heads, d, width = w.heads, w.head_dim, w.conv_width
+    op = KdaRecurrent(heads, d, width, w.gate_lower_bound, w.norm_eps)  # validates the dims
+    m, proj, pool = projected.shape[0], heads * d, state.shape[0]
+    if not 1 <= m <= MAX_TOKENS:
+        raise ValueError(f"kda_recurrent_decode: decode batch M={m} must be in 1..{MAX_TOKENS}")
+    expect_all([
+        ("projected", projected, (m, 4 * proj + d + heads), "bfloat16"),
+        ("g_raw", g_raw, (m, proj), "bfloat16"),
+        ("conv_taps", w.conv, (3 * proj, width), "bfloat16"),
+        ("a_log", w.a_log, (heads,), "float32"),
+        ("dt_bias", w.dt_bias, (proj,), "float32"),
+        ("o_norm", w.o_norm, (d,), "float32"),
+        ("slots", slots, (m,), "int32"),
+        ("conv_state", conv_state, (pool, 3 * proj, width - 1), "bfloat16"),
+        ("state", state, (pool, heads, d, d), "float32"),
+        ("out", out, (m, proj), "bfloat16"),
+    ])
+    if check_slots:
+        check_slot_indices(slots.tolist(), pool)
+
+    def build():
+        return op, fake_args(heads, d, width)
+
+    fn = compile_cached(("kda_recurrent", heads, d, width, w.gate_lower_bound, w.norm_eps), build)
+    fn(to_cute(projected, True), to_cute(g_raw, True), to_cute(w.conv), to_cute(w.a_log), to_cute(w.dt_bias),
+       to_cute(w.o_norm), to_cute(slots, True), to_cute(conv_state, True), to_cute(state, True),
+       to_cute(out, True), cu_stream(stream))

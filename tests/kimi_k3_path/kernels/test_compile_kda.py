@@ -1,0 +1,150 @@
+"""CPU checks of the KDA recurrent step kernel (kernels/kda_recurrent.py), which has not yet run on a GPU: it compiles
+for sm_90a with fake tensors (dynamic batch and state pool) at the TP8 and TP16 per-rank shapes, its SASS keeps the
+state in registers with every state load issued before the wait and the barrier, and the host side rejects what the
+kernel does not support. Runs in CI without a GPU."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed (the [kernels] extra)")
+torch = pytest.importorskip("torch", reason="torch is not installed (the [kernels] extra)")
+
+import cutlass.cute as cute  # noqa: E402
+
+from kimi_k3_path.config import named_config  # noqa: E402
+from kimi_k3_path.kernels.kda_recurrent import (  # noqa: E402
+    ROWS_PER_WARP,
+    WARPS,
+    KdaKernelWeights,
+    KdaRecurrent,
+    check_slot_indices,
+    fake_args,
+    floor_us,
+    kda_recurrent_bytes,
+    kda_recurrent_decode,
+)
+from kimi_k3_path.reference.dims import layer_dims  # noqa: E402
+
+from test_compile import CTA_THREADS, SM_REGISTERS, _cubin_dump  # noqa: E402
+
+
+def kda_dims(tp: int):
+    return layer_dims(named_config("kimi_k3"), tp).kda
+
+
+def op_for(d) -> KdaRecurrent:
+    return KdaRecurrent(d.heads, d.head_dim, d.conv_width, d.gate_lower_bound, d.norm_eps)
+
+
+@pytest.mark.parametrize("tp, heads", [(8, 12), (16, 6)])
+def test_kda_recurrent_compiles_for_the_h200(tp, heads):
+    assert os.environ.get("CUTE_DSL_ARCH") == "sm_90a"
+    d = kda_dims(tp)
+    assert d.heads == heads and d.head_dim == 128 and d.conv_width == 4
+    assert callable(cute.compile(op_for(d), *fake_args(d.heads)))
+
+
+@pytest.mark.parametrize("arch", ["sm_100a", "sm_103a"])
+def test_kda_recurrent_compiles_for_blackwell(arch, tmp_path):
+    """As every kernel (test_compile.test_every_form_compiles_for_blackwell): a port starts from code that builds."""
+    for tp in (8, 16):
+        d = kda_dims(tp)
+        out = tmp_path / f"tp{tp}"
+        out.mkdir()
+        cute.compile(op_for(d), *fake_args(d.heads), options=f"--gpu-arch {arch} --keep-cubin --dump-dir={out}")
+        (cubin,) = out.glob("*.cubin")
+        assert cubin.name.endswith(f".{arch}.cubin")
+
+
+@pytest.mark.parametrize("tp", [8, 16])
+def test_state_stays_in_registers_and_streams_once(tp, tmp_path):
+    """What the design assumes (not yet measured): the 16 rows x 16 bytes a thread holds never spill (no local
+    memory) and leave 2 CTAs of 256 threads per SM (<= 128 registers); the 16 state loads (weak, L1::no_allocate:
+    LDG.E.NA.128) are all issued before griddepcontrol.wait (ACQBULK) and the CTA barrier, and each row is stored once
+    (16 STG.E.128)."""
+    d = kda_dims(tp)
+    usage = _cubin_dump(op_for(d), fake_args(d.heads), tmp_path / "res", "-res-usage")
+    registers = int(re.search(r"REG:(\d+)", usage).group(1))
+    assert "LOCAL:0" in usage and "STACK:0" in usage, usage
+    assert registers * CTA_THREADS * 2 <= SM_REGISTERS, f"{registers} registers per thread"
+    sass = _cubin_dump(op_for(d), fake_args(d.heads), tmp_path / "sass", "-sass").splitlines()
+    loads = [n for n, line in enumerate(sass) if "LDG.E.NA.128" in line]
+    wait = next(n for n, line in enumerate(sass) if "ACQBULK" in line)
+    barrier = next(n for n, line in enumerate(sass) if "BAR.SYNC" in line)
+    assert len(loads) == ROWS_PER_WARP and max(loads) < wait < barrier
+    assert sum("STG.E.128" in line for line in sass) == ROWS_PER_WARP
+
+
+def test_bytes_and_floors_per_row():
+    """The byte counts the design document and the module docstring state (floor at 4.3 TB/s)."""
+    state_row = 128 * 128 * 4
+    for heads, m, mb, us in [(12, 1, 1.690, 0.393), (12, 64, 105.427, 24.518), (6, 1, 0.845, 0.197),
+                             (6, 64, 52.714, 12.259)]:
+        parts = kda_recurrent_bytes(m, heads)
+        total = sum(parts.values())
+        assert parts["recurrent_state"] == 2 * m * heads * state_row
+        assert round(total / 1e6, 3) == mb and round(floor_us(total), 3) == us
+        assert parts["recurrent_state"] / total > 0.93
+
+
+def test_unsupported_dims_are_rejected():
+    with pytest.raises(ValueError, match="head_dim=64"):
+        KdaRecurrent(12, 64, 4, -5.0, 1e-5)
+    with pytest.raises(ValueError, match="conv_width=3"):
+        KdaRecurrent(12, 128, 3, -5.0, 1e-5)
+    with pytest.raises(ValueError, match="heads=0"):
+        KdaRecurrent(0, 128, 4, -5.0, 1e-5)
+    with pytest.raises(ValueError, match="gate_lower_bound"):
+        KdaRecurrent(12, 128, 4, 0.0, 1e-5)
+    assert WARPS * ROWS_PER_WARP == 128 and 2 * ROWS_PER_WARP == 32  # one reduce-scatter of 32 sums per warp
+
+
+def test_slots_out_of_range_or_shared_are_rejected():
+    check_slot_indices([3, 0, 7, 1], 8)
+    with pytest.raises(ValueError, match=r"\[-1, 8\] are outside the pool \[0, 8\)"):
+        check_slot_indices([-1, 2, 8], 8)
+    with pytest.raises(ValueError, match=r"\[2\] are used by more than one sequence"):
+        check_slot_indices([2, 5, 2, 2], 8)
+
+
+def _cpu_args(m=3, heads=6, pool=5, d=128, **override):
+    proj = heads * d
+    bf16, f32 = torch.bfloat16, torch.float32
+    args = dict(
+        projected=torch.zeros(m, 4 * proj + d + heads, dtype=bf16), g_raw=torch.zeros(m, proj, dtype=bf16),
+        w=KdaKernelWeights(conv=torch.zeros(3 * proj, 4, dtype=bf16), a_log=torch.zeros(heads, dtype=f32),
+                           dt_bias=torch.zeros(proj, dtype=f32), o_norm=torch.zeros(d, dtype=f32),
+                           gate_lower_bound=-5.0, norm_eps=1e-5),
+        slots=torch.arange(m, dtype=torch.int32), conv_state=torch.zeros(pool, 3 * proj, 3, dtype=bf16),
+        state=torch.zeros(pool, heads, d, d, dtype=f32), out=torch.zeros(m, proj, dtype=bf16), stream=None,
+    )
+    args.update(override)
+    return args
+
+
+@pytest.mark.parametrize("override, message", [
+    (dict(g_raw=torch.zeros(3, 6 * 128, dtype=torch.float32)), "g_raw: expected dtype bfloat16"),
+    (dict(state=torch.zeros(5, 6, 128, 128, dtype=torch.bfloat16)), "state: expected dtype float32"),
+    (dict(conv_state=torch.zeros(4, 3 * 768, 3, dtype=torch.bfloat16)), r"conv_state: expected shape \(5, 2304, 3\)"),
+    (dict(slots=torch.arange(3, dtype=torch.int64)), "slots: expected dtype int32"),
+    (dict(out=torch.zeros(2, 768, dtype=torch.bfloat16)), r"out: expected shape \(3, 768\)"),
+    (dict(projected=torch.zeros(3, 4 * 768, dtype=torch.bfloat16)), r"projected: expected shape \(3, 3206\)"),
+])
+def test_host_wrapper_rejects_wrong_shapes_and_dtypes(override, message):
+    with pytest.raises(ValueError, match=message):
+        kda_recurrent_decode(**_cpu_args(**override))
+
+
+def test_host_wrapper_rejects_batches_outside_1_to_64():
+    for m in (0, 65):
+        with pytest.raises(ValueError, match=f"M={m} must be in 1..64"):
+            kda_recurrent_decode(**_cpu_args(m=m))
+
+
+def test_host_wrapper_wants_cuda_tensors():
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+        kda_recurrent_decode(**_cpu_args())
