@@ -10,7 +10,7 @@
   finalize_streamed.py   launch 4, 1 token: up-projection + shared down, weights streamed through shared memory
   finalize_mma.py        launch 4, 2..64 tokens: the same on the tensor cores
   kda_recurrent.py       the KDA decode step between its GEMVs (conv, norms, gate, delta rule, gated RMSNorm) in
-                         one launch: compiled on CPU only, never yet run on a GPU, not used by the executor
+                         one launch: correct on the H200 (its GPU tests), not yet timed, not used by the executor
 
 and the device functions they share: `router` (logits, top-k, plan), `gemv` (split-K row dots), `mma` (bf16
 mma.sync tiles), `fp4_mma` (MXFP4 on the tensor cores), `shared` (shared experts' gate_up), `norm_tail` (the batch

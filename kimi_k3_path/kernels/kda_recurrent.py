@@ -1,5 +1,5 @@
-"""The KDA decode step's per-head middle for one TP rank, in one launch (NOT YET RUN ON A GPU: compiled for sm_90a on
-CPU only; tests/kimi_k3_path/kernels/test_kda_recurrent_gpu.py is the first check). Per (sequence, head), as
+"""The KDA decode step's per-head middle for one TP rank, in one launch (checked on the H200 by
+tests/kimi_k3_path/kernels/test_kda_recurrent_gpu.py, 16 passed at 15bb88a; not yet timed). Per (sequence, head), as
 kimi_k3_path.reference.kda.kda_recurrent_step computes it:
 
   1 conv    the width-4 causal depthwise conv of this head's q, k and v channels over the bf16 conv state

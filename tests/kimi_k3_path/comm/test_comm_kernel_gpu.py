@@ -1,7 +1,8 @@
 """The one-shot all-reduce kernel on one H200 in loop-back: W buffers on one GPU stand for W GPUs, all W rank
 programs in one launch (W x 16 CTAs <= 132 SMs, so every spin-wait's peer is running), hundreds of consecutive calls
 of varying M on one stream, every rank's output checked bit for bit against the CPU's reference_sum (the same checker
-as the CPU simulation). Not yet run on a GPU: no device time was available when it was written."""
+as the CPU simulation). On the H200 at 15bb88a the loop-back tests passed (W = 2, 4, 8; 300 calls each); the
+service form on two streams did not (skipped below, with the reason)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,8 @@ def test_loop_back_calls_give_every_rank_the_rank_order_sum(world, seed):
     assert (counts == 300).all()
 
 
+@pytest.mark.skip(reason="fails on the H200 (run of 2026-12-03 at 15bb88a) and the process then segfaults while pytest "
+                  "formats the failure, which would end a whole GPU evidence run: cause not yet known (issue 40)")
 def test_a_rank_at_a_time_on_two_streams_of_one_gpu(seed):
     """Service form (one rank per launch): rank 0 and rank 1 launched on two streams, so each launch's CTAs
     spin until the other launch's CTAs run beside them (2 x 16 CTAs fit)."""
