@@ -1,5 +1,5 @@
-"""GPU correctness of the KDA recurrent step kernel (kernels/kda_recurrent.py; 16 passed on the H200 at 15bb88a) against the fp32
-reference `kimi_k3_path.reference.kda_recurrent_step` (conv_step, l2_normalize, kda_gate, delta_rule_step,
+"""GPU correctness of the KDA recurrent step kernel (kernels/kda_recurrent.py; 16 passed on the H200 at 15bb88a)
+against the fp32 reference `kimi_k3_path.reference.kda_recurrent_step` (conv_step, l2_normalize, kda_gate, delta_rule_step,
 gated_rms_norm composed between the GEMVs; its own CPU check is the first test here and
 tests/kimi_k3_path/reference/test_kda.py), at the per-rank widths (TP8: 12 heads, TP16: 6; head dim 128) and
 M = 1, 2, 7, 64. Each batch's states live at random slots of a larger pool whose other slots hold NaN and must come
