@@ -22,6 +22,7 @@ import torch
 
 from kimi_k3_path.guard import UnsupportedDeployment, check_deployment, unsupported_fields
 from kimi_k3_path.reference import (
+    KdaState,
     kda_decode_step,
     kda_moe_layer,
     latent_moe,
@@ -173,16 +174,42 @@ class KernelLatentMoe:
         return back_to(x)(out)
 
 
+class KernelKdaStep:
+    """`kda_decode_step` on the CuTe DSL kernels (`kimi_k3_path.kernels.kda.kda_attention_decode`, sm_90a, decode
+    batches of 1..64): the reference signature (pure: a new KdaState out) over the kernels' in-place, slot-addressed
+    state, by copying the batch's state into a pool of its own (slot i for sequence i) and back. `kernels` is the
+    kernel module (injectable)."""
+
+    def __init__(self, device: str = "cuda", kernels: Any = None):
+        if kernels is None:
+            from kimi_k3_path.kernels import kda as kernels
+        self.kernels = kernels
+        self.device = device
+        self._prepared = PerWeights()
+
+    def __call__(self, x: Any, w: Any, state: KdaState, d: Any) -> tuple[Any, KdaState]:
+        weights = self._prepared.get(w, lambda: self.kernels.prepare_attention_weights(w, d, self.device))
+        m = x.shape[0]
+        conv = state.conv.to(device=self.device, dtype=torch.bfloat16, copy=True).contiguous()
+        recurrent = state.recurrent.to(device=self.device, dtype=torch.float32, copy=True).contiguous()
+        slots = torch.arange(m, device=self.device, dtype=torch.int32)
+        out = torch.empty(m, d.hidden, device=self.device, dtype=torch.bfloat16)
+        stream = torch.cuda.current_stream() if str(self.device).startswith("cuda") else None
+        self.kernels.kda_attention_decode(to_act(x, self.device), weights, slots, conv, recurrent, out, stream)
+        back = back_to(x)
+        return back(out), KdaState(conv=back(conv), recurrent=back(recurrent))
+
+
 def reference_ops() -> DecodeOps:
     """The fp32 reference ops: what the specialized path runs for an op family without a kernel."""
     return DecodeOps(name="reference", kda_step=kda_decode_step, mla_decode=mla_decode, latent_moe=latent_moe)
 
 
-def kernel_ops(device: str = "cuda", kernels: Any = None) -> DecodeOps:
-    """The reference ops with the latent MoE on the CuTe DSL kernels (the only kernel family so far)."""
+def kernel_ops(device: str = "cuda", moe_kernels: Any = None, kda_kernels: Any = None) -> DecodeOps:
+    """The CuTe DSL kernels where they exist (the latent MoE, KDA attention), the reference op for MLA."""
     return DecodeOps(
-        name="cute-moe", kda_step=kda_decode_step, mla_decode=mla_decode,
-        latent_moe=KernelLatentMoe(device, kernels),
+        name="cute", kda_step=KernelKdaStep(device, kda_kernels), mla_decode=mla_decode,
+        latent_moe=KernelLatentMoe(device, moe_kernels),
     )
 
 
@@ -194,9 +221,9 @@ def kernels_unavailable(device: str) -> str | None:
     if (major, minor) != (9, 0):
         return f"the kernels are built for sm_90a, this GPU is sm_{major}{minor}"
     try:
-        from kimi_k3_path.kernels import moe  # noqa: F401
+        from kimi_k3_path.kernels import kda, moe  # noqa: F401
     except ImportError as error:
-        return f"kimi_k3_path.kernels.moe does not import: {error}"
+        return f"the kernels do not import: {error}"
     return None
 
 

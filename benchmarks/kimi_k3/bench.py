@@ -10,15 +10,16 @@ layer steps, so consecutive steps touch disjoint weights and inputs and the L2 (
 serves a step from the previous one, and the graph launch (~9 us between events, more than a small layer) is spread
 over the steps as a decode step's graph spreads it over its layers. Replays alternate variants and are timed with
 CUDA events; a sample is one replay's time per step, and rows report the samples' median, p10-p90 spread and count.
-Before timing, the candidate MoE's output is checked against the fp32 reference. Each (layer, tp) runs in a fresh
+Before timing, the candidate's MoE and KDA attention are checked against the fp32 reference. Each (layer, tp) runs in a fresh
 child process (`--processes per-case`, the GPU default), as a server maps its weights once in a fresh process: in one
 process, a case run after another layer's measured slower in both variants, and running the stock-like kda_moe
 case once was enough to slow the next, not the memory it mapped (docs/design/kimi_k3_kernels.md §9).
 
 Variants: `baseline` is `benchmarks.kimi_k3.stock` (vLLM's stock op sequence on Hopper). `candidate` is the
 specialized path: the same stock-like layer with its latent MoE replaced by
-`kimi_k3_path.kernels.moe.latent_moe_decode` (`--candidate kernels`), or the stock ops themselves
-(`--candidate stock`: an A/A measurement until kernels land). `auto` takes the kernels when they import.
+`kimi_k3_path.kernels.moe.latent_moe_decode` and its KDA attention by `kimi_k3_path.kernels.kda.kda_attention_decode`
+(`--candidate kernels`), or the stock ops themselves (`--candidate stock`: an A/A measurement).
+`auto` takes the kernels when they import.
 
 Byte floor (floors.py): the bytes one step must move (every weight it reads once, only the experts the batch routes
 to and at their unpadded size, the KDA state read and written, the MLA cache rows read, the residual stream) over
@@ -230,6 +231,27 @@ class CandidateMoe:
         return out
 
 
+class CandidateKda:
+    """The specialized KDA attention plugged into the candidate layers: `kimi_k3_path.kernels.kda.kda_attention_decode`
+    on the stock layer's state copy, whose [M, ...] layout is the kernels' state pool with slot i for sequence i."""
+
+    def __init__(self, ref_weights: Any, dims: Any, device: str):
+        import torch
+
+        from kimi_k3_path.kernels import kda as kernels_kda
+
+        self._kernels = kernels_kda
+        self.weights = kernels_kda.prepare_attention_weights(ref_weights, dims, device)
+        self.slots = torch.arange(64, device=device, dtype=torch.int32)  # allocated once: graph-safe
+        self._torch = torch
+
+    def __call__(self, x: Any, state: Any) -> Any:
+        out = self._torch.empty_like(x)
+        self._kernels.kda_attention_decode(x, self.weights, self.slots[: x.shape[0]], state.conv, state.recurrent, out,
+                                           self._torch.cuda.current_stream(), check_slots=False)
+        return out
+
+
 def resolve_candidate(choice: str, device: str) -> tuple[str, str]:
     """('kernels' | 'stock', why)."""
     if choice == "stock":
@@ -239,12 +261,13 @@ def resolve_candidate(choice: str, device: str) -> tuple[str, str]:
             raise BenchError("--candidate kernels needs a GPU")
         return "stock", "candidate = the stock-like ops (CPU smoke)"
     try:
-        from kimi_k3_path.kernels import moe  # noqa: F401
+        from kimi_k3_path.kernels import kda, moe  # noqa: F401
     except ImportError as exc:
         if choice == "kernels":
-            raise BenchError(f"--candidate kernels: kimi_k3_path.kernels.moe does not import: {exc}") from exc
+            raise BenchError(f"--candidate kernels: the kernels do not import: {exc}") from exc
         return "stock", f"candidate = the stock-like ops (kernels not importable: {exc})"
-    return "kernels", "candidate = stock-like layer with kimi_k3_path.kernels.moe.latent_moe_decode"
+    return "kernels", ("candidate = stock-like layer with the CuTe DSL kernels: kernels.moe.latent_moe_decode for the "
+                       "MoE, kernels.kda.kda_attention_decode for KDA attention")
 
 
 class Bench:
@@ -306,7 +329,10 @@ class Bench:
                 "moe": stock.GpuMoe.from_reference(ref_moe, dims.moe, self.device, pad_intermediate=dims.stock_intermediate),
             }
             if layer == "kda_moe":
-                w["kda"] = stock.GpuKda.from_reference(random_kda_weights(dims.kda, gen), self.device)
+                ref_kda = random_kda_weights(dims.kda, gen)
+                w["kda"] = stock.GpuKda.from_reference(ref_kda, self.device)
+                w["candidate_kda"] = CandidateKda(ref_kda, dims.kda, self.device) if self.candidate_kind == "kernels" else None
+                w["ref_kda"] = ref_kda if copy == 0 and w["candidate_kda"] is not None else None  # for check_kda() only
             if layer == "mla_moe":
                 w["mla"] = stock.GpuMla.from_reference(random_mla_weights(dims.mla, gen), dims.mla, self.device)
             w["candidate_moe"] = CandidateMoe(ref_moe, dims.moe, self.device) if self.candidate_kind == "kernels" else None
@@ -335,9 +361,12 @@ class Bench:
                     copies = self.copies_for(floor)
             pairs = list(zip(weights, inputs))
             base_fns = [self.layer_fn(layer, dims, pos, w, item, None) for w, item in pairs]
-            cand_fns = [self.layer_fn(layer, dims, pos, w, item, w["candidate_moe"]) for w, item in pairs]
+            cand_fns = [self.layer_fn(layer, dims, pos, w, item, w["candidate_moe"], w.get("candidate_kda"))
+                        for w, item in pairs]
             err = self.check(layer, dims, pos, weights[0], inputs[0], tp, batch)
             checked = "" if err is None else f"; candidate MoE rel err {err:.2e} vs the fp32 reference"
+            kda_err = self.check_kda(dims, weights[0], inputs[0], tp, batch) if layer == "kda_moe" else None
+            checked += "" if kda_err is None else f"; candidate KDA attention rel err {kda_err:.2e} vs the fp32 reference"
             for fn in (base_fns[0], cand_fns[0]):  # compile and autotune outside the profiler
                 fn()
             base_kernels = self.kernel_count(base_fns[0], f"{layer} tp={tp} batch={batch}" if self.args.breakdown else None)
@@ -366,8 +395,11 @@ class Bench:
             raise BenchError(str(exc)) from exc
         ref_weights = step_stack.random_weights(layers, dims, shard_shapes(self.config, tp).dense_intermediate,
                                                 self.generator(10_000 * tp + 100 * LAYERS.index("step")))
-        kernels = (lambda w: CandidateMoe(w, dims.moe, self.device)) if self.candidate_kind == "kernels" else None
-        stack = step_stack.DeviceStack(layers, ref_weights, dims, self.device, kernels, self.sms())
+        kernels = self.candidate_kind == "kernels"
+        stack = step_stack.DeviceStack(
+            layers, ref_weights, dims, self.device,
+            moe_kernels=(lambda w: CandidateMoe(w, dims.moe, self.device)) if kernels else None,
+            kda_kernels=(lambda w: CandidateKda(w, dims.kda, self.device)) if kernels else None, sms=self.sms())
         arch = "cpu" if self.device == "cpu" else "sm_{}{}".format(*torch.cuda.get_device_capability(0))
         executor = build_executor(Deployment(arch=arch, tp=tp, max_batch=max(self.args.batch)))
         for batch in self.args.batch:
@@ -383,8 +415,8 @@ class Bench:
                 fn()
             decision = executor.decide(StepBatch.decode([self.args.context] * batch))
             yield Case("step", tp, batch, [base_fn], [cand_fn], floor, (
-                f"baseline = stock-like step ({self.kernel_count(base_fn)} kernels); {self.candidate_note} in every "
-                f"MoE layer ({self.kernel_count(cand_fn)} kernels); {step_stack.describe(layers)}; one step per CUDA "
+                f"baseline = stock-like step ({self.kernel_count(base_fn)} kernels); {self.candidate_note}, in every "
+                f"layer ({self.kernel_count(cand_fn)} kernels); {step_stack.describe(layers)}; one step per CUDA "
                 f"graph; executor decision for this batch: {decision.path} ({decision.reason}); MLA context "
                 f"{self.args.context} tokens, page {self.args.page}; no TP all-reduce (one GPU); floor = {floor} B / "
                 f"4.3e12 B/s{checked}"
@@ -392,41 +424,44 @@ class Bench:
 
     def check_step(self, stack: Any, ref_weights: list[Any], x: Any, states: list[Any], tp: int, batch: int) -> str:
         """Before timing, each variant runs the step once on its own copy of `states`: both outputs must be finite, and
-        the specialized MoE of every layer, on the input the step gave it, within 1e-2 of the fp32 reference MoE (the
-        per-layer rows' bar). How far the two steps' outputs are apart is reported, not judged: one near-tie in the
-        top-k selection (bf16 upstream) routes a token differently and moves the output of every later layer, so no
-        tolerance separates that from a fault; tests/benchmarks/kimi_k3/test_step.py checks the composition with
-        routing margins instead. Returns the note text; BenchError on a failure."""
+        in every layer the specialized ops, on the inputs the step gave them, within the per-layer rows' bars of the
+        fp32 reference (MoE 1e-2, KDA attention 2e-2: `check`, `check_kda`). How far the two steps' outputs are apart
+        is reported, not judged: one near-tie in the top-k selection (bf16 upstream) routes a token differently and
+        moves the output of every later layer, so no tolerance separates that from a fault;
+        tests/benchmarks/kimi_k3/test_step.py checks the composition with routing margins instead. Returns the note
+        text; BenchError on a failure."""
         import torch
 
-        from kimi_k3_path.reference import latent_moe, rel_err
+        from kimi_k3_path.reference import rel_err
 
-        moe_inputs: dict[int, Any] = {}
+        seen: dict[tuple[int, str], Any] = {}
         outputs = {
             "stock-like": stack.step_fn(x, states, specialized=False)(),
             "specialized": stack.step_fn(x, states, specialized=True,
-                                         observe=lambda i, h: moe_inputs.__setitem__(i, h.clone()))(),
+                                         observe=lambda i, stage, h: seen.__setitem__((i, stage), h.clone()))(),
         }
         for name, out in outputs.items():
             if not torch.isfinite(out).all():
                 raise BenchError(f"step tp={tp} batch={batch}: the {name} step's output is not finite")
-        moe_errors = []
+        errors: dict[str, list[float]] = {"MoE": [], "KDA attention": []}
         for i, part in enumerate(stack.parts):
             if part.get("kernels") is not None:
-                h = moe_inputs[i]
-                err = rel_err(part["kernels"](h), latent_moe(h.float(), ref_weights[i].moe, stack.dims.moe))
-                if not err < 1e-2:
-                    raise BenchError(f"step tp={tp} batch={batch}: layer {i}'s candidate MoE is {err:.3g} from the "
-                                     "fp32 reference (bar 1e-2)")
-                moe_errors.append(err)
+                w = {"candidate_moe": part["kernels"], "ref_moe": ref_weights[i].moe}
+                errors["MoE"].append(self.check("moe", stack.dims, None, w, {"x": seen[i, "mlp"]}, tp, batch))
+            if part.get("kda_kernels") is not None:
+                w = {"candidate_kda": part["kda_kernels"], "ref_kda": ref_weights[i].kda}
+                item = {"x": seen[i, "attention"], "state": states[i]}
+                errors["KDA attention"].append(self.check_kda(stack.dims, w, item, tp, batch))
+        checked = "".join(f"candidate {what} rel err vs the fp32 reference, worst of {len(errs)} layers {max(errs):.2e}; "
+                          for what, errs in errors.items() if errs)
         apart = rel_err(outputs["specialized"], outputs["stock-like"])
-        checked = (f"candidate MoE rel err vs the fp32 reference, worst of {len(moe_errors)} layers "
-                   f"{max(moe_errors):.2e}; " if moe_errors else "")
         return checked + f"specialized vs stock-like step output rel err {apart:.2e}"
 
-    def attention_fn(self, layer: str, dims: Any, pos: Any, w: dict[str, Any], item: dict[str, Any]) -> Callable[[], Any]:
-        """A closure computing the MoE input of one decode step on copy `item`: the stock attention part (the same
-        code in both variants, on its own copies of the stream/state/cache), or the input itself for the bare block."""
+    def attention_fn(self, layer: str, dims: Any, pos: Any, w: dict[str, Any], item: dict[str, Any],
+                     kda_op: Any = None) -> Callable[[], Any]:
+        """A closure computing the MoE input of one decode step on copy `item` (its own copies of the stream, state
+        and cache): AttnRes, the stock attention (or `kda_op(h, state)` for KDA), AttnRes; or the input itself for the
+        bare block."""
         from benchmarks.kimi_k3 import stock
 
         if layer == "moe":
@@ -437,17 +472,20 @@ class Bench:
         norms = w["norms"]
         if layer == "kda_moe":
             state = stock.GpuKdaState.from_reference(item["state"], self.device)
+            if kda_op is not None:
+                return lambda: stock.attention_part(delta, stream, norms, pos, lambda h: kda_op(h, state))
             return lambda: stock.kda_attention_part(delta, stream, norms, w["kda"], state, pos, dims.kda)
         cache = stock.GpuLatentCache.from_reference(item["cache"], self.device, sms=self.sms())
         return lambda: stock.mla_attention_part(delta, stream, norms, w["mla"], cache, pos, dims.mla)
 
-    def layer_fn(self, layer: str, dims: Any, pos: Any, w: dict[str, Any], item: dict[str, Any], cand_moe: Any) -> Callable[[], Any]:
+    def layer_fn(self, layer: str, dims: Any, pos: Any, w: dict[str, Any], item: dict[str, Any], cand_moe: Any,
+                 cand_kda: Any = None) -> Callable[[], Any]:
         """A closure running one decode step of `layer` on copy `item` (its own stream/state/cache)."""
         from benchmarks.kimi_k3 import stock
 
         moe = w["moe"]
         moe_fn = cand_moe if cand_moe is not None else (lambda h: stock.latent_moe(h, moe, dims.moe))
-        attention = self.attention_fn(layer, dims, pos, w, item)
+        attention = self.attention_fn(layer, dims, pos, w, item, cand_kda)
         return lambda: moe_fn(attention())
 
     def sms(self) -> int:
@@ -457,8 +495,8 @@ class Bench:
 
     def check(self, layer: str, dims: Any, pos: Any, w: dict[str, Any], item: dict[str, Any], tp: int, batch: int) -> float | None:
         """The candidate computes the latent MoE: on this step's MoE input, its bf16 output is within 1e-2 of the fp32
-        reference (issue 6's bar). Only the MoE differs between the variants, so that is what is compared; the
-        stock-like baseline has its own GPU tests. Returns the relative error, or None with no candidate."""
+        reference (issue 6's bar). The stock-like baseline has its own GPU tests. Returns the relative error, or None
+        with no candidate."""
         from kimi_k3_path.reference import latent_moe, rel_err
 
         if w["candidate_moe"] is None:
@@ -467,6 +505,24 @@ class Bench:
         err = rel_err(w["candidate_moe"](h), latent_moe(h.float(), w["ref_moe"], dims.moe))
         if not err < 1e-2:
             raise BenchError(f"{layer} tp={tp} batch={batch}: the candidate MoE is {err:.3g} from the fp32 reference (bar 1e-2)")
+        return err
+
+    def check_kda(self, dims: Any, w: dict[str, Any], item: dict[str, Any], tp: int, batch: int) -> float | None:
+        """The candidate computes KDA attention: on the step's input and state (its own copy), its output and updated
+        recurrent state within 2e-2 of the fp32 reference step (bf16 GEMMs around the kernel: the stock path's bar).
+        Returns the larger relative error, or None with no candidate."""
+        from benchmarks.kimi_k3 import stock
+        from kimi_k3_path.reference import kda_decode_step, rel_err
+
+        if w.get("candidate_kda") is None:
+            return None
+        state = stock.GpuKdaState.from_reference(item["state"], self.device)
+        out = w["candidate_kda"](item["x"], state)
+        ref_out, ref_state = kda_decode_step(item["x"].float(), w["ref_kda"], item["state"], dims.kda)
+        err = max(rel_err(out, ref_out), rel_err(state.recurrent, ref_state.recurrent))
+        if not err < 2e-2:
+            raise BenchError(f"kda_moe tp={tp} batch={batch}: the candidate KDA attention is {err:.3g} from the fp32 "
+                             "reference (bar 2e-2)")
         return err
 
     def kernel_count(self, fn: Callable[[], Any], breakdown_label: str | None = None) -> int | str:

@@ -3,7 +3,7 @@ starts with (by default its first AttnRes block: layer 0 with KDA and the dense 
 in the config's order), run layer after layer, captured by the bench as one CUDA graph per batch size.
 
 The two variants differ as the per-layer rows do: the stock-like step runs every layer as `stock.py`'s op sequence;
-the specialized step is the same step with each MoE block on the CuTe DSL kernels. Each step starts as vLLM starts
+the specialized step is the same step with each MoE block and each KDA attention on the CuTe DSL kernels. Each step starts as vLLM starts
 one: the residual stream's prefix is the token embeddings, its blocks are empty and layer 0 has no delta; the KDA
 states and MLA caches persist from step to step. Not in the step: the embedding lookup, the final AttnRes mix and
 norm, the LM head, sampling, and the tensor-parallel all-reduces (one GPU; issue 40).
@@ -99,11 +99,13 @@ def reference_step(x: Any, layers: tuple[StackLayer, ...], weights: list[Any], s
 
 
 class DeviceStack:
-    """The stack's weights in the stock layouts on `device`, shared read-only by both variants; `moe_kernels` maps a
-    layer's reference MoE weights to the specialized MoE (x -> out), or is None where no kernels run."""
+    """The stack's weights in the stock layouts on `device`, shared read-only by both variants. Where kernels run,
+    `moe_kernels` maps a layer's reference MoE weights to the specialized MoE (x -> out) and `kda_kernels` its
+    reference KDA weights to the specialized KDA attention ((x, stock state) -> out); None where none run."""
 
     def __init__(self, layers: tuple[StackLayer, ...], weights: list[Any], dims: Any, device: str,
-                 moe_kernels: Callable[[Any], Callable[[Any], Any]] | None, sms: int):
+                 moe_kernels: Callable[[Any], Callable[[Any], Any]] | None,
+                 kda_kernels: Callable[[Any], Callable[[Any, Any], Any]] | None, sms: int):
         from benchmarks.kimi_k3 import stock
 
         self.layers, self.dims, self.device, self.sms = layers, dims, device, sms
@@ -112,6 +114,7 @@ class DeviceStack:
             part: dict[str, Any] = {"norms": stock.GpuNorms.from_reference(w.norms, device)}
             if layer.attention == "kda":
                 part["kda"] = stock.GpuKda.from_reference(w.kda, device)
+                part["kda_kernels"] = kda_kernels(w.kda) if kda_kernels is not None else None
             else:
                 part["mla"] = stock.GpuMla.from_reference(w.mla, dims.mla, device)
             if layer.kind == "kda_dense":
@@ -122,10 +125,10 @@ class DeviceStack:
             self.parts.append(part)
 
     def step_fn(self, x: Any, states: list[Any], specialized: bool,
-                observe: Callable[[int, Any], None] | None = None) -> Callable[[], Any]:
+                observe: Callable[[int, str, Any], None] | None = None) -> Callable[[], Any]:
         """A closure running one step on its own device copies of `states` (updated in place, step after step) for
-        embeddings x [M, H] bf16; returns the last layer's output. `observe(i, mlp_input)` sees each layer's MLP
-        input (eager runs only)."""
+        embeddings x [M, H] bf16; returns the last layer's output. `observe(i, "attention" | "mlp", input)` sees what
+        each layer's attention and MLP read (eager runs only)."""
         import torch
 
         from benchmarks.kimi_k3 import stock
@@ -143,12 +146,12 @@ class DeviceStack:
             stream.blocks.zero_()
             delta = zeros
             for i, (layer, part, state) in enumerate(zip(self.layers, self.parts, device_states)):
-                if layer.attention == "kda":
-                    h = stock.kda_attention_part(delta, stream, part["norms"], part["kda"], state, layer.pos, self.dims.kda)
-                else:
-                    h = stock.mla_attention_part(delta, stream, part["norms"], part["mla"], state, layer.pos, self.dims.mla)
+                attend = self.attention(part, state, specialized)
                 if observe is not None:
-                    observe(i, h)
+                    attend = _observed(attend, lambda a, i=i: observe(i, "attention", a))
+                h = stock.attention_part(delta, stream, part["norms"], layer.pos, attend)
+                if observe is not None:
+                    observe(i, "mlp", h)
                 if layer.kind == "kda_dense":
                     delta = stock.dense_mlp(h, part["dense"])
                 elif specialized and part["kernels"] is not None:
@@ -159,13 +162,38 @@ class DeviceStack:
 
         return step
 
+    def attention(self, part: dict[str, Any], state: Any, specialized: bool) -> Callable[[Any], Any]:
+        """The layer's attention op on its device state: the KDA kernels in the specialized step where they run, else
+        the stock-like ops."""
+        from benchmarks.kimi_k3 import stock
+
+        if "kda" in part:
+            kernels = part["kda_kernels"] if specialized else None
+            if kernels is not None:
+                return lambda h: kernels(h, state)
+            return lambda h: stock.kda_attention(h, part["kda"], state, self.dims.kda)
+        return lambda h: stock.mla_attention(h, part["mla"], state, self.dims.mla)
+
     def floor_bytes(self, x: Any, states: list[Any]) -> int:
         """The step's byte floor: its layers' floors (floors.layer_bytes), each with the MLP input the stock-like
         step computes for it from x and `states` (an eager run on copies; the routed experts depend on it)."""
         inputs: dict[int, Any] = {}
-        self.step_fn(x, states, specialized=False, observe=lambda i, h: inputs.__setitem__(i, h.clone()))()
+
+        def keep(i: int, stage: str, h: Any) -> None:
+            if stage == "mlp":
+                inputs[i] = h.clone()
+
+        self.step_fn(x, states, specialized=False, observe=keep)()
         return sum(
             layer_bytes(layer.kind, self.dims, layer.pos, part,
                         {"state" if layer.attention == "kda" else "cache": state}, inputs[i])
             for i, (layer, part, state) in enumerate(zip(self.layers, self.parts, states))
         )
+
+
+def _observed(attend: Callable[[Any], Any], see: Callable[[Any], None]) -> Callable[[Any], Any]:
+    def run(h: Any) -> Any:
+        see(h)
+        return attend(h)
+
+    return run

@@ -44,6 +44,7 @@ Where and why this differs from vLLM's real SM90 path:
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -786,22 +787,29 @@ def _pre_mlp(attn_out: torch.Tensor, s: GpuStream, n: GpuNorms, pos: LayerPositi
     )
 
 
+def attention_part(
+    delta: torch.Tensor, stream: GpuStream, norms: GpuNorms, pos: LayerPosition,
+    attend: Callable[[torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """A layer up to its MLP input around any attention op `attend` (mixed input -> attention output): AttnRes,
+    attention, AttnRes. Updates `stream` in place."""
+    return _pre_mlp(attend(_pre_attention(delta, stream, norms, pos)), stream, norms, pos)
+
+
 def kda_attention_part(
     delta: torch.Tensor, stream: GpuStream, norms: GpuNorms, kda: GpuKda, state: GpuKdaState, pos: LayerPosition,
     kda_dims: KdaDims,
 ) -> torch.Tensor:
-    """A KDA layer up to the MoE input: AttnRes, KDA, AttnRes. Updates `stream` and `state` in place."""
-    h = _pre_attention(delta, stream, norms, pos)
-    return _pre_mlp(kda_attention(h, kda, state, kda_dims), stream, norms, pos)
+    """A KDA layer up to the MoE input. Updates `stream` and `state` in place."""
+    return attention_part(delta, stream, norms, pos, lambda h: kda_attention(h, kda, state, kda_dims))
 
 
 def mla_attention_part(
     delta: torch.Tensor, stream: GpuStream, norms: GpuNorms, mla: GpuMla, cache: GpuLatentCache, pos: LayerPosition,
     mla_dims: MlaDims,
 ) -> torch.Tensor:
-    """An MLA layer up to the MoE input: AttnRes, MLA, AttnRes. Updates `stream` and `cache` in place."""
-    h = _pre_attention(delta, stream, norms, pos)
-    return _pre_mlp(mla_attention(h, mla, cache, mla_dims), stream, norms, pos)
+    """An MLA layer up to the MoE input. Updates `stream` and `cache` in place."""
+    return attention_part(delta, stream, norms, pos, lambda h: mla_attention(h, mla, cache, mla_dims))
 
 
 def kda_moe_layer(

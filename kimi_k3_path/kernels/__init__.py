@@ -1,4 +1,4 @@
-"""CuTe DSL kernels of the Kimi K3 latent-MoE decode block for the H200 (sm_90a), one kernel per module:
+"""CuTe DSL kernels of the Kimi K3 decode path for the H200 (sm_90a), one kernel per module:
 
   moe.py                 `latent_moe_decode`: the block's 4 launches, weights and workspace
   dispatch.py            which form of each launch a (TP, M) runs: the one table (pure, no GPU)
@@ -9,8 +9,9 @@
   gemm2_mma.py           launch 3, 2..64 tokens: GEMM2 + combine + latent RMSNorm on the tensor cores
   finalize_streamed.py   launch 4, 1 token: up-projection + shared down, weights streamed through shared memory
   finalize_mma.py        launch 4, 2..64 tokens: the same on the tensor cores
-  kda_recurrent.py       the KDA decode step between its GEMVs (conv, norms, gate, delta rule, gated RMSNorm) in
-                         one launch: correct on the H200 (its GPU tests), not yet timed, not used by the executor
+  kda.py                 `kda_attention_decode`: a KDA layer's attention (in_proj, f_b, the middle, o_proj)
+  kda_recurrent.py       its middle between the GEMVs (conv, norms, gate, delta rule, gated RMSNorm) in one
+                         launch: correct on the H200 (its GPU tests), not yet timed
 
 and the device functions they share: `router` (logits, top-k, plan), `gemv` (split-K row dots), `mma` (bf16
 mma.sync tiles), `fp4_mma` (MXFP4 on the tensor cores), `shared` (shared experts' gate_up), `norm_tail` (the batch

@@ -15,6 +15,7 @@ from kimi_k3_path.executor import (  # noqa: E402
     ComposedPath,
     DecodeExecutor,
     DecodeOps,
+    KernelKdaStep,
     KernelLatentMoe,
     ReferenceLayers,
     StepBatch,
@@ -25,9 +26,11 @@ from kimi_k3_path.executor import (  # noqa: E402
 from kimi_k3_path.reference import (  # noqa: E402
     KdaDims,
     KdaMoeLayerWeights,
+    KdaState,
     LayerPosition,
     MlaDims,
     MoeDims,
+    kda_decode_step,
     latent_moe,
     mla_decode_unabsorbed,
     naive,
@@ -394,11 +397,54 @@ def test_the_kernel_op_prepares_once_and_returns_fp32(gen):
     assert kernels.prepared == 2
 
 
-def test_a_layer_composed_with_the_kernel_op_agrees_with_the_stock_path(gen):
+class StandInKdaKernels:
+    """kimi_k3_path.kernels.kda's interface (prepare_attention_weights, kda_attention_decode: state updated in place at
+    its slots), computed by the fp32 reference on the CPU."""
+
+    def __init__(self):
+        self.prepared = 0
+        self.launches = 0
+
+    def prepare_attention_weights(self, ref, d, device):
+        self.prepared += 1
+        return SimpleNamespace(ref=ref, d=d, device=device)
+
+    def kda_attention_decode(self, x, w, slots, conv_state, state, out, stream, check_slots=True):
+        assert x.dtype == torch.bfloat16 and out.dtype == torch.bfloat16 and stream is None
+        assert conv_state.dtype == torch.bfloat16 and state.dtype == torch.float32 and slots.dtype == torch.int32
+        self.launches += 1
+        idx = slots.long()
+        o, new = kda_decode_step(x.float(), w.ref, KdaState(conv_state[idx].float(), state[idx]), w.d)
+        conv_state[idx] = new.conv.to(torch.bfloat16)
+        state[idx] = new.recurrent
+        out.copy_(o)
+
+
+def test_the_kda_kernel_op_is_pure_prepares_once_and_returns_fp32(gen):
     d = TINY_TP8
-    kernels = StandInKernels()
-    executor = DecodeExecutor(H200_TP8, ComposedPath(kernel_ops("cpu", kernels)), ReferenceLayers())
-    assert executor.specialized.name == f"{SPECIALIZED}[cute-moe]"
+    kernels = StandInKdaKernels()
+    op = KernelKdaStep(device="cpu", kernels=kernels)
+    w = random_kda_weights(d.kda, gen)
+    state = random_kda_state(d.kda, 3, gen)
+    state = KdaState(conv=state.conv.bfloat16().float(), recurrent=state.recurrent)  # the kernels keep it in bf16
+    before = KdaState(conv=state.conv.clone(), recurrent=state.recurrent.clone())
+    x = torch.randn(3, d.kda.hidden, generator=gen).bfloat16().float()
+    out, new = op(x, w, state, d.kda)
+    op(x[:1], w, KdaState(state.conv[:1], state.recurrent[:1]), d.kda)
+    assert (kernels.prepared, kernels.launches) == (1, 2)
+    assert torch.equal(state.conv, before.conv) and torch.equal(state.recurrent, before.recurrent)
+    ref_out, ref_new = kda_decode_step(x, w, state, d.kda)
+    assert out.dtype == torch.float32 and new.recurrent.dtype == torch.float32
+    assert_close(out, ref_out, 2.0**-7)  # the output crosses in bf16
+    assert_close(new.recurrent, ref_new.recurrent, 1e-6)
+    assert_close(new.conv, ref_new.conv, 2.0**-7)  # stored in bf16
+
+
+def test_a_layer_composed_with_the_kernel_ops_agrees_with_the_stock_path(gen):
+    d = TINY_TP8
+    kernels, kda_kernels = StandInKernels(), StandInKdaKernels()
+    executor = DecodeExecutor(H200_TP8, ComposedPath(kernel_ops("cpu", kernels, kda_kernels)), ReferenceLayers())
+    assert executor.specialized.name == f"{SPECIALIZED}[cute]"
     w = decisive_routing(random_kda_moe_layer(d.kda, d.moe, gen), gen)
     batch = StepBatch.decode([3, 8])
     state = random_kda_state(d.kda, 2, gen)
@@ -407,7 +453,7 @@ def test_a_layer_composed_with_the_kernel_op_agrees_with_the_stock_path(gen):
     pos = LayerPosition(2, block_size=d.attn_res_block)
     out, _, _ = executor.kda_moe(batch, delta, stream, w, state, pos, d)
     ref, _, _ = ReferenceLayers().kda_moe(delta, stream, w, state, pos, d)
-    assert kernels.launches == 1
+    assert kernels.launches == 1 and kda_kernels.launches == 1
     assert_close(out, ref, 2e-2)
 
 
@@ -417,13 +463,13 @@ def test_kernels_are_taken_only_where_they_run():
 
 @pytest.mark.gpu
 def test_on_the_h200_the_specialized_path_runs_the_kernels_and_agrees_with_stock(gen):
-    """Real TP8 per-rank shapes: the KDA reference op on the host and the latent MoE on the CuTe DSL kernels,
-    against the stock-like sequence (cuBLAS + Triton) on the GPU, for one decode step of 4 sequences."""
+    """Real TP8 per-rank shapes: KDA attention and the latent MoE on the CuTe DSL kernels, against the stock-like
+    sequence (cuBLAS + Triton) on the GPU, for one decode step of 4 sequences."""
     d = layer_dims(named_config("kimi_k3"), tp=8)
     from benchmarks.kimi_k3.stock_layers import StockLikeLayers
 
     executor = build_executor(H200_TP8, device="cuda", stock=StockLikeLayers("cuda"))
-    assert executor.specialized.name == f"{SPECIALIZED}[cute-moe]" and executor.stock.name == "stock-like"
+    assert executor.specialized.name == f"{SPECIALIZED}[cute]" and executor.stock.name == "stock-like"
     # The MXFP4 experts are made packed (random_moe_weights): packing 2.5e9 fp32 values on the host is too slow.
     w = decisive_routing(
         KdaMoeLayerWeights(random_layer_norms(d.kda.hidden, gen), random_kda_weights(d.kda, gen),

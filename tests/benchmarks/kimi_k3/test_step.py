@@ -20,6 +20,7 @@ from benchmarks.kimi_k3 import step  # noqa: E402
 from kimi_k3_path.config import named_config  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]
+COMPOSITION_BAR = 0.2
 
 
 def _run(args: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
@@ -48,7 +49,7 @@ _COMPOSITION = textwrap.dedent("""
     import torch
     from benchmarks.kimi_k3 import step
     from kimi_k3_path.config import named_config, shard_shapes
-    from kimi_k3_path.reference import LayerPosition, rel_err
+    from kimi_k3_path.reference import KdaState, LayerPosition, kda_decode_step, latent_moe, rel_err
     from kimi_k3_path.reference.dims import layer_dims
 
     def rounded(obj):
@@ -76,16 +77,37 @@ _COMPOSITION = textwrap.dedent("""
     x = torch.randn(batch, dims.moe.hidden, generator=gen).bfloat16()
     before = copy.deepcopy(states)
     expected = step.reference_step(x.float(), layers, weights, states, dims)
-    stack = step.DeviceStack(layers, weights, dims, "cpu", None, sms=4)
+    stack = step.DeviceStack(layers, weights, dims, "cpu", None, None, sms=4)
     fn = stack.step_fn(x, states, specialized=False)
     first, second = fn().float(), fn().float()
     fresh = stack.step_fn(x, states, specialized=True)().float()
+    # The specialized step with stand-ins for the kernels (the fp32 reference ops, state updated in place as the
+    # kernels update it): every MoE and KDA layer must go through them.
+    calls = {"moe": 0, "kda": 0}
+
+    def moe_kernels(w):
+        def run(h):
+            calls["moe"] += 1
+            return latent_moe(h.float(), w, dims.moe).bfloat16()
+        return run
+
+    def kda_kernels(w):
+        def run(h, state):
+            calls["kda"] += 1
+            o, new = kda_decode_step(h.float(), w, KdaState(state.conv.float(), state.recurrent), dims.kda)
+            state.conv.copy_(new.conv)
+            state.recurrent.copy_(new.recurrent)
+            return o.bfloat16()
+        return run
+
+    special = step.DeviceStack(layers, weights, dims, "cpu", moe_kernels, kda_kernels, sms=4)
+    special_err = rel_err(special.step_fn(x, states, specialized=True)().float(), expected)
     # The same stack without its second block boundary (layer 4 mixing as if inside block 0): a composition mistake.
     shifted = tuple(dataclasses.replace(l, pos=LayerPosition(l.pos.layer, 2 * l.pos.block_size)) for l in layers)
     wrong = step.reference_step(x.float(), shifted, weights, states, dims)
     print(json.dumps({
         "err": rel_err(first, expected), "wrong": rel_err(first, wrong), "fresh": rel_err(fresh, first),
-        "second": rel_err(second, first),
+        "second": rel_err(second, first), "special": special_err, "calls": calls,
         "untouched": all(torch.equal(a.recurrent if hasattr(a, "recurrent") else a.pages,
                                      b.recurrent if hasattr(b, "recurrent") else b.pages) for a, b in zip(before, states)),
     }))
@@ -98,13 +120,15 @@ def test_the_stock_like_step_composes_the_layers_as_the_reference_step():
     proc = _run(["-c", _COMPOSITION, str(seed)])
     assert proc.returncode == 0, f"seed {seed}\n{proc.stderr[-3000:]}"
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    # bf16 activations through 8 layers against fp32 (2.9e-2 and 4.3e-2 seen); a missing block boundary is of
-    # order 1 (1.16 seen).
-    assert result["err"] < 8e-2, (seed, result)
-    assert result["wrong"] > 0.3, (seed, result)
+    # bf16 activations and residual stream through 8 tiny layers against fp32: 1.4e-2 to 9e-2 over the seeds tried;
+    # without the second block boundary 0.49 to 1.16. The same bar rejects that mistake.
+    assert result["err"] < COMPOSITION_BAR, (seed, result)
+    assert result["wrong"] > COMPOSITION_BAR, (seed, result)
     # Each closure has its own state copies, updated in place: a fresh closure repeats the first step exactly,
     # the same closure's second step differs (the state moved on), and the reference states are untouched.
     assert result["fresh"] == 0.0 and result["second"] > 1e-3 and result["untouched"], (seed, result)
+    # The tiny config's 8 layers: KDA at 0, 1, 2, 4, 5, 6; an MoE everywhere but layer 0.
+    assert result["calls"] == {"moe": 7, "kda": 6} and result["special"] < COMPOSITION_BAR, (seed, result)
 
 
 @pytest.mark.slow
