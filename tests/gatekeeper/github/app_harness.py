@@ -146,6 +146,17 @@ def setup_pull(fake: FakeGitHub, files: list[dict[str, Any]] | None = None, agen
     return repo
 
 
+def comment_event(body: str, login: str, number: int = 2) -> dict[str, Any]:
+    """The issue_comment.created example as a comment by `login` on PR `number` of REPO."""
+    event = webhook_example("issue_comment.created")
+    event["issue"]["number"] = number
+    event["issue"]["pull_request"] = {"url": f"https://api.github.com/repos/{REPO}/pulls/{number}"}
+    event["comment"]["body"] = body
+    event["comment"]["user"]["login"] = login
+    event["installation"] = {"id": INSTALLATION}
+    return event
+
+
 def judge_opened(app: RunningApp, delivery: str = "d-opened") -> dict[str, Any]:
     """Send the signed pull_request.opened example and wait until it is processed."""
     app.send("pull_request", OPENED, delivery=delivery)

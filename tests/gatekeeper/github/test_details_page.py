@@ -8,8 +8,8 @@ import re
 import sqlite3
 
 import pytest
-from app_harness import BASE, HEAD, INSTALLATION, POLICY, REPO, both_stores, file_entry, judge_opened, setup_pull
-from fake_github import FakeCommit, webhook_example
+from app_harness import BASE, HEAD, POLICY, REPO, both_stores, comment_event, file_entry, judge_opened, setup_pull
+from fake_github import FakeCommit
 
 from gatekeeper.github.db import open_database
 
@@ -96,12 +96,7 @@ def test_the_page_of_an_overridden_head_says_so(fake, start_app):
     repo.permissions["maintainer"] = "write"
     app = start_app(public_url=PUBLIC_URL)
     judge_opened(app)
-    comment = webhook_example("issue_comment.created")
-    comment["issue"]["number"] = 2
-    comment["issue"]["pull_request"] = {"url": f"https://api.github.com/repos/{REPO}/pulls/2"}
-    comment["comment"].update(body=f"/gatekeeper override {HEAD[:10]} <b>reviewed</b> by hand")
-    comment["comment"]["user"]["login"] = "maintainer"
-    comment["installation"] = {"id": INSTALLATION}
+    comment = comment_event(f"/gatekeeper override {HEAD[:10]} <b>reviewed</b> by hand", "maintainer")
     app.send("issue_comment", comment, delivery="d-override")
     app.wait_done("d-override")
     [run] = fake.check_runs(REPO, HEAD)

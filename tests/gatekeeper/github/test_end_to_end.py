@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 
-from app_harness import AGENT_COMMIT, INSTALLATION, REPO, both_stores, file_entry, setup_repo
+from app_harness import AGENT_COMMIT, REPO, both_stores, comment_event, file_entry, setup_repo
 from fake_github import FakeCommit, FakePull, webhook_example
 
 HEAD_FIXED = "1" * 40
@@ -16,16 +16,6 @@ def _pull_event(name: str, head: str | None = None) -> dict:
     if head is not None:
         event["pull_request"]["head"]["sha"] = head
         event["after"] = head
-    return event
-
-
-def _comment_event(body: str, login: str, number: int = 2) -> dict:
-    event = webhook_example("issue_comment.created")
-    event["issue"]["number"] = number
-    event["issue"]["pull_request"] = {"url": f"https://api.github.com/repos/{REPO}/pulls/{number}"}
-    event["comment"]["body"] = body
-    event["comment"]["user"]["login"] = login
-    event["installation"] = {"id": INSTALLATION}
     return event
 
 
@@ -81,13 +71,13 @@ def test_failure_fix_redelivery_override(fake, start_app):
     [broken] = fake.check_runs(REPO, HEAD_BROKEN_AGAIN)
     assert broken["conclusion"] == "failure"
 
-    app.send("issue_comment", _comment_event(f"/gatekeeper override {HEAD_BROKEN_AGAIN[:7]} not mine", "drive-by"),
+    app.send("issue_comment", comment_event(f"/gatekeeper override {HEAD_BROKEN_AGAIN[:7]} not mine", "drive-by"),
              delivery="d-refused")
     assert app.wait_done("d-refused")["outcome"].startswith("refused override by @drive-by")
     assert fake.check_runs(REPO, HEAD_BROKEN_AGAIN)[0]["conclusion"] == "failure"
 
     comment = f"Looks fine to me.\n/gatekeeper override {HEAD_BROKEN_AGAIN[:10]} the engine hook is reviewed upstream"
-    app.send("issue_comment", _comment_event(comment, "maintainer"), delivery="d-override")
+    app.send("issue_comment", comment_event(comment, "maintainer"), delivery="d-override")
     app.wait_done("d-override")
     [overridden] = fake.check_runs(REPO, HEAD_BROKEN_AGAIN)
     assert overridden["id"] == broken["id"]  # the same check run, updated: never a second one for a head

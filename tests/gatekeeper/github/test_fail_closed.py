@@ -20,6 +20,7 @@ from app_harness import (
     OPENED,
     POLICY,
     REPO,
+    comment_event,
     file_entry,
     judge_opened,
     setup_pull,
@@ -123,15 +124,6 @@ def test_the_same_head_with_other_files_is_judged_again(fake, start_app):
 
 # --- 4. an override approves the head its author saw -----------------------------------------------------
 
-def _comment(body: str, login: str) -> dict:
-    event = webhook_example("issue_comment.created")
-    event["issue"]["number"] = 2
-    event["issue"]["pull_request"] = {"url": f"https://api.github.com/repos/{REPO}/pulls/2"}
-    event["comment"]["body"], event["comment"]["user"]["login"] = body, login
-    event["installation"] = {"id": INSTALLATION}
-    return event
-
-
 def _failing_pr(fake, start_app, policy: str = POLICY, **config):
     _with_policy(fake, policy, files=[file_entry("outside.py")])
     repo = fake.repos[REPO]
@@ -144,7 +136,7 @@ def _failing_pr(fake, start_app, policy: str = POLICY, **config):
 def test_an_override_naming_an_older_head_is_refused_with_a_reply(fake, start_app):
     app, repo = _failing_pr(fake, start_app)
     repo.pulls[2].head_sha = NEW_HEAD  # pushed after the maintainer looked
-    app.send("issue_comment", _comment(f"/gatekeeper override {HEAD[:7]} reviewed", "maintainer"), delivery="d-o")
+    app.send("issue_comment", comment_event(f"/gatekeeper override {HEAD[:7]} reviewed", "maintainer"), delivery="d-o")
     row = app.wait_done("d-o")
     assert row["status"] == "done" and row["outcome"].startswith("refused override by @maintainer: it names head")
     [reply] = [c for c in repo.comments.values() if "override was refused" in c["body"]]
@@ -154,20 +146,20 @@ def test_an_override_naming_an_older_head_is_refused_with_a_reply(fake, start_ap
 
 def test_the_author_may_not_override_unless_the_policy_says_so(fake, start_app):
     app, repo = _failing_pr(fake, start_app)
-    app.send("issue_comment", _comment(f"/gatekeeper override {HEAD[:7]} mine is fine", "dev"), delivery="d-self")
+    app.send("issue_comment", comment_event(f"/gatekeeper override {HEAD[:7]} mine is fine", "dev"), delivery="d-self")
     assert "author may not override" in app.wait_done("d-self")["outcome"]
     assert _run(fake)["conclusion"] == "failure"
     repo.trees[BASE][".github/gatekeeper.yml"] = POLICY + "app: {allow_author_override: true}\n"
-    app.send("issue_comment", _comment(f"/gatekeeper override {HEAD[:7]} mine is fine", "dev"), delivery="d-self2")
+    app.send("issue_comment", comment_event(f"/gatekeeper override {HEAD[:7]} mine is fine", "dev"), delivery="d-self2")
     assert app.wait_done("d-self2")["outcome"].startswith("success: Overridden by @dev")
 
 
 def test_commands_in_code_or_quotes_and_strangers_are_not_overrides(fake, start_app):
     app, repo = _failing_pr(fake, start_app)
     fenced = f"To override, write:\n```\n/gatekeeper override {HEAD[:7]} reason\n```\n"
-    app.send("issue_comment", _comment(fenced, "maintainer"), delivery="d-fence")
+    app.send("issue_comment", comment_event(fenced, "maintainer"), delivery="d-fence")
     assert app.wait_done("d-fence")["outcome"] == "ignored: no gatekeeper command"
-    app.send("issue_comment", _comment(f"/gatekeeper override {HEAD[:7]} drive-by", "stranger"), delivery="d-x")
+    app.send("issue_comment", comment_event(f"/gatekeeper override {HEAD[:7]} drive-by", "stranger"), delivery="d-x")
     row = app.wait_done("d-x")  # GitHub answers 404 for a non-collaborator's permission: a refusal, not an error
     assert row["status"] == "done" and "permission on Codertocat/Hello-World is `none`" in row["outcome"]
     assert [e["kind"] for e in app.records().audit_log()][-1] == "override_refused"

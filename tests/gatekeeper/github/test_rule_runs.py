@@ -5,7 +5,18 @@ merge groups carrying each rule's run."""
 
 from __future__ import annotations
 
-from app_harness import BASE, HEAD, INSTALLATION, OPENED, POLICY, REPO, file_entry, judge_opened, setup_pull
+from app_harness import (
+    BASE,
+    HEAD,
+    INSTALLATION,
+    OPENED,
+    POLICY,
+    REPO,
+    comment_event,
+    file_entry,
+    judge_opened,
+    setup_pull,
+)
 from fake_github import webhook_example
 
 NAME = "gatekeeper / kimi-k3"
@@ -76,12 +87,7 @@ def test_an_override_makes_every_run_success(fake, start_app):
     repo.permissions["maintainer"] = "write"
     app = start_app()
     judge_opened(app)
-    comment = webhook_example("issue_comment.created")
-    comment["issue"]["number"] = 2
-    comment["issue"]["pull_request"] = {"url": f"https://api.github.com/repos/{REPO}/pulls/2"}
-    comment["comment"].update(body=f"/gatekeeper override {HEAD[:10]} reviewed by hand")
-    comment["comment"]["user"]["login"] = "maintainer"
-    comment["installation"] = {"id": INSTALLATION}
+    comment = comment_event(f"/gatekeeper override {HEAD[:10]} reviewed by hand", "maintainer")
     app.send("issue_comment", comment, delivery="d-override")
     app.wait_done("d-override")
     runs = _runs(fake)
