@@ -52,11 +52,25 @@ def test_compiled_kernels_are_cached_per_key():
                 runtime.fake(BFloat16, (16, 64)), runtime.fake(BFloat16, (m, 16)), runtime.fake_stream())
         return Finalize(16, 256, 64, 16), args
 
+    size = runtime.cache_size()
     first = runtime.compile_cached(("test_runtime_finalize", 16, 256), build)
     assert callable(first)
     assert runtime.compile_cached(("test_runtime_finalize", 16, 256), build) is first and len(builds) == 1
     other = runtime.compile_cached(("test_runtime_finalize", 16, 256, "another key"), build)
-    assert other is not first and len(builds) == 2
+    assert other is not first and len(builds) == 2 and runtime.cache_size() == size + 2
+
+
+def test_a_tensors_cute_view_has_a_dynamic_leading_dimension_only_when_asked():
+    """The view must match the fake tensor the kernel was compiled with: a dyn() batch, or every dimension static."""
+    t = torch.zeros(4, 8, dtype=torch.bfloat16)
+    static, dynamic = runtime.to_cute(t), runtime.to_cute(t, dynamic_rows=True)
+    assert static.shape == dynamic.shape == (4, 8)
+    assert "(4,8):(8,1)" in str(static) and "(?,8):(8,1)" in str(dynamic)
+
+
+def test_a_torch_streams_handle_becomes_the_driver_stream_cute_launches_on():
+    handle = 0x7F00  # what torch.cuda.Stream.cuda_stream returns: the CUstream's address
+    assert int(runtime.cu_stream(SimpleNamespace(cuda_stream=handle))) == handle
 
 
 def test_the_block_refuses_batches_outside_its_table():
