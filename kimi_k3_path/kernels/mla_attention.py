@@ -13,7 +13,9 @@ Two launches on the caller's stream (no host synchronization, no allocation give
 capturable):
   1 split    grid (splits, M), one CTA per (split, sequence): the split's pages, all heads; writes per head the
              running max, the sum of exp and the unnormalized latent (fp32) of its rows.
-  2 combine  grid (4, heads, M), 128 threads: out = sum_s 2^(max_s - max) o_s / sum_s 2^(max_s - max) l_s.
+  2 combine  grid (4, heads, M), 8 warps: out = sum_s 2^(max_s - max) o_s / sum_s 2^(max_s - max) l_s over the
+             splits s, a CTA per 128 latent dims of a (sequence, head), its warps taking every 8th split (the
+             partials' loads side by side, not one L2 round trip per split).
 The combine is a second launch rather than the last CTA of a sequence combining behind an atomic counter: no counter
 state to keep zeroed between launches (a counter left non-zero by an aborted launch corrupts every later one), and
 with programmatic dependent launch the combine's CTAs are resident before the split grid ends, so the second launch
@@ -70,8 +72,10 @@ from .common import (
     LOWEST,
     NEG_INF,
     WARP,
+    bits_to_f32,
     bulk_copy_to_shared,
     lane_butterfly,
+    ld_fresh_v4,
     ld_shared_b32,
     ldmatrix_x2,
     ldmatrix_x4,
@@ -98,7 +102,8 @@ ROWS_PER_WARP = PAGE // WARPS  # the score's m16 tile
 DIMS_PER_WARP = KV_LORA // WARPS  # the PV's 8 m16 tiles
 K_STEPS = ROW // 16
 P_STRIDE = PAGE + 8  # bf16 per head of P in shared memory: the 8 heads of a B fragment load hit distinct banks
-COMBINE_THREADS = 128
+COMBINE_WARPS = 8  # splits summed side by side per combine CTA
+COMBINE_DIMS = 128  # latent dims per combine CTA: 4 per lane, one 16-byte load per split
 SMS = 132  # the H200's SMs
 MIN_PAGES_PER_SPLIT = 2
 LOG2E = 1.4426950408889634
@@ -160,8 +165,8 @@ class MlaSplitKv:
             grid=[splits, m, 1], block=[THREADS, 1, 1], smem=self.smem_bytes(), stream=stream, use_pdl=True,
         )
         self.combine_kernel(part_o, part_ml, out, splits).launch(
-            grid=[KV_LORA // COMBINE_THREADS, self.heads, m], block=[COMBINE_THREADS, 1, 1], stream=stream,
-            use_pdl=True,
+            grid=[KV_LORA // COMBINE_DIMS, self.heads, m], block=[COMBINE_WARPS * WARP, 1, 1],
+            smem=COMBINE_WARPS * (COMBINE_DIMS + 1) * 4 + 64, stream=stream, use_pdl=True,
         )
 
     @cute.jit
@@ -319,10 +324,10 @@ class MlaSplitKv:
                     new = run[0, j, e]
                     for w in cutlass.range_constexpr(WARPS):
                         new = cute.arch.fmax(new, red[0, w, head])
-                    alphas.append(cute.arch.exp2(run[0, j, e] - new))  # 0 on the first page (old max -inf)
+                    alphas.append(cute.math.exp2(run[0, j, e] - new, fastmath=True))  # 0 on the first page (old max -inf)
                     run[0, j, e] = new
-                    p_lo = cute.arch.exp2(x[j][e] - new)  # row g (0 past seq_len)
-                    p_hi = cute.arch.exp2(x[j][e + 2] - new)  # row g + 8
+                    p_lo = cute.math.exp2(x[j][e] - new, fastmath=True)  # row g (0 past seq_len)
+                    p_hi = cute.math.exp2(x[j][e + 2] - new, fastmath=True)  # row g + 8
                     row = warp * ROWS_PER_WARP + g
                     p_tile[head, row] = p_lo.to(BFloat16)
                     p_tile[head, row + 8] = p_hi.to(BFloat16)
@@ -367,21 +372,44 @@ class MlaSplitKv:
     def combine_kernel(self, part_o, part_ml, out, splits: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         chunk, head, m = cute.arch.block_idx()
+        warp, lane = tidx // WARP, tidx % WARP
+        smem = cutlass.memory.SmemAllocator()
+        sums = smem.allocate_tensor(Float32, cute.make_layout((COMBINE_WARPS, COMBINE_DIMS), stride=(COMBINE_DIMS, 1)),
+                                    byte_alignment=16)
+        totals = smem.allocate_tensor(Float32, cute.make_layout(COMBINE_WARPS), byte_alignment=16)
         cute.arch.griddepcontrol_wait()  # the split grid's partials are written
-        dim = chunk * COMBINE_THREADS + tidx
         base = m * splits * self.heads + head
-        best = Float32(LOWEST)  # finite: an empty sequence (all maxima -inf) weighs every split 2^-inf = 0
-        for s in cutlass.range(splits, unroll=1):
+        # The maximum over the splits (each warp alone: lanes take every 32nd split). Finite: an empty sequence
+        # (every maximum -inf) then weighs every split 2^-inf = 0.
+        best = Float32(LOWEST)
+        for s in cutlass.range(lane, splits, WARP, unroll=1):
             best = cute.arch.fmax(best, part_ml[(base + s * self.heads) * 2])
-        total = Float32(0.0)
-        acc = Float32(0.0)
-        for s in cutlass.range(splits, unroll=1):
+        best = lane_butterfly(best, (1, 2, 4, 8, 16), cute.arch.fmax)
+        # Warp w sums splits w, w + 8, ...; lane l its 4 dims 4l .. 4l + 3 of the CTA's 128 (one 16-byte load).
+        acc = cute.make_rmem_tensor(cute.make_layout(5), Float32)  # 4 dims, then the sum of the weighted sums
+        for c in cutlass.range_constexpr(5):
+            acc[c] = Float32(0.0)
+        o_addr = part_o.iterator.toint() + Int64(chunk * COMBINE_DIMS + 4 * lane) * 4
+        for s in cutlass.range(warp, splits, COMBINE_WARPS, unroll=4):
             idx = base + s * self.heads
-            weight = cute.arch.exp2(part_ml[idx * 2] - best)
-            total = total + weight * part_ml[idx * 2 + 1]
-            acc = acc + weight * part_o[idx * KV_LORA + dim]
-        # total >= 1 for a non-empty sequence (the row at the maximum adds 2^0); an empty one gets 0 / 1.
-        out[m, head, dim] = (acc / cute.arch.fmax(total, Float32(1.0))).to(BFloat16)
+            weight = cute.math.exp2(part_ml[idx * 2] - best, fastmath=True)
+            words = ld_fresh_v4(o_addr + Int64(idx) * (KV_LORA * 4))
+            for c in cutlass.range_constexpr(4):
+                acc[c] = acc[c] + weight * bits_to_f32(words[c])
+            acc[4] = acc[4] + weight * part_ml[idx * 2 + 1]
+        for c in cutlass.range_constexpr(4):
+            sums[warp, 4 * lane + c] = acc[c]
+        if lane == 0:
+            totals[warp] = acc[4]
+        cute.arch.sync_threads()
+        if tidx < COMBINE_DIMS:
+            latent = Float32(0.0)
+            total = Float32(0.0)
+            for w in cutlass.range_constexpr(COMBINE_WARPS):
+                latent = latent + sums[w, tidx]
+                total = total + totals[w]
+            # total >= 1 for a non-empty sequence (the row at the maximum adds 2^0); an empty one gets 0 / 1.
+            out[m, head, chunk * COMBINE_DIMS + tidx] = (latent / cute.arch.fmax(total, Float32(1.0))).to(BFloat16)
 
 
 @dataclass(frozen=True)
