@@ -11,6 +11,8 @@
   finalize_mma.py        launch 4, 2..64 tokens: the same on the tensor cores
   kda_recurrent.py       the KDA decode step between its GEMVs (conv, norms, gate, delta rule, gated RMSNorm) in
                          one launch: correct on the H200 (its GPU tests), not yet timed, not used by the executor
+  mla_attention.py       the MLA decode's split-KV attention over the paged latent cache + combine (2 launches):
+                         compiled for sm_90a on a CPU, not yet run on a GPU, not used by the executor
 
 and the device functions they share: `router` (logits, top-k, plan), `gemv` (split-K row dots), `mma` (bf16
 mma.sync tiles), `fp4_mma` (MXFP4 on the tensor cores), `shared` (shared experts' gate_up), `norm_tail` (the batch
