@@ -268,8 +268,8 @@ class MlaSplitKv:
                 cute.arch.mbarrier_arrive_and_expect_tx(q_bar, self.heads * ROW_BYTES)
             cute.arch.sync_warp()
             if lane < self.heads:
-                bulk_copy_to_shared(q_s + lane * SMEM_ROW, q.iterator.toint() + Int64(m * self.heads + lane) * ROW_BYTES,
-                                    ROW_BYTES, q_bar.toint())
+                q_row = q.iterator.toint() + Int64(m * self.heads + lane) * ROW_BYTES
+                bulk_copy_to_shared(q_s + lane * SMEM_ROW, q_row, ROW_BYTES, q_bar.toint())
             for s in cutlass.range_constexpr(STAGES):
                 if s < count:
                     self.issue_page(pages, table, stage0 + s * PAGE * SMEM_ROW, bars.iterator + s, m, width,
@@ -324,7 +324,8 @@ class MlaSplitKv:
                     new = run[0, j, e]
                     for w in cutlass.range_constexpr(WARPS):
                         new = cute.arch.fmax(new, red[0, w, head])
-                    alphas.append(cute.math.exp2(run[0, j, e] - new, fastmath=True))  # 0 on the first page (old max -inf)
+                    # 0 on the first page (the old max is -inf)
+                    alphas.append(cute.math.exp2(run[0, j, e] - new, fastmath=True))
                     run[0, j, e] = new
                     p_lo = cute.math.exp2(x[j][e] - new, fastmath=True)  # row g (0 past seq_len)
                     p_hi = cute.math.exp2(x[j][e + 2] - new, fastmath=True)  # row g + 8
@@ -455,10 +456,12 @@ def fake_args(heads: int) -> tuple:
 
 
 def mla_attention_decode(q, pages, block_table, seq_lens, out, stream, scale: float,
-                         workspace: MlaWorkspace | None = None, check_inputs: bool = True) -> None:
+                         workspace: MlaWorkspace | None = None, check_inputs: bool = True,
+                         max_seq_len: int | None = None) -> None:
     """The split-KV attention (module docstring) on `stream`: q [M, heads, 576] bf16, pages [P, 64, 576] bf16,
     block_table [M, W] int32, seq_lens [M] int32 (1..64*W), out [M, heads, 512] bf16. workspace: partials for
-    choose_splits(M, 64*W) splits unless given (then its splits are used; allocate it once for CUDA graphs).
+    choose_splits(M, max_seq_len or 64*W) splits unless given (then its splits are used; allocate it once for CUDA
+    graphs). The split count only shapes the work: any count gives the same attention.
     check_inputs reads seq_lens and block_table on the host (a synchronization) to reject lengths outside the table
     and pages outside the pool; pass False under CUDA graph capture (the kernel clamps lengths to the table width and
     gives a length-0 sequence a zero row; a page outside the pool is then the caller's to exclude)."""
@@ -477,7 +480,7 @@ def mla_attention_decode(q, pages, block_table, seq_lens, out, stream, scale: fl
     num_pages, width = pages.shape[0], block_table.shape[1]
     if width < 1:
         raise ValueError("mla_attention_decode: the block table has no pages")
-    splits = workspace.splits if workspace is not None else choose_splits(m, width * PAGE)
+    splits = workspace.splits if workspace is not None else choose_splits(m, max_seq_len or width * PAGE)
     specs = [
         ("q", q, (m, heads, ROW), "bfloat16"),
         ("pages", pages, (num_pages, PAGE, ROW), "bfloat16"),
