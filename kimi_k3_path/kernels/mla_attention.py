@@ -44,7 +44,7 @@ of the tensor cores' rate.
 Mapping (4 warps; rows of a page as the MMA's m, heads as its n: 12 heads are two n8 tiles, 6 heads one, so TP16
 wastes 2 of 8 columns instead of 10 of 16):
 - Pages arrive by bulk copies (the TMA engine, no registers in flight) into 2 stages of shared memory, one page per
-  stage, row by row at a stride of 1168 bytes (1152 + 16: the 8 row addresses of an ldmatrix fall on distinct banks);
+  stage, row by row (16 rows per warp: a warp issues its lanes' copies one by one) at a stride of 1168 bytes (1152 + 16: the 8 row addresses of an ldmatrix fall on distinct banks);
   the rows past seq_len in a sequence's last page are not copied but zeroed (0 * NaN would otherwise reach the
   latent through P @ V even with P = 0). Two pages (147 KB) in flight per SM; ~35 KB cover DRAM's latency.
 - Score: warp w takes rows 16w..16w+15 of the page and all heads over the 576 dims (36 k16 steps, two accumulator
@@ -177,18 +177,22 @@ class MlaSplitKv:
             st_shared_v4(base + (first + idx // per_row) * SMEM_ROW + (idx % per_row) * VEC, [Int32(0)] * 4)
 
     @cute.jit
-    def issue_page(self, pages, table, stage: Int32, bar, m: Int32, width: Int32, page: Int32, seq_len: Int32,
-                   lane: Int32) -> None:
-        """Warp 0: the bulk copies of the sequence's page `page` (its valid rows) into the stage at shared address
-        `stage`, counted on mbarrier `bar`."""
+    def expect_page(self, bar, page: Int32, seq_len: Int32) -> None:
+        """One thread, before any copy of the fill is issued (a barrier in between): the bytes of page `page`'s
+        valid rows are what mbarrier `bar`'s next phase waits for."""
+        cute.arch.mbarrier_arrive_and_expect_tx(bar, cutlass.min(PAGE, seq_len - page * PAGE) * ROW_BYTES)
+
+    @cute.jit
+    def copy_page(self, pages, table, stage: Int32, bar, m: Int32, width: Int32, page: Int32, seq_len: Int32,
+                  warp: Int32, lane: Int32) -> None:
+        """Every warp: the bulk copies of its 16 rows of the sequence's page `page` (the valid ones) into the stage
+        at shared address `stage`, counted on mbarrier `bar`. Spread over the 4 warps because a warp issues its
+        lanes' copies one after another."""
         valid = cutlass.min(PAGE, seq_len - page * PAGE)
-        src = pages.iterator.toint() + Int64(table[m * width + page]) * (PAGE * ROW_BYTES)
-        if lane == 0:
-            cute.arch.mbarrier_arrive_and_expect_tx(bar, valid * ROW_BYTES)
-        cute.arch.sync_warp()
-        for r in cutlass.range_constexpr(PAGE // WARP):
-            row = lane + r * WARP
+        row = warp * ROWS_PER_WARP + lane
+        if lane < ROWS_PER_WARP:
             if row < valid:
+                src = pages.iterator.toint() + Int64(table[m * width + page]) * (PAGE * ROW_BYTES)
                 bulk_copy_to_shared(stage + row * SMEM_ROW, src + Int64(row) * ROW_BYTES, ROW_BYTES, bar.toint())
 
     def scores(self, stage: Int32, q_s: Int32, warp: Int32, lane: Int32) -> list:
@@ -263,17 +267,19 @@ class MlaSplitKv:
         per = (n_pages + splits - 1) // splits
         first = split * per
         count = cutlass.max(cutlass.min(n_pages - first, per), 0)
-        if warp == 0:
-            if lane == 0:
-                cute.arch.mbarrier_arrive_and_expect_tx(q_bar, self.heads * ROW_BYTES)
-            cute.arch.sync_warp()
-            if lane < self.heads:
-                q_row = q.iterator.toint() + Int64(m * self.heads + lane) * ROW_BYTES
-                bulk_copy_to_shared(q_s + lane * SMEM_ROW, q_row, ROW_BYTES, q_bar.toint())
+        if tidx == 0:
+            cute.arch.mbarrier_arrive_and_expect_tx(q_bar, self.heads * ROW_BYTES)
             for s in cutlass.range_constexpr(STAGES):
                 if s < count:
-                    self.issue_page(pages, table, stage0 + s * PAGE * SMEM_ROW, bars.iterator + s, m, width,
-                                    first + s, seq_len, lane)
+                    self.expect_page(bars.iterator + s, first + s, seq_len)
+        cute.arch.sync_threads()
+        if tidx < self.heads:
+            q_row = q.iterator.toint() + Int64(m * self.heads + tidx) * ROW_BYTES
+            bulk_copy_to_shared(q_s + tidx * SMEM_ROW, q_row, ROW_BYTES, q_bar.toint())
+        for s in cutlass.range_constexpr(STAGES):
+            if s < count:
+                self.copy_page(pages, table, stage0 + s * PAGE * SMEM_ROW, bars.iterator + s, m, width, first + s,
+                               seq_len, warp, lane)
 
         acc = cute.make_rmem_tensor(cute.make_layout((DIMS_PER_WARP // 16, self.head_tiles, 4),
                                                      stride=(4 * self.head_tiles, 4, 1)), Float32)
@@ -349,11 +355,13 @@ class MlaSplitKv:
                     for c in cutlass.range_constexpr(4):
                         acc[mt, j, c] = acc[mt, j, c] * alpha[j][c % 2]
             self.pv(acc, stage, p_s, warp, lane)
+            if i + STAGES < count:
+                if tidx == 0:  # every thread has seen this phase of the stage's barrier complete (2 barriers ago)
+                    self.expect_page(bars.iterator + s_idx, page + STAGES, seq_len)
             cute.arch.sync_threads()  # the stage, P and red are free again
-            if warp == 0:
-                if i + STAGES < count:
-                    self.issue_page(pages, table, stage, bars.iterator + s_idx, m, width, page + STAGES, seq_len,
-                                    lane)
+            if i + STAGES < count:
+                self.copy_page(pages, table, stage, bars.iterator + s_idx, m, width, page + STAGES, seq_len, warp,
+                               lane)
 
         # Partials of (sequence, split, head): an empty split writes max -inf, sum 0 and zeros.
         part = (m * splits + split) * self.heads
