@@ -59,7 +59,7 @@ def test_mla_attention_compiles_for_the_h200(tp, heads, tmp_path):
                                                                       "kernel_cutlass_split_kernel"]
     for name, reg, stack, local in kernels:
         assert stack == "0" and local == "0", (name, reg, stack, local)
-        assert int(reg) <= 168, f"{name}: {reg} registers"  # split kernel: 128 at TP8, 72 at TP16 (CPU build)
+        assert int(reg) <= 168, f"{name}: {reg} registers"  # split kernel: 128 at TP8, 71 at TP16 (CPU build)
     sass = _cubin_dump(op, fake_args(heads), tmp_path / "sass", "-sass")
     tiles = op.head_tiles
     assert sass.count("HMMA.16816.F32.BF16") == (K_STEPS + 32) * tiles
