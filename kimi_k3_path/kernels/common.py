@@ -126,6 +126,21 @@ def ld_shared_u8(addr: Int32) -> Int32:
     return cute.arch.inline_ptx("ld.shared.u8 {$w0}, [{$r0}];", write_only_types=[Int32], read_only_args=[addr])
 
 
+def ldmatrix_x4(addr: Int32, trans: bool = False):
+    """Four 8x8 bf16 matrices from shared memory, one 16-byte row per address: lanes 8i..8i+7 give matrix i's rows.
+    Lane 4g+q gets word i = (row g, columns 2q, 2q+1) of matrix i, or with trans (rows 2q, 2q+1, column g): the
+    mma.sync operand fragments (trans: of a matrix stored with the contraction index along the rows)."""
+    op = "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" if trans else "ldmatrix.sync.aligned.m8n8.x4.shared.b16"
+    return cute.arch.inline_ptx(op + " {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}];", write_only_types=[Int32] * 4,
+                                read_only_args=[addr])
+
+
+def ldmatrix_x2(addr: Int32):
+    """ldmatrix_x4 for two matrices (lanes 0..15 give the row addresses)."""
+    return cute.arch.inline_ptx("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {{$w0}, {$w1}}, [{$r0}];",
+                                write_only_types=[Int32] * 2, read_only_args=[addr])
+
+
 def cp_async_16(dst: Int32, src: Int64, evict_first: bool = False) -> None:
     """Copy 16 bytes from global `src` to shared `dst` without registers (L2 only: .cg), completed by
     cute.arch.cp_async_commit_group / cp_async_wait_group. evict_first: the line gets L2's evict_first policy, for
@@ -386,6 +401,14 @@ def lane_group_sum(value: Float32, lanes: int) -> Float32:
     while offset >= 1:
         value = value + cute.arch.shuffle_sync_bfly(value, offset)
         offset //= 2
+    return value
+
+
+def lane_butterfly(value: Float32, offsets, combine) -> Float32:
+    """value combined (combine(a, b): a sum, cute.arch.fmax, ...) over the lanes that differ only in the bits of
+    `offsets`; every lane gets its group's result. E.g. offsets (4, 8, 16): over g of the mma fragments' lane 4g+q."""
+    for offset in offsets:
+        value = combine(value, cute.arch.shuffle_sync_bfly(value, offset))
     return value
 
 

@@ -64,6 +64,7 @@ from .common import (
     st_global_v4_f32,
 )
 from .router import MAX_TOKENS
+from .runtime import floor_us  # noqa: F401 (this module's byte floors are stated with it)
 
 HEAD_DIM = 128  # a row of the state is one 16-byte load per lane: 4 fp32 columns x 32 lanes
 CONV_WIDTH = 4
@@ -71,7 +72,6 @@ WARPS = 8  # 16 rows per warp: S k and S q of its rows are exactly 32 sums, one 
 ROWS_PER_WARP = HEAD_DIM // WARPS
 COLS_PER_LANE = HEAD_DIM // WARP
 L2_NORM_EPS = 1e-6  # kimi_k3_path.reference.norm.L2_NORM_EPS (under the square root)
-COPY_BANDWIDTH = 4.3e12  # B/s: the floor's rate, as benchmarks/kimi_k3/bench.py's COPY_BANDWIDTH
 
 # Shared memory: q, k, v, exp(g) of the head (fp32, HEAD_DIM each), then one partial sum of o^2 per warp.
 Q, K, V, DECAY = 0, 1, 2, 3
@@ -88,11 +88,6 @@ def kda_recurrent_bytes(m: int, heads: int, head_dim: int = HEAD_DIM, conv_width
         "weights": 3 * proj * conv_width * 2 + heads * 4 + proj * 4 + head_dim * 4,  # taps bf16; a_log, dt_bias, o_norm
         "output": m * proj * 2,
     }
-
-
-def floor_us(nbytes: int) -> float:
-    """The time to move nbytes at COPY_BANDWIDTH, in microseconds."""
-    return nbytes / COPY_BANDWIDTH * 1e6
 
 
 class KdaRecurrent:

@@ -15,6 +15,14 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 ALIGN = 16  # every kernel issues 16-byte vector loads
 
+COPY_BANDWIDTH = 4.3e12  # B/s: the floors' rate, as benchmarks/kimi_k3/bench.py's COPY_BANDWIDTH
+
+
+def floor_us(nbytes: int) -> float:
+    """The time to move nbytes at COPY_BANDWIDTH, in microseconds."""
+    return nbytes / COPY_BANDWIDTH * 1e6
+
+
 _CACHE: dict[Hashable, Callable[..., Any]] = {}
 
 

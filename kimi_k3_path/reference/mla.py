@@ -153,6 +153,18 @@ def insert_rows(cache: PagedLatentCache, rows: torch.Tensor) -> PagedLatentCache
     return PagedLatentCache(pages=pages, block_table=cache.block_table, seq_lens=cache.seq_lens)
 
 
+def mla_attend(mqa_q: torch.Tensor, cache: PagedLatentCache, kv_lora: int, scale: float) -> torch.Tensor:
+    """The part that reads the cache: per sequence i and head, softmax(mqa_q[i] . row * scale) over the sequence's
+    rows, then the probabilities times the rows' first kv_lora columns. mqa_q [M, heads, cache_row] = [ql | q_pe]
+    (ql = q_nope @ W_UK) -> latent [M, heads, kv_lora] fp32 (kernels/mla_attention.py's oracle)."""
+    latent = torch.empty(mqa_q.shape[0], mqa_q.shape[1], kv_lora)
+    for i in range(mqa_q.shape[0]):
+        rows = cache.rows(i).float()  # one latent row serves every head (MQA)
+        p = torch.softmax(mqa_q[i] @ rows.T * scale, dim=-1)
+        latent[i] = p @ rows[:, :kv_lora]
+    return latent
+
+
 def _finish(v: torch.Tensor, query: MlaQuery, w: MlaWeights) -> torch.Tensor:
     attn = v.reshape(v.shape[0], -1) * torch.sigmoid(query.gate)
     return attn @ w.o_proj.float().T
@@ -166,11 +178,7 @@ def mla_decode(
     cache = insert_rows(cache, query.new_row)
     w_uk, w_uv = w.absorbed(d)
     mqa_q = torch.cat([torch.einsum("mhp,hpl->mhl", query.q_nope, w_uk), query.q_pe], dim=-1)
-    latent = torch.empty(x.shape[0], d.heads, d.kv_lora)
-    for i in range(x.shape[0]):
-        rows = cache.rows(i).float()  # one latent row serves every head (MQA)
-        p = torch.softmax(mqa_q[i] @ rows.T * d.scale, dim=-1)
-        latent[i] = p @ rows[:, : d.kv_lora]
+    latent = mla_attend(mqa_q, cache, d.kv_lora, d.scale)
     return _finish(torch.einsum("mhl,hvl->mhv", latent, w_uv), query, w), cache
 
 
