@@ -49,7 +49,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.kimi_k3 import step as step_stack
-from benchmarks.kimi_k3.floors import floor_us, layer_bytes
+from benchmarks.kimi_k3.floors import layer_bytes
+from kimi_k3_path.kernels.runtime import floor_us
 
 LAYERS = ("kda_moe", "mla_moe", "moe", "step")
 L2_BYTES_DEFAULT = 60 * 2**20
@@ -253,6 +254,33 @@ class CandidateKda:
         return out
 
 
+def moe_error(candidate: Any, ref_moe: Any, h: Any, dims: Any, where: str) -> float:
+    """The candidate MoE's bf16 output on MoE input h against the fp32 reference: within 1e-2 (issue 6's bar), else
+    BenchError. Returns the relative error."""
+    from kimi_k3_path.reference import latent_moe, rel_err
+
+    err = rel_err(candidate(h), latent_moe(h.float(), ref_moe, dims.moe))
+    if not err < 1e-2:
+        raise BenchError(f"{where}: the candidate MoE is {err:.3g} from the fp32 reference (bar 1e-2)")
+    return err
+
+
+def kda_error(candidate: Any, ref_kda: Any, x: Any, ref_state: Any, dims: Any, device: str, where: str) -> float:
+    """The candidate KDA attention on input x and its own copy of ref_state: its output and updated recurrent state
+    within 2e-2 of the fp32 reference step (bf16 GEMMs around the kernel: the stock path's bar), else BenchError.
+    Returns the larger relative error."""
+    from benchmarks.kimi_k3 import stock
+    from kimi_k3_path.reference import kda_decode_step, rel_err
+
+    state = stock.GpuKdaState.from_reference(ref_state, device)
+    out = candidate(x, state)
+    ref_out, ref_new = kda_decode_step(x.float(), ref_kda, ref_state, dims.kda)
+    err = max(rel_err(out, ref_out), rel_err(state.recurrent, ref_new.recurrent))
+    if not err < 2e-2:
+        raise BenchError(f"{where}: the candidate KDA attention is {err:.3g} from the fp32 reference (bar 2e-2)")
+    return err
+
+
 def resolve_candidate(choice: str, device: str) -> tuple[str, str]:
     """('kernels' | 'stock', why)."""
     if choice == "stock":
@@ -426,7 +454,7 @@ class Bench:
     def check_step(self, stack: Any, ref_weights: list[Any], x: Any, states: list[Any], tp: int, batch: int) -> str:
         """Before timing, each variant runs the step once on its own copy of `states`: both outputs must be finite, and
         in every layer the specialized ops, on the inputs the step gave them, within the per-layer rows' bars of the
-        fp32 reference (MoE 1e-2, KDA attention 2e-2: `check`, `check_kda`). How far the two steps' outputs are apart
+        fp32 reference (`moe_error`, `kda_error`). How far the two steps' outputs are apart
         is reported, not judged: one near-tie in the top-k selection (bf16 upstream) routes a token differently and
         moves the output of every later layer, so no tolerance separates that from a fault;
         tests/benchmarks/kimi_k3/test_step.py checks the composition with routing margins instead. Returns the note
@@ -446,13 +474,12 @@ class Bench:
                 raise BenchError(f"step tp={tp} batch={batch}: the {name} step's output is not finite")
         errors: dict[str, list[float]] = {"MoE": [], "KDA attention": []}
         for i, part in enumerate(stack.parts):
+            where = f"step tp={tp} batch={batch} layer {i}"
             if part.get("kernels") is not None:
-                w = {"candidate_moe": part["kernels"], "ref_moe": ref_weights[i].moe}
-                errors["MoE"].append(self.check("moe", stack.dims, None, w, {"x": seen[i, "mlp"]}, tp, batch))
+                errors["MoE"].append(moe_error(part["kernels"], ref_weights[i].moe, seen[i, "mlp"], stack.dims, where))
             if part.get("kda_kernels") is not None:
-                w = {"candidate_kda": part["kda_kernels"], "ref_kda": ref_weights[i].kda}
-                item = {"x": seen[i, "attention"], "state": states[i]}
-                errors["KDA attention"].append(self.check_kda(stack.dims, w, item, tp, batch))
+                errors["KDA attention"].append(kda_error(part["kda_kernels"], ref_weights[i].kda, seen[i, "attention"],
+                                                         states[i], stack.dims, self.device, where))
         checked = "".join(f"candidate {what} rel err vs the fp32 reference, worst of {len(errs)} layers {max(errs):.2e}; "
                           for what, errs in errors.items() if errs)
         apart = rel_err(outputs["specialized"], outputs["stock-like"])
@@ -498,33 +525,17 @@ class Bench:
         """The candidate computes the latent MoE: on this step's MoE input, its bf16 output is within 1e-2 of the fp32
         reference (issue 6's bar). The stock-like baseline has its own GPU tests. Returns the relative error, or None
         with no candidate."""
-        from kimi_k3_path.reference import latent_moe, rel_err
-
         if w["candidate_moe"] is None:
             return None
         h = self.attention_fn(layer, dims, pos, w, item)()
-        err = rel_err(w["candidate_moe"](h), latent_moe(h.float(), w["ref_moe"], dims.moe))
-        if not err < 1e-2:
-            raise BenchError(f"{layer} tp={tp} batch={batch}: the candidate MoE is {err:.3g} from the fp32 reference (bar 1e-2)")
-        return err
+        return moe_error(w["candidate_moe"], w["ref_moe"], h, dims, f"{layer} tp={tp} batch={batch}")
 
     def check_kda(self, dims: Any, w: dict[str, Any], item: dict[str, Any], tp: int, batch: int) -> float | None:
-        """The candidate computes KDA attention: on the step's input and state (its own copy), its output and updated
-        recurrent state within 2e-2 of the fp32 reference step (bf16 GEMMs around the kernel: the stock path's bar).
-        Returns the larger relative error, or None with no candidate."""
-        from benchmarks.kimi_k3 import stock
-        from kimi_k3_path.reference import kda_decode_step, rel_err
-
+        """The candidate computes KDA attention on the step's input and state (kda_error). Returns the larger relative error, or None with no candidate."""
         if w.get("candidate_kda") is None:
             return None
-        state = stock.GpuKdaState.from_reference(item["state"], self.device)
-        out = w["candidate_kda"](item["x"], state)
-        ref_out, ref_state = kda_decode_step(item["x"].float(), w["ref_kda"], item["state"], dims.kda)
-        err = max(rel_err(out, ref_out), rel_err(state.recurrent, ref_state.recurrent))
-        if not err < 2e-2:
-            raise BenchError(f"kda_moe tp={tp} batch={batch}: the candidate KDA attention is {err:.3g} from the fp32 "
-                             "reference (bar 2e-2)")
-        return err
+        return kda_error(w["candidate_kda"], w["ref_kda"], item["x"], item["state"], dims, self.device,
+                         f"kda_moe tp={tp} batch={batch}")
 
     def kernel_count(self, fn: Callable[[], Any], breakdown_label: str | None = None) -> int | str:
         """Kernels one step launches; with a label, also print the step's device time per kernel name."""

@@ -1,19 +1,15 @@
-"""The byte floor of a decode layer or step: the bytes it must move at minimum, and the time that takes at the H200's
-measured device-to-device copy rate. Every weight read once (only the experts the batch routes to, at their
-unpadded MXFP4 size), the KDA state read and written, the MLA cache rows read and the new row written, the residual
-stream's AttnRes sources read and the mix written, the layer's input and output."""
+"""The byte floor of a decode layer or step: the bytes it must move at minimum. Every weight read once (only the
+experts the batch routes to, at their unpadded MXFP4 size), the KDA state read and written, the MLA cache rows read
+and the new row written, the residual stream's AttnRes sources read and the mix written, the layer's input and
+output. Their time at the H200's measured copy rate is `kimi_k3_path.kernels.runtime.floor_us`, the rate the kernels'
+own floors use."""
 
 from __future__ import annotations
 
 from dataclasses import fields, is_dataclass
 from typing import Any
 
-COPY_BANDWIDTH = 4.3e12  # B/s, device-to-device copy on the H200
 EXPERT_TENSORS = ("w13_packed", "w13_scales", "w2_packed", "w2_scales")
-
-
-def floor_us(floor_bytes: int) -> float:
-    return floor_bytes / COPY_BANDWIDTH * 1e6
 
 
 def tensor_bytes(obj: Any, skip: tuple[str, ...] = ()) -> int:
