@@ -105,6 +105,13 @@ def _cuobjdump() -> str:
     return str(bundled)
 
 
+def cubins_for(arch: str, op, args, dump_dir: Path) -> list[str]:
+    """The names of the cubins op compiles to for `arch` (e.g. sm_100a), kept in dump_dir (created)."""
+    dump_dir.mkdir(parents=True)
+    cute.compile(op, *args, options=f"--gpu-arch {arch} --keep-cubin --dump-dir={dump_dir}")
+    return [cubin.name for cubin in dump_dir.glob("*.cubin")]
+
+
 def _cubin_dump(op, args, dump_dir: Path, what: str) -> str:
     """cuobjdump `what` (-sass, -res-usage) of op compiled for sm_90a, its cubin kept in dump_dir."""
     dump_dir.mkdir(parents=True, exist_ok=True)
@@ -712,8 +719,5 @@ def test_every_form_compiles_for_blackwell(arch, tp, dims, tmp_path):
     starts from code that compiles. Building is not evidence: the guard keeps rejecting sm_100/sm_103 until GPU tests
     and a perf matrix from that hardware exist (kimi_k3_path/README.md)."""
     for name, op, args in _every_form(dims(tp)):
-        out = tmp_path / name.replace(" ", "_").replace("=", "").replace(".", "")
-        out.mkdir()
-        cute.compile(op, *args, options=f"--gpu-arch {arch} --keep-cubin --dump-dir={out}")
-        cubins = list(out.glob("*.cubin"))
-        assert len(cubins) == 1 and cubins[0].name.endswith(f".{arch}.cubin"), (name, [c.name for c in cubins])
+        cubins = cubins_for(arch, op, args, tmp_path / name.replace(" ", "_").replace("=", "").replace(".", ""))
+        assert len(cubins) == 1 and cubins[0].endswith(f".{arch}.cubin"), (name, cubins)

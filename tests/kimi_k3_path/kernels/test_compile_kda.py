@@ -29,7 +29,7 @@ from kimi_k3_path.kernels.kda_recurrent import (  # noqa: E402
 )
 from kimi_k3_path.reference.dims import layer_dims  # noqa: E402
 
-from test_compile import CTA_THREADS, SM_REGISTERS, _cubin_dump  # noqa: E402
+from test_compile import CTA_THREADS, SM_REGISTERS, _cubin_dump, cubins_for  # noqa: E402
 
 
 def kda_dims(tp: int):
@@ -53,11 +53,8 @@ def test_kda_recurrent_compiles_for_blackwell(arch, tmp_path):
     """As every kernel (test_compile.test_every_form_compiles_for_blackwell): a port starts from code that builds."""
     for tp in (8, 16):
         d = kda_dims(tp)
-        out = tmp_path / f"tp{tp}"
-        out.mkdir()
-        cute.compile(op_for(d), *fake_args(d.heads), options=f"--gpu-arch {arch} --keep-cubin --dump-dir={out}")
-        (cubin,) = out.glob("*.cubin")
-        assert cubin.name.endswith(f".{arch}.cubin")
+        (cubin,) = cubins_for(arch, op_for(d), fake_args(d.heads), tmp_path / f"tp{tp}")
+        assert cubin.endswith(f".{arch}.cubin")
 
 
 @pytest.mark.parametrize("tp", [8, 16])
