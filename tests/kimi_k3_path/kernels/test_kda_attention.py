@@ -27,20 +27,13 @@ def _reference_middle(calls):
     def launch(projected, g_raw, w, slots, conv_state, state, out, stream, check_slots=True):
         calls.append((tuple(slots.tolist()), check_slots))
         idx = slots.long()
-        ref = SimpleWeights(w)
-        o, new = kda_recurrent_step(projected, g_raw, ref, KdaState(conv_state[idx].float(), state[idx]), DIMS)
+        # KdaKernelWeights carries the fields kda_recurrent_step reads (conv, a_log, dt_bias, o_norm) under their names.
+        o, new = kda_recurrent_step(projected, g_raw, w, KdaState(conv_state[idx].float(), state[idx]), DIMS)
         conv_state[idx] = new.conv.to(conv_state.dtype)
         state[idx] = new.recurrent
         out.copy_(o)
 
     return launch
-
-
-class SimpleWeights:
-    """The reference's view of the kernels' weights (what kda_recurrent_step reads)."""
-
-    def __init__(self, w):
-        self.conv, self.a_log, self.dt_bias, self.o_norm = w.conv.float(), w.a_log, w.dt_bias, w.o_norm
 
 
 def test_the_attention_composes_the_gemms_around_the_middle_and_updates_only_its_slots(monkeypatch):
