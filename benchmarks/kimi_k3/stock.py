@@ -820,14 +820,6 @@ def kda_moe_layer(
     return latent_moe(kda_attention_part(delta, stream, norms, kda, state, pos, kda_dims), moe, moe_dims)
 
 
-def kda_dense_layer(
-    delta: torch.Tensor, stream: GpuStream, norms: GpuNorms, kda: GpuKda, dense: GpuDense, state: GpuKdaState,
-    pos: LayerPosition, kda_dims: KdaDims,
-) -> torch.Tensor:
-    """Layer 0 (KDA + dense MLP); updates `stream` and `state` in place and returns the layer output."""
-    return dense_mlp(kda_attention_part(delta, stream, norms, kda, state, pos, kda_dims), dense)
-
-
 def mla_moe_layer(
     delta: torch.Tensor, stream: GpuStream, norms: GpuNorms, mla: GpuMla, moe: GpuMoe, cache: GpuLatentCache,
     pos: LayerPosition, mla_dims: MlaDims, moe_dims: MoeDims,
