@@ -101,7 +101,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--candidate", choices=("auto", "kernels", "stock"), default="auto")
     p.add_argument("--commit", help="the commit measured (default: git rev-parse HEAD)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--breakdown", action="store_true", help="print the baseline's time per kernel (torch profiler) per case")
+    p.add_argument("--breakdown", action="store_true", help="print the baseline's and the candidate's time per kernel (torch profiler) per case")
     p.add_argument("--cpu-smoke", action="store_true", help="run the harness on CPU with the tiny config (CI)")
     p.add_argument("--processes", choices=("per-case", "one"),
                    help="per-case: each (layer, tp) in a fresh child process (default on the GPU); one: every case in "
@@ -398,8 +398,9 @@ class Bench:
             checked += "" if kda_err is None else f"; candidate KDA attention rel err {kda_err:.2e} vs the fp32 reference"
             for fn in (base_fns[0], cand_fns[0]):  # compile and autotune outside the profiler
                 fn()
-            base_kernels = self.kernel_count(base_fns[0], f"{layer} tp={tp} batch={batch}" if self.args.breakdown else None)
-            cand_kernels = self.kernel_count(cand_fns[0])
+            label = f"{layer} tp={tp} batch={batch}" if self.args.breakdown else None
+            base_kernels = self.kernel_count(base_fns[0], label and f"{label} stock-like")
+            cand_kernels = self.kernel_count(cand_fns[0], label and f"{label} candidate")
             ctx = f"; MLA context {self.args.context} tokens, page {self.args.page}" if layer == "mla_moe" else ""
             yield Case(layer, tp, batch, base_fns, cand_fns, floor, (
                 f"baseline = stock-like ({base_kernels} kernels); {self.candidate_note} ({cand_kernels} kernels); "
