@@ -417,6 +417,21 @@ def st_global_v4_f32(addr: Int64, values) -> None:
     cute.arch.inline_ptx("st.global.v4.f32 [{$r0}], {{$r1}, {$r2}, {$r3}, {$r4}};", read_only_args=[addr, *values])
 
 
+def st_global_v4_b32(take: Int32, addr: Int64, words) -> None:
+    """Store four 32-bit words (16 bytes, e.g. 8 packed bf16) at global addr where take != 0 (a predicated store: no
+    branch around it)."""
+    cute.arch.inline_ptx(
+        "{ .reg .pred p; setp.ne.s32 p, {$r0}, 0; @p st.global.v4.b32 [{$r1}], {{$r2}, {$r3}, {$r4}, {$r5}}; }",
+        read_only_args=[take, addr, *words],
+    )
+
+
+def pack_bf16x2(low: Float32, high: Float32) -> Int32:
+    """Two fp32 values rounded to bf16 (nearest even) in one word, `low` in the low half (bf16x2_to_f32's inverse)."""
+    return cute.arch.inline_ptx("cvt.rn.bf16x2.f32 {$w0}, {$r0}, {$r1};", write_only_types=[Int32],
+                                read_only_args=[high, low])
+
+
 def select_f32(take_first: Int32, first: Float32, second: Float32) -> Float32:
     """first where take_first != 0, else second: a selp, exact for every value (NaN and Inf included), where an
     arithmetic blend (second + t * (first - second)) would let a NaN in one operand through into the other."""
