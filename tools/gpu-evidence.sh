@@ -12,7 +12,8 @@
 #                                               (-> the policy's gpu_report_globs; commit only that JSON)
 #   $OUT/perf/h200.json                         per-layer bench, CuTe DSL kernels vs the stock-like path
 #                                               (-> kimi_k3_path/evidence/perf/, the policy's evidence_globs)
-#   $OUT/kernels/*.json                         with KERNEL_BENCH=1: the MoE block and each kernel alone at M=1
+#   $OUT/kernels/*.json                         with KERNEL_BENCH=1: the MoE block and each kernel alone at M=1;
+#                                               with MLA_BENCH=1: the MLA split-KV attention alone (bench_mla)
 #   $OUT/tests.log, $OUT/bench.log              everything printed, bench.log ending with a `gpu state:` line
 #                                               (clocks, temperature, power, clock-event reasons). At most 8
 #                                               files come back from a run: these are 8 with KERNEL_BENCH=1;
@@ -57,6 +58,11 @@ if [ "${BENCH:-1}" = 1 ]; then
 fi
 [ "${KERNEL_BENCH:-0}" = 1 ] && python3 -m benchmarks.kimi_k3.bench_moe --tp 8,16 --batch 1 --replays 50 --commit "$SHA" \
   --out "$OUT/kernels/moe_block_m1.json" --kernels-out "$OUT/kernels/moe_kernels_m1.json" 2>&1 | tee -a "$OUT/bench.log"
+# MLA_BENCH=1: the MLA split-KV attention alone at the contexts of issue 36 (its rows stay outside the matrix of
+# record: quote them in the commit message or the issue note). MLA_TP picks the TPs (default both).
+[ "${MLA_BENCH:-0}" = 1 ] && python3 -m benchmarks.kimi_k3.bench_mla --tp "${MLA_TP:-8,16}" --batch 1,8,64 \
+  --context 4096,32768 --replays "${MLA_REPLAYS:-50}" --commit "$SHA" --out "$OUT/kernels/mla_attention.json" 2>&1 \
+  | tee -a "$OUT/bench.log"
 kill "$state_pid" 2>/dev/null
 python3 tools/gpu_state_summary.py "$state" | tee -a "$OUT/bench.log"
 rm -f "$state"
