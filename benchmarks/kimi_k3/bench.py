@@ -10,16 +10,17 @@ layer steps, so consecutive steps touch disjoint weights and inputs and the L2 (
 serves a step from the previous one, and the graph launch (~9 us between events, more than a small layer) is spread
 over the steps as a decode step's graph spreads it over its layers. Replays alternate variants and are timed with
 CUDA events; a sample is one replay's time per step, and rows report the samples' median, p10-p90 spread and count.
-Before timing, the candidate's MoE, KDA attention and MLA attention are checked against the fp32 reference. Each (layer, tp) runs
-in a fresh child process (`--processes per-case`, the GPU default), as a server maps its weights once in a fresh
-process: in one process, a case run after another layer's measured slower in both variants, and running the
-stock-like kda_moe case once was enough to slow the next, not the memory it mapped (docs/design/kimi_k3_kernels.md
-§9).
+Before timing, the candidate's MoE, KDA attention and MLA attention are checked against the fp32 reference. Each
+(layer, tp) runs in a fresh child process (`--processes per-case`, the GPU default), as a server maps its weights once
+in a fresh process: in one process, a case run after another layer's measured slower in both variants, and running
+the stock-like kda_moe case once was enough to slow the next, not the memory it mapped
+(docs/design/kimi_k3_kernels.md §9).
 
 Variants: `baseline` is `benchmarks.kimi_k3.stock` (vLLM's stock op sequence on Hopper). `candidate` is the
 specialized path: the same stock-like layer with its latent MoE replaced by
 `kimi_k3_path.kernels.moe.latent_moe_decode`, its KDA attention by `kimi_k3_path.kernels.kda.kda_attention_decode`
-and its MLA attention by `kimi_k3_path.kernels.mla.mla_decode` (`--candidate kernels`), or the stock ops themselves (`--candidate stock`: an A/A measurement).
+and its MLA attention by `kimi_k3_path.kernels.mla.mla_decode` (`--candidate kernels`), or the stock ops themselves
+(`--candidate stock`: an A/A measurement).
 `auto` takes the kernels when they import.
 
 Byte floor (floors.py): the bytes one step must move (every weight it reads once, only the experts the batch routes
@@ -27,8 +28,8 @@ to and at their unpadded size, the KDA state read and written, the MLA cache row
 4.3e12 B/s, the device-to-device copy bandwidth measured on the H200.
 
 `--layer step` measures a whole decode step of one rank instead of one layer: the model's first layers (by default its
-first AttnRes block) in one CUDA graph per batch, stock-like against the same step with the CuTe DSL kernels in every MoE,
-KDA and MLA layer (step.py).
+first AttnRes block) in one CUDA graph per batch, stock-like against the same step with the CuTe DSL kernels in every
+MoE, KDA and MLA layer (step.py).
 """
 
 from __future__ import annotations
@@ -257,9 +258,9 @@ class CandidateKda:
 class CandidateMla:
     """The specialized MLA attention plugged into the candidate layers: `kimi_k3_path.kernels.mla.mla_decode` on the
     stock layer's latent cache copy (`stock.GpuLatentCache`: pages, block table, lengths, slots), unchecked (no host
-    synchronization: graph-safe), with partials of its own per (batch, table width): its splits from choose_splits
-    of the batch and the longest context the table holds (the bench's sequences all fill their last page's share of
-    the table, so that is the max seq len's page count)."""
+    synchronization: graph-safe), with partials of its own per (batch, table width), split by choose_splits(M, the
+    table's width in tokens): the table is as wide as the longest sequence needs, so that is its max seq len rounded
+    up to a page (the same split count, without reading the lengths on the host)."""
 
     def __init__(self, ref_weights: Any, dims: Any, device: str):
         import torch
@@ -413,12 +414,13 @@ class Bench:
                 ref_kda = random_kda_weights(dims.kda, gen)
                 w["kda"] = stock.GpuKda.from_reference(ref_kda, self.device)
                 w["candidate_kda"] = CandidateKda(ref_kda, dims.kda, self.device) if self.candidate_kind == "kernels" else None
-                w["ref_kda"] = ref_kda if copy == 0 and w["candidate_kda"] is not None else None  # for check_kda() only
+                w["ref_kda"] = ref_kda if copy == 0 and w["candidate_kda"] is not None else None  # check_attention()
             if layer == "mla_moe":
                 ref_mla = random_mla_weights(dims.mla, gen)
                 w["mla"] = stock.GpuMla.from_reference(ref_mla, dims.mla, self.device)
-                w["candidate_mla"] = CandidateMla(ref_mla, dims.mla, self.device) if self.candidate_kind == "kernels" else None
-                w["ref_mla"] = ref_mla if copy == 0 and w["candidate_mla"] is not None else None  # for check_attention()
+                w["candidate_mla"] = (CandidateMla(ref_mla, dims.mla, self.device) if self.candidate_kind == "kernels"
+                                      else None)
+                w["ref_mla"] = ref_mla if copy == 0 and w["candidate_mla"] is not None else None  # check_attention()
             w["candidate_moe"] = CandidateMoe(ref_moe, dims.moe, self.device) if self.candidate_kind == "kernels" else None
             w["ref_moe"] = ref_moe if copy == 0 and w["candidate_moe"] is not None else None  # for check() only
             return w

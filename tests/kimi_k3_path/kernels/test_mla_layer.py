@@ -99,7 +99,8 @@ def test_the_absorb_matrix_is_w_uk_and_an_identity_for_q_pe():
     assert torch.equal(kw.absorb[:, : DIMS.qk_nope, : DIMS.kv_lora], w_uk.bfloat16())
     assert torch.equal(kw.absorb[:, DIMS.qk_nope :, DIMS.kv_lora :],
                        torch.eye(DIMS.qk_rope).bfloat16().expand(DIMS.heads, -1, -1))
-    assert not kw.absorb[:, : DIMS.qk_nope, DIMS.kv_lora :].any() and not kw.absorb[:, DIMS.qk_nope :, : DIMS.kv_lora].any()
+    assert not kw.absorb[:, : DIMS.qk_nope, DIMS.kv_lora :].any()
+    assert not kw.absorb[:, DIMS.qk_nope :, : DIMS.kv_lora].any()
     assert torch.equal(kw.w_uv, w_uv.transpose(1, 2).bfloat16())
 
 
