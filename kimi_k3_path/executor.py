@@ -23,6 +23,7 @@ import torch
 from kimi_k3_path.guard import UnsupportedDeployment, check_deployment, unsupported_fields
 from kimi_k3_path.reference import (
     KdaState,
+    PagedLatentCache,
     kda_decode_step,
     kda_moe_layer,
     latent_moe,
@@ -200,15 +201,48 @@ class KernelKdaStep:
         return back(out), KdaState(conv=back(conv), recurrent=back(recurrent))
 
 
+class KernelMlaDecode:
+    """`mla_decode` on the CuTe DSL kernels (`kimi_k3_path.kernels.mla.mla_decode`, sm_90a, decode batches of 1..64):
+    the reference signature (pure: a new PagedLatentCache with the decoded rows out) over the kernels' in-place paged
+    cache, by copying the pages to `device` in bf16 and back (fp32, on the caller's device); the slots are the rows
+    of each sequence's token at position seq_len - 1 (vLLM's slot mapping). `kernels` is the kernel module
+    (injectable)."""
+
+    def __init__(self, device: str = "cuda", kernels: Any = None):
+        if kernels is None:
+            from kimi_k3_path.kernels import mla as kernels
+        self.kernels = kernels
+        self.device = device
+        self._prepared = PerWeights()
+
+    def __call__(self, x: Any, w: Any, cache: PagedLatentCache, d: Any) -> tuple[Any, PagedLatentCache]:
+        weights = self._prepared.get(w, lambda: self.kernels.prepare_mla_weights(w, d, self.device))
+        page = cache.pages.shape[1]
+        last = cache.seq_lens.long() - 1
+        slots = cache.block_table.long().gather(1, (last // page)[:, None])[:, 0] * page + last % page
+        pages = cache.pages.to(device=self.device, dtype=torch.bfloat16, copy=True).contiguous()
+        out = torch.empty(x.shape[0], d.hidden, device=self.device, dtype=torch.bfloat16)
+        stream = torch.cuda.current_stream() if str(self.device).startswith("cuda") else None
+        self.kernels.mla_decode(
+            to_act(x, self.device), weights, pages,
+            cache.block_table.to(device=self.device, dtype=torch.int32).contiguous(),
+            cache.seq_lens.to(device=self.device, dtype=torch.int32).contiguous(), slots.to(self.device), out, stream,
+            None,
+        )
+        back = back_to(x)
+        return back(out), PagedLatentCache(pages=back(pages), block_table=cache.block_table, seq_lens=cache.seq_lens)
+
+
 def reference_ops() -> DecodeOps:
     """The fp32 reference ops: what the specialized path runs for an op family without a kernel."""
     return DecodeOps(name="reference", kda_step=kda_decode_step, mla_decode=mla_decode, latent_moe=latent_moe)
 
 
-def kernel_ops(device: str = "cuda", moe_kernels: Any = None, kda_kernels: Any = None) -> DecodeOps:
-    """The CuTe DSL kernels where they exist (the latent MoE, KDA attention), the reference op for MLA."""
+def kernel_ops(device: str = "cuda", moe_kernels: Any = None, kda_kernels: Any = None,
+               mla_kernels: Any = None) -> DecodeOps:
+    """The CuTe DSL kernels for every op family: the latent MoE, KDA attention, MLA attention."""
     return DecodeOps(
-        name="cute", kda_step=KernelKdaStep(device, kda_kernels), mla_decode=mla_decode,
+        name="cute", kda_step=KernelKdaStep(device, kda_kernels), mla_decode=KernelMlaDecode(device, mla_kernels),
         latent_moe=KernelLatentMoe(device, moe_kernels),
     )
 
@@ -221,7 +255,7 @@ def kernels_unavailable(device: str) -> str | None:
     if (major, minor) != (9, 0):
         return f"the kernels are built for sm_90a, this GPU is sm_{major}{minor}"
     try:
-        from kimi_k3_path.kernels import kda, moe  # noqa: F401
+        from kimi_k3_path.kernels import kda, mla, moe  # noqa: F401
     except ImportError as error:
         return f"the kernels do not import: {error}"
     return None

@@ -10,16 +10,17 @@ layer steps, so consecutive steps touch disjoint weights and inputs and the L2 (
 serves a step from the previous one, and the graph launch (~9 us between events, more than a small layer) is spread
 over the steps as a decode step's graph spreads it over its layers. Replays alternate variants and are timed with
 CUDA events; a sample is one replay's time per step, and rows report the samples' median, p10-p90 spread and count.
-Before timing, the candidate's MoE and KDA attention are checked against the fp32 reference. Each (layer, tp) runs
-in a fresh child process (`--processes per-case`, the GPU default), as a server maps its weights once in a fresh
-process: in one process, a case run after another layer's measured slower in both variants, and running the
-stock-like kda_moe case once was enough to slow the next, not the memory it mapped (docs/design/kimi_k3_kernels.md
-§9).
+Before timing, the candidate's MoE, KDA attention and MLA attention are checked against the fp32 reference. Each
+(layer, tp) runs in a fresh child process (`--processes per-case`, the GPU default), as a server maps its weights once
+in a fresh process: in one process, a case run after another layer's measured slower in both variants, and running
+the stock-like kda_moe case once was enough to slow the next, not the memory it mapped
+(docs/design/kimi_k3_kernels.md §9).
 
 Variants: `baseline` is `benchmarks.kimi_k3.stock` (vLLM's stock op sequence on Hopper). `candidate` is the
 specialized path: the same stock-like layer with its latent MoE replaced by
-`kimi_k3_path.kernels.moe.latent_moe_decode` and its KDA attention by `kimi_k3_path.kernels.kda.kda_attention_decode`
-(`--candidate kernels`), or the stock ops themselves (`--candidate stock`: an A/A measurement).
+`kimi_k3_path.kernels.moe.latent_moe_decode`, its KDA attention by `kimi_k3_path.kernels.kda.kda_attention_decode`
+and its MLA attention by `kimi_k3_path.kernels.mla.mla_decode` (`--candidate kernels`), or the stock ops themselves
+(`--candidate stock`: an A/A measurement).
 `auto` takes the kernels when they import.
 
 Byte floor (floors.py): the bytes one step must move (every weight it reads once, only the experts the batch routes
@@ -27,8 +28,8 @@ to and at their unpadded size, the KDA state read and written, the MLA cache row
 4.3e12 B/s, the device-to-device copy bandwidth measured on the H200.
 
 `--layer step` measures a whole decode step of one rank instead of one layer: the model's first layers (by default its
-first AttnRes block) in one CUDA graph per batch, stock-like against the same step with the CuTe DSL MoE in every MoE
-layer (step.py).
+first AttnRes block) in one CUDA graph per batch, stock-like against the same step with the CuTe DSL kernels in every
+MoE, KDA and MLA layer (step.py).
 """
 
 from __future__ import annotations
@@ -254,6 +255,39 @@ class CandidateKda:
         return out
 
 
+class CandidateMla:
+    """The specialized MLA attention plugged into the candidate layers: `kimi_k3_path.kernels.mla.mla_decode` on the
+    stock layer's latent cache copy (`stock.GpuLatentCache`: pages, block table, lengths, slots), unchecked (no host
+    synchronization: graph-safe), with partials of its own per (batch, table width), split by choose_splits(M, the
+    table's width in tokens): the table is as wide as the longest sequence needs, so that is its max seq len rounded
+    up to a page (the same split count, without reading the lengths on the host)."""
+
+    def __init__(self, ref_weights: Any, dims: Any, device: str):
+        import torch
+
+        from kimi_k3_path.kernels import mla as kernels_mla
+        from kimi_k3_path.kernels import mla_attention
+
+        self._kernels, self._attention = kernels_mla, mla_attention
+        self.weights = kernels_mla.prepare_mla_weights(ref_weights, dims, device)
+        self.heads, self.device = dims.heads, device
+        self.workspaces: dict[tuple[int, int], Any] = {}  # allocated at the first (eager) call of a shape: graph-safe
+        self._torch = torch
+
+    def workspace(self, cache: Any) -> Any:
+        m, width = cache.block_table.shape
+        if (m, width) not in self.workspaces:
+            splits = self._attention.choose_splits(m, width * cache.pages.shape[1])
+            self.workspaces[m, width] = self._attention.mla_workspace(m, self.heads, splits, self.device)
+        return self.workspaces[m, width]
+
+    def __call__(self, x: Any, cache: Any) -> Any:
+        out = self._torch.empty_like(x)
+        self._kernels.mla_decode(x, self.weights, cache.pages, cache.block_table, cache.seq_lens, cache.slots, out,
+                                 self._torch.cuda.current_stream(), self.workspace(cache), check_inputs=False)
+        return out
+
+
 def moe_error(candidate: Any, ref_moe: Any, h: Any, dims: Any, where: str) -> float:
     """The candidate MoE's bf16 output on MoE input h against the fp32 reference: within 1e-2 (issue 6's bar), else
     BenchError. Returns the relative error."""
@@ -281,6 +315,24 @@ def kda_error(candidate: Any, ref_kda: Any, x: Any, ref_state: Any, dims: Any, d
     return err
 
 
+def mla_error(candidate: Any, ref_mla: Any, x: Any, ref_cache: Any, dims: Any, device: str, where: str) -> float:
+    """The candidate MLA attention on input x and its own copy of ref_cache: its output and the decoded rows it
+    wrote within 2e-2 of the fp32 reference (bf16 GEMMs and norms around the kernel: the stock path's bar), else
+    BenchError. Returns the larger relative error."""
+    from benchmarks.kimi_k3 import stock
+    from kimi_k3_path.reference import mla_decode, rel_err
+
+    cache = stock.GpuLatentCache.from_reference(ref_cache, device)
+    out = candidate(x, cache)
+    ref_out, ref_new = mla_decode(x.float(), ref_mla, ref_cache, dims.mla)
+    row = dims.mla.cache_row
+    written = cache.pages.view(-1, row)[cache.slots]
+    err = max(rel_err(out, ref_out), rel_err(written, ref_new.pages.reshape(-1, row).to(written.device)[cache.slots]))
+    if not err < 2e-2:
+        raise BenchError(f"{where}: the candidate MLA attention is {err:.3g} from the fp32 reference (bar 2e-2)")
+    return err
+
+
 def resolve_candidate(choice: str, device: str) -> tuple[str, str]:
     """('kernels' | 'stock', why)."""
     if choice == "stock":
@@ -290,13 +342,14 @@ def resolve_candidate(choice: str, device: str) -> tuple[str, str]:
             raise BenchError("--candidate kernels needs a GPU")
         return "stock", "candidate = the stock-like ops (CPU smoke)"
     try:
-        from kimi_k3_path.kernels import kda, moe  # noqa: F401
+        from kimi_k3_path.kernels import kda, mla, moe  # noqa: F401
     except ImportError as exc:
         if choice == "kernels":
             raise BenchError(f"--candidate kernels: the kernels do not import: {exc}") from exc
         return "stock", f"candidate = the stock-like ops (kernels not importable: {exc})"
     return "kernels", ("candidate = stock-like layer with the CuTe DSL kernels: kernels.moe.latent_moe_decode for the "
-                       "MoE, kernels.kda.kda_attention_decode for KDA attention")
+                       "MoE, kernels.kda.kda_attention_decode for KDA attention, kernels.mla.mla_decode for MLA "
+                       "attention")
 
 
 class Bench:
@@ -361,9 +414,13 @@ class Bench:
                 ref_kda = random_kda_weights(dims.kda, gen)
                 w["kda"] = stock.GpuKda.from_reference(ref_kda, self.device)
                 w["candidate_kda"] = CandidateKda(ref_kda, dims.kda, self.device) if self.candidate_kind == "kernels" else None
-                w["ref_kda"] = ref_kda if copy == 0 and w["candidate_kda"] is not None else None  # for check_kda() only
+                w["ref_kda"] = ref_kda if copy == 0 and w["candidate_kda"] is not None else None  # check_attention()
             if layer == "mla_moe":
-                w["mla"] = stock.GpuMla.from_reference(random_mla_weights(dims.mla, gen), dims.mla, self.device)
+                ref_mla = random_mla_weights(dims.mla, gen)
+                w["mla"] = stock.GpuMla.from_reference(ref_mla, dims.mla, self.device)
+                w["candidate_mla"] = (CandidateMla(ref_mla, dims.mla, self.device) if self.candidate_kind == "kernels"
+                                      else None)
+                w["ref_mla"] = ref_mla if copy == 0 and w["candidate_mla"] is not None else None  # check_attention()
             w["candidate_moe"] = CandidateMoe(ref_moe, dims.moe, self.device) if self.candidate_kind == "kernels" else None
             w["ref_moe"] = ref_moe if copy == 0 and w["candidate_moe"] is not None else None  # for check() only
             return w
@@ -390,12 +447,11 @@ class Bench:
                     copies = self.copies_for(floor)
             pairs = list(zip(weights, inputs))
             base_fns = [self.layer_fn(layer, dims, pos, w, item, None) for w, item in pairs]
-            cand_fns = [self.layer_fn(layer, dims, pos, w, item, w["candidate_moe"], w.get("candidate_kda"))
-                        for w, item in pairs]
+            cand_fns = [self.layer_fn(layer, dims, pos, w, item, w["candidate_moe"],
+                                      w.get("candidate_kda", w.get("candidate_mla"))) for w, item in pairs]
             err = self.check(layer, dims, pos, weights[0], inputs[0], tp, batch)
             checked = "" if err is None else f"; candidate MoE rel err {err:.2e} vs the fp32 reference"
-            kda_err = self.check_kda(dims, weights[0], inputs[0], tp, batch) if layer == "kda_moe" else None
-            checked += "" if kda_err is None else f"; candidate KDA attention rel err {kda_err:.2e} vs the fp32 reference"
+            checked += self.check_attention(layer, dims, weights[0], inputs[0], tp, batch)
             for fn in (base_fns[0], cand_fns[0]):  # compile and autotune outside the profiler
                 fn()
             label = f"{layer} tp={tp} batch={batch}" if self.args.breakdown else None
@@ -429,7 +485,8 @@ class Bench:
         stack = step_stack.DeviceStack(
             layers, ref_weights, dims, self.device,
             moe_kernels=(lambda w: CandidateMoe(w, dims.moe, self.device)) if kernels else None,
-            kda_kernels=(lambda w: CandidateKda(w, dims.kda, self.device)) if kernels else None, sms=self.sms())
+            kda_kernels=(lambda w: CandidateKda(w, dims.kda, self.device)) if kernels else None,
+            mla_kernels=(lambda w: CandidateMla(w, dims.mla, self.device)) if kernels else None, sms=self.sms())
         arch = "cpu" if self.device == "cpu" else "sm_{}{}".format(*torch.cuda.get_device_capability(0))
         executor = build_executor(Deployment(arch=arch, tp=tp, max_batch=max(self.args.batch)))
         for batch in self.args.batch:
@@ -455,7 +512,7 @@ class Bench:
     def check_step(self, stack: Any, ref_weights: list[Any], x: Any, states: list[Any], tp: int, batch: int) -> str:
         """Before timing, each variant runs the step once on its own copy of `states`: both outputs must be finite, and
         in every layer the specialized ops, on the inputs the step gave them, within the per-layer rows' bars of the
-        fp32 reference (`moe_error`, `kda_error`). How far the two steps' outputs are apart
+        fp32 reference (`moe_error`, `kda_error`, `mla_error`). How far the two steps' outputs are apart
         is reported, not judged: one near-tie in the top-k selection (bf16 upstream) routes a token differently and
         moves the output of every later layer, so no tolerance separates that from a fault;
         tests/benchmarks/kimi_k3/test_step.py checks the composition with routing margins instead. Returns the note
@@ -473,7 +530,7 @@ class Bench:
         for name, out in outputs.items():
             if not torch.isfinite(out).all():
                 raise BenchError(f"step tp={tp} batch={batch}: the {name} step's output is not finite")
-        errors: dict[str, list[float]] = {"MoE": [], "KDA attention": []}
+        errors: dict[str, list[float]] = {"MoE": [], "KDA attention": [], "MLA attention": []}
         for i, part in enumerate(stack.parts):
             where = f"step tp={tp} batch={batch} layer {i}"
             if part.get("kernels") is not None:
@@ -481,16 +538,19 @@ class Bench:
             if part.get("kda_kernels") is not None:
                 errors["KDA attention"].append(kda_error(part["kda_kernels"], ref_weights[i].kda, seen[i, "attention"],
                                                          states[i], stack.dims, self.device, where))
+            if part.get("mla_kernels") is not None:
+                errors["MLA attention"].append(mla_error(part["mla_kernels"], ref_weights[i].mla, seen[i, "attention"],
+                                                         states[i], stack.dims, self.device, where))
         checked = "".join(f"candidate {what} rel err vs the fp32 reference, worst of {len(errs)} layers {max(errs):.2e}; "
                           for what, errs in errors.items() if errs)
         apart = rel_err(outputs["specialized"], outputs["stock-like"])
         return checked + f"specialized vs stock-like step output rel err {apart:.2e}"
 
     def attention_fn(self, layer: str, dims: Any, pos: Any, w: dict[str, Any], item: dict[str, Any],
-                     kda_op: Any = None) -> Callable[[], Any]:
+                     attention_op: Any = None) -> Callable[[], Any]:
         """A closure computing the MoE input of one decode step on copy `item` (its own copies of the stream, state
-        and cache): AttnRes, the stock attention (or `kda_op(h, state)` for KDA), AttnRes; or the input itself for the
-        bare block."""
+        and cache): AttnRes, the stock attention (or `attention_op(h, state)`, the state a `stock.GpuKdaState` or
+        `stock.GpuLatentCache`), AttnRes; or the input itself for the bare block."""
         from benchmarks.kimi_k3 import stock
 
         if layer == "moe":
@@ -501,20 +561,22 @@ class Bench:
         norms = w["norms"]
         if layer == "kda_moe":
             state = stock.GpuKdaState.from_reference(item["state"], self.device)
-            if kda_op is not None:
-                return lambda: stock.attention_part(delta, stream, norms, pos, lambda h: kda_op(h, state))
+            if attention_op is not None:
+                return lambda: stock.attention_part(delta, stream, norms, pos, lambda h: attention_op(h, state))
             return lambda: stock.kda_attention_part(delta, stream, norms, w["kda"], state, pos, dims.kda)
         cache = stock.GpuLatentCache.from_reference(item["cache"], self.device, sms=self.sms())
+        if attention_op is not None:
+            return lambda: stock.attention_part(delta, stream, norms, pos, lambda h: attention_op(h, cache))
         return lambda: stock.mla_attention_part(delta, stream, norms, w["mla"], cache, pos, dims.mla)
 
     def layer_fn(self, layer: str, dims: Any, pos: Any, w: dict[str, Any], item: dict[str, Any], cand_moe: Any,
-                 cand_kda: Any = None) -> Callable[[], Any]:
+                 cand_attention: Any = None) -> Callable[[], Any]:
         """A closure running one decode step of `layer` on copy `item` (its own stream/state/cache)."""
         from benchmarks.kimi_k3 import stock
 
         moe = w["moe"]
         moe_fn = cand_moe if cand_moe is not None else (lambda h: stock.latent_moe(h, moe, dims.moe))
-        attention = self.attention_fn(layer, dims, pos, w, item, cand_kda)
+        attention = self.attention_fn(layer, dims, pos, w, item, cand_attention)
         return lambda: moe_fn(attention())
 
     def sms(self) -> int:
@@ -531,12 +593,20 @@ class Bench:
         h = self.attention_fn(layer, dims, pos, w, item)()
         return moe_error(w["candidate_moe"], w["ref_moe"], h, dims, f"{layer} tp={tp} batch={batch}")
 
-    def check_kda(self, dims: Any, w: dict[str, Any], item: dict[str, Any], tp: int, batch: int) -> float | None:
-        """The candidate computes KDA attention on the step's input and state (kda_error). Returns the larger relative error, or None with no candidate."""
-        if w.get("candidate_kda") is None:
-            return None
-        return kda_error(w["candidate_kda"], w["ref_kda"], item["x"], item["state"], dims, self.device,
-                         f"kda_moe tp={tp} batch={batch}")
+    def check_attention(self, layer: str, dims: Any, w: dict[str, Any], item: dict[str, Any], tp: int,
+                        batch: int) -> str:
+        """The candidate computes the layer's attention on the step's input and state (kda_error, mla_error): the
+        row note's text for it, empty with no candidate attention."""
+        where = f"{layer} tp={tp} batch={batch}"
+        if w.get("candidate_kda") is not None:
+            what = "KDA"
+            err = kda_error(w["candidate_kda"], w["ref_kda"], item["x"], item["state"], dims, self.device, where)
+        elif w.get("candidate_mla") is not None:
+            what = "MLA"
+            err = mla_error(w["candidate_mla"], w["ref_mla"], item["x"], item["cache"], dims, self.device, where)
+        else:
+            return ""
+        return f"; candidate {what} attention rel err {err:.2e} vs the fp32 reference"
 
     def kernel_count(self, fn: Callable[[], Any], breakdown_label: str | None = None) -> int | str:
         """Kernels one step launches; with a label, also print the step's device time per kernel name."""

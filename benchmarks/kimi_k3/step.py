@@ -3,7 +3,8 @@ starts with (by default its first AttnRes block: layer 0 with KDA and the dense 
 in the config's order), run layer after layer, captured by the bench as one CUDA graph per batch size.
 
 The two variants differ as the per-layer rows do: the stock-like step runs every layer as `stock.py`'s op sequence;
-the specialized step is the same step with each MoE block and each KDA attention on the CuTe DSL kernels. Each step starts as vLLM starts
+the specialized step is the same step with each MoE block, each KDA attention and each MLA attention on the CuTe
+DSL kernels. Each step starts as vLLM starts
 one: the residual stream's prefix is the token embeddings, its blocks are empty and layer 0 has no delta; the KDA
 states and MLA caches persist from step to step. Not in the step: the embedding lookup, the final AttnRes mix and
 norm, the LM head, sampling, and the tensor-parallel all-reduces (one GPU; issue 40).
@@ -101,11 +102,13 @@ def reference_step(x: Any, layers: tuple[StackLayer, ...], weights: list[Any], s
 class DeviceStack:
     """The stack's weights in the stock layouts on `device`, shared read-only by both variants. Where kernels run,
     `moe_kernels` maps a layer's reference MoE weights to the specialized MoE (x -> out) and `kda_kernels` its
-    reference KDA weights to the specialized KDA attention ((x, stock state) -> out); None where none run."""
+    reference KDA weights to the specialized KDA attention ((x, stock state) -> out) and `mla_kernels` its reference
+    MLA weights to the specialized MLA attention ((x, stock latent cache) -> out); None where none run."""
 
     def __init__(self, layers: tuple[StackLayer, ...], weights: list[Any], dims: Any, device: str,
                  moe_kernels: Callable[[Any], Callable[[Any], Any]] | None,
-                 kda_kernels: Callable[[Any], Callable[[Any, Any], Any]] | None, sms: int):
+                 kda_kernels: Callable[[Any], Callable[[Any, Any], Any]] | None, sms: int,
+                 mla_kernels: Callable[[Any], Callable[[Any, Any], Any]] | None = None):
         from benchmarks.kimi_k3 import stock
 
         self.layers, self.dims, self.device, self.sms = layers, dims, device, sms
@@ -117,6 +120,7 @@ class DeviceStack:
                 part["kda_kernels"] = kda_kernels(w.kda) if kda_kernels is not None else None
             else:
                 part["mla"] = stock.GpuMla.from_reference(w.mla, dims.mla, device)
+                part["mla_kernels"] = mla_kernels(w.mla) if mla_kernels is not None else None
             if layer.kind == "kda_dense":
                 part["dense"] = stock.GpuDense.from_reference(w.mlp, device)
             else:
@@ -163,14 +167,14 @@ class DeviceStack:
         return step
 
     def attention(self, part: dict[str, Any], state: Any, specialized: bool) -> Callable[[Any], Any]:
-        """The layer's attention op on its device state: the KDA kernels in the specialized step where they run, else
-        the stock-like ops."""
+        """The layer's attention op on its device state: the KDA or MLA kernels in the specialized step where they
+        run, else the stock-like ops."""
         from benchmarks.kimi_k3 import stock
 
+        kernels = part.get("kda_kernels" if "kda" in part else "mla_kernels") if specialized else None
+        if kernels is not None:
+            return lambda h: kernels(h, state)
         if "kda" in part:
-            kernels = part["kda_kernels"] if specialized else None
-            if kernels is not None:
-                return lambda h: kernels(h, state)
             return lambda h: stock.kda_attention(h, part["kda"], state, self.dims.kda)
         return lambda h: stock.mla_attention(h, part["mla"], state, self.dims.mla)
 

@@ -157,7 +157,7 @@ def mla_attend(mqa_q: torch.Tensor, cache: PagedLatentCache, kv_lora: int, scale
     """The part that reads the cache: per sequence i and head, softmax(mqa_q[i] . row * scale) over the sequence's
     rows, then the probabilities times the rows' first kv_lora columns. mqa_q [M, heads, cache_row] = [ql | q_pe]
     (ql = q_nope @ W_UK) -> latent [M, heads, kv_lora] fp32 (kernels/mla_attention.py's oracle)."""
-    latent = torch.empty(mqa_q.shape[0], mqa_q.shape[1], kv_lora)
+    latent = torch.empty(mqa_q.shape[0], mqa_q.shape[1], kv_lora, device=mqa_q.device)
     for i in range(mqa_q.shape[0]):
         rows = cache.rows(i).float()  # one latent row serves every head (MQA)
         p = torch.softmax(mqa_q[i] @ rows.T * scale, dim=-1)

@@ -17,6 +17,7 @@ from kimi_k3_path.executor import (  # noqa: E402
     DecodeOps,
     KernelKdaStep,
     KernelLatentMoe,
+    KernelMlaDecode,
     ReferenceLayers,
     StepBatch,
     build_executor,
@@ -29,9 +30,12 @@ from kimi_k3_path.reference import (  # noqa: E402
     KdaState,
     LayerPosition,
     MlaDims,
+    MlaMoeLayerWeights,
     MoeDims,
+    PagedLatentCache,
     kda_decode_step,
     latent_moe,
+    mla_decode,
     mla_decode_unabsorbed,
     naive,
     random_kda_moe_layer,
@@ -39,6 +43,7 @@ from kimi_k3_path.reference import (  # noqa: E402
     random_kda_weights,
     random_layer_norms,
     random_mla_moe_layer,
+    random_mla_weights,
     random_moe_weights,
     random_paged_cache,
     random_residual_stream,
@@ -440,10 +445,54 @@ def test_the_kda_kernel_op_is_pure_prepares_once_and_returns_fp32(gen):
     assert_close(new.conv, ref_new.conv, 2.0**-7)  # stored in bf16
 
 
+class StandInMlaKernels:
+    """kimi_k3_path.kernels.mla's interface (prepare_mla_weights, mla_decode: the decoded rows written into the pages
+    at their slots in place), computed by the fp32 reference on the CPU."""
+
+    def __init__(self):
+        self.prepared = 0
+        self.launches = 0
+
+    def prepare_mla_weights(self, ref, d, device):
+        self.prepared += 1
+        return SimpleNamespace(ref=ref, d=d, device=device)
+
+    def mla_decode(self, x, w, pages, block_table, seq_lens, slots, out, stream, workspace, check_inputs=True):
+        assert x.dtype == torch.bfloat16 and out.dtype == torch.bfloat16 and pages.dtype == torch.bfloat16
+        assert block_table.dtype == seq_lens.dtype == torch.int32 and slots.dtype == torch.int64
+        assert stream is None and workspace is None and check_inputs
+        self.launches += 1
+        o, new = mla_decode(x.float(), w.ref, PagedLatentCache(pages.float(), block_table, seq_lens), w.d)
+        flat, new_flat = pages.view(-1, pages.shape[2]), new.pages.view(-1, pages.shape[2])
+        flat[slots] = new_flat[slots].to(torch.bfloat16)  # the decoded rows only
+        out.copy_(o)
+
+
+def test_the_mla_kernel_op_is_pure_writes_the_rows_at_the_slots_and_returns_fp32(gen):
+    d = TINY_TP8
+    kernels = StandInMlaKernels()
+    op = KernelMlaDecode(device="cpu", kernels=kernels)
+    w = random_mla_weights(d.mla, gen)
+    cache = random_paged_cache(d.mla, [5, 9, 1], page_size=4, gen=gen, spare_pages=2)
+    cache = PagedLatentCache(cache.pages.bfloat16().float(), cache.block_table, cache.seq_lens)  # kept in bf16
+    before = cache.pages.clone()
+    x = torch.randn(3, d.mla.hidden, generator=gen).bfloat16().float()
+    out, new = op(x, w, cache, d.mla)
+    op(x[:1], w, PagedLatentCache(cache.pages, cache.block_table[:1], cache.seq_lens[:1]), d.mla)
+    assert (kernels.prepared, kernels.launches) == (1, 2)
+    assert torch.equal(cache.pages, before)
+    ref_out, ref_new = mla_decode(x, w, cache, d.mla)
+    assert out.dtype == torch.float32 and new.pages.dtype == torch.float32
+    assert new.block_table is cache.block_table and new.seq_lens is cache.seq_lens
+    assert_close(out, ref_out, 2.0**-7)  # the output crosses in bf16
+    assert_close(new.pages, ref_new.pages, 2.0**-8)  # the new rows stored in bf16, every other row as it was
+
+
 def test_a_layer_composed_with_the_kernel_ops_agrees_with_the_stock_path(gen):
     d = TINY_TP8
-    kernels, kda_kernels = StandInKernels(), StandInKdaKernels()
-    executor = DecodeExecutor(H200_TP8, ComposedPath(kernel_ops("cpu", kernels, kda_kernels)), ReferenceLayers())
+    kernels, kda_kernels, mla_kernels = StandInKernels(), StandInKdaKernels(), StandInMlaKernels()
+    executor = DecodeExecutor(H200_TP8, ComposedPath(kernel_ops("cpu", kernels, kda_kernels, mla_kernels)),
+                              ReferenceLayers())
     assert executor.specialized.name == f"{SPECIALIZED}[cute]"
     w = decisive_routing(random_kda_moe_layer(d.kda, d.moe, gen), gen)
     batch = StepBatch.decode([3, 8])
@@ -455,6 +504,14 @@ def test_a_layer_composed_with_the_kernel_ops_agrees_with_the_stock_path(gen):
     ref, _, _ = ReferenceLayers().kda_moe(delta, stream, w, state, pos, d)
     assert kernels.launches == 1 and kda_kernels.launches == 1
     assert_close(out, ref, 2e-2)
+
+    w = decisive_routing(random_mla_moe_layer(d.mla, d.moe, gen), gen)
+    cache = random_paged_cache(d.mla, [4, 9], page_size=4, gen=gen)
+    out, _, new = executor.mla_moe(batch, delta, stream, w, cache, pos, d)
+    ref, _, ref_new = ReferenceLayers().mla_moe(delta, stream, w, cache, pos, d)
+    assert kernels.launches == 2 and mla_kernels.launches == 1
+    assert_close(out, ref, 2e-2)
+    assert_close(new.pages, ref_new.pages, 2e-2)
 
 
 def test_kernels_are_taken_only_where_they_run():
@@ -487,3 +544,31 @@ def test_on_the_h200_the_specialized_path_runs_the_kernels_and_agrees_with_stock
                                        "stock-like: prefill batch"}
     assert_close(slow[0], fast[0], 3e-2)
     assert_close(slow[2].recurrent, fast[2].recurrent, 3e-2)
+
+
+@pytest.mark.gpu
+def test_on_the_h200_the_mla_layer_runs_the_kernels_and_agrees_with_stock(gen):
+    """Real TP8 per-rank shapes: MLA attention (kernels/mla.py) and the latent MoE on the CuTe DSL kernels, against
+    the stock-like sequence (cuBLAS + Triton) on the GPU, for one decode step of 4 sequences at page edges."""
+    d = layer_dims(named_config("kimi_k3"), tp=8)
+    from benchmarks.kimi_k3.stock_layers import StockLikeLayers
+
+    executor = build_executor(H200_TP8, device="cuda", stock=StockLikeLayers("cuda"))
+    assert executor.specialized.name == f"{SPECIALIZED}[cute]"
+    w = decisive_routing(
+        MlaMoeLayerWeights(random_layer_norms(d.mla.hidden, gen), random_mla_weights(d.mla, gen),
+                           random_moe_weights(d.moe, gen)),
+        gen,
+    )
+    seq_lens = [101, 8, 1, 65]
+    cache = random_paged_cache(d.mla, seq_lens, page_size=64, gen=gen, spare_pages=3)
+    stream = random_residual_stream(4, d.mla.hidden, d.max_blocks, gen)
+    delta = torch.randn(4, d.mla.hidden, generator=gen)
+    pos = LayerPosition(3, block_size=d.attn_res_block)
+    fast = executor.mla_moe(StepBatch.decode([n - 1 for n in seq_lens[:2]] + [1, 64]), delta, stream, w, cache, pos, d)
+    prefill_like = StepBatch(query_lens=(1,) * 4, context_lens=(0,) * 4)  # same rows, routed to the stock path
+    slow = executor.mla_moe(prefill_like, delta, stream, w, cache, pos, d)
+    assert set(executor.summary()) == {f"{SPECIALIZED}: decode batch inside the support matrix",
+                                       "stock-like: prefill batch"}
+    assert_close(slow[0], fast[0], 3e-2)
+    assert_close(slow[2].pages, fast[2].pages, 1e-2)

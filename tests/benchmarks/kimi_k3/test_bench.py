@@ -171,3 +171,34 @@ def test_the_correctness_gate_compares_the_candidate_moe_with_the_fp32_reference
     with pytest.raises(bench.BenchError, match="from the fp32 reference"):
         b.check("moe", dims, None, off, item, 8, 3)
     assert b.check("moe", dims, None, {"candidate_moe": None}, item, 8, 3) is None
+
+
+def test_the_mla_check_judges_the_output_and_the_rows_written():
+    """mla_error on CPU with stand-ins for the candidate (x, stock latent cache) -> out: the fp32 reference op writing
+    its rows passes; one that leaves the cache unwritten, or returns another output, fails loudly."""
+    import torch
+
+    from kimi_k3_path.reference import MlaDims, PagedLatentCache, mla_decode, random_mla_weights, random_paged_cache
+
+    d = MlaDims(hidden=64, heads=2, q_lora=32, kv_lora=32, qk_nope=16, qk_rope=8, v_head=16)
+    dims = type("Dims", (), {"mla": d})
+    gen = torch.Generator().manual_seed(8)
+    w = random_mla_weights(d, gen)
+    cache = random_paged_cache(d, [3, 9], page_size=4, gen=gen, spare_pages=2)
+    x = torch.randn(2, d.hidden, generator=gen).bfloat16()
+
+    def candidate(write: bool = True, scale: float = 1.0):
+        def run(h, gpu_cache):
+            o, new = mla_decode(h.float(), w, PagedLatentCache(gpu_cache.pages.float(), gpu_cache.block_table,
+                                                               gpu_cache.seq_lens), d)
+            if write:
+                flat = gpu_cache.pages.view(-1, d.cache_row)
+                flat[gpu_cache.slots] = new.pages.view(-1, d.cache_row)[gpu_cache.slots].bfloat16()
+            return (o * scale).bfloat16()
+        return run
+
+    assert bench.mla_error(candidate(), w, x, cache, dims, "cpu", "here") < 1e-2
+    with pytest.raises(bench.BenchError, match="here: the candidate MLA attention is .* from the fp32 reference"):
+        bench.mla_error(candidate(write=False), w, x, cache, dims, "cpu", "here")
+    with pytest.raises(bench.BenchError, match="bar 2e-2"):
+        bench.mla_error(candidate(scale=1.1), w, x, cache, dims, "cpu", "here")

@@ -49,7 +49,8 @@ _COMPOSITION = textwrap.dedent("""
     import torch
     from benchmarks.kimi_k3 import step
     from kimi_k3_path.config import named_config, shard_shapes
-    from kimi_k3_path.reference import KdaState, LayerPosition, kda_decode_step, latent_moe, rel_err
+    from kimi_k3_path.reference import (KdaState, LayerPosition, PagedLatentCache, kda_decode_step, latent_moe,
+                                        mla_decode, rel_err)
     from kimi_k3_path.reference.dims import layer_dims
 
     def rounded(obj):
@@ -82,8 +83,8 @@ _COMPOSITION = textwrap.dedent("""
     first, second = fn().float(), fn().float()
     fresh = stack.step_fn(x, states, specialized=True)().float()
     # The specialized step with stand-ins for the kernels (the fp32 reference ops, state updated in place as the
-    # kernels update it): every MoE and KDA layer must go through them.
-    calls = {"moe": 0, "kda": 0}
+    # kernels update it): every MoE, KDA and MLA layer must go through them.
+    calls = {"moe": 0, "kda": 0, "mla": 0}
 
     def moe_kernels(w):
         def run(h):
@@ -100,7 +101,17 @@ _COMPOSITION = textwrap.dedent("""
             return o.bfloat16()
         return run
 
-    special = step.DeviceStack(layers, weights, dims, "cpu", moe_kernels, kda_kernels, sms=4)
+    def mla_kernels(w):
+        def run(h, cache):
+            calls["mla"] += 1
+            o, new = mla_decode(h.float(), w, PagedLatentCache(cache.pages.float(), cache.block_table, cache.seq_lens),
+                                dims.mla)
+            row = cache.pages.shape[2]
+            cache.pages.view(-1, row)[cache.slots] = new.pages.view(-1, row)[cache.slots].bfloat16()
+            return o.bfloat16()
+        return run
+
+    special = step.DeviceStack(layers, weights, dims, "cpu", moe_kernels, kda_kernels, sms=4, mla_kernels=mla_kernels)
     special_err = rel_err(special.step_fn(x, states, specialized=True)().float(), expected)
     # The same stack without its second block boundary (layer 4 mixing as if inside block 0): a composition mistake.
     shifted = tuple(dataclasses.replace(l, pos=LayerPosition(l.pos.layer, 2 * l.pos.block_size)) for l in layers)
@@ -127,8 +138,8 @@ def test_the_stock_like_step_composes_the_layers_as_the_reference_step():
     # Each closure has its own state copies, updated in place: a fresh closure repeats the first step exactly,
     # the same closure's second step differs (the state moved on), and the reference states are untouched.
     assert result["fresh"] == 0.0 and result["second"] > 1e-3 and result["untouched"], (seed, result)
-    # The tiny config's 8 layers: KDA at 0, 1, 2, 4, 5, 6; an MoE everywhere but layer 0.
-    assert result["calls"] == {"moe": 7, "kda": 6} and result["special"] < COMPOSITION_BAR, (seed, result)
+    # The tiny config's 8 layers: KDA at 0, 1, 2, 4, 5, 6, MLA at 3 and 7; an MoE everywhere but layer 0.
+    assert result["calls"] == {"moe": 7, "kda": 6, "mla": 2} and result["special"] < COMPOSITION_BAR, (seed, result)
 
 
 @pytest.mark.slow

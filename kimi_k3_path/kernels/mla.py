@@ -1,0 +1,108 @@
+"""`mla_decode`: the attention of an MLA layer for one TP rank and a decode batch (M <= 64), on the caller's stream,
+as `reference.mla_decode` computes it (absorbed: MQA over vLLM's paged latent cache):
+
+  qkv_a     projected = x @ W_qkv_a^T = [q_c | kv_c | k_pe | gate]                    cuBLAS (bf16)
+  norms     q_c = rms_norm(q_c), kv_c = rms_norm(kv_c)                                torch (F.rms_norm, bf16 out)
+  insert    the decoded token's row [kv_c | k_pe] into pages at its slot               torch (cat, index_copy_)
+  q_b       q = q_c @ W_q_b^T, per head [q_nope (128) | q_pe (64)]                     cuBLAS (bf16)
+  absorb    the kernel's q [M, heads, 576] = q @ [[W_UK, 0], [0, I]] per head          cuBLAS (one bmm)
+  attend    latent = softmax(q . row * scale) @ row[:512] over the sequence's rows      mla_attention.py (2 launches)
+  W_UV      v = latent @ W_UV^T per head                                              cuBLAS (one bmm)
+  gate      attn = v * sigmoid(gate)                                                  torch (2 launches)
+  o_proj    out = attn @ W_o^T                                                        cuBLAS (bf16)
+
+The absorb bmm writes ql = q_nope @ W_UK and copies q_pe in the same product (its identity block is exact in fp32
+accumulation): one launch instead of a bmm and a copy (the stock path's concat kernel). 13 launches in all if
+F.rms_norm is one launch per norm (torch 2.14 on sm_90: a contiguous copy of the column slice, then its fused
+kernel, so possibly 15), against the stock path's 11 (`benchmarks/kimi_k3/stock.py: mla_attention`), whose Triton
+split-KV decode and combine these replace. Rows are addressed by vLLM's slot mapping (page * page_size + offset,
+int64); its padding slot -1 is not supported (index_copy_ would fault), so a batch is passed unpadded. No host
+synchronization and no allocation outside torch's allocator when check_inputs is False and a workspace is given:
+CUDA-graph capturable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .mla_attention import MlaWorkspace, check_cache_inputs, mla_attention_decode
+from .runtime import expect
+
+
+@dataclass(frozen=True)
+class MlaAttentionWeights:
+    dims: object  # reference MlaDims
+    qkv_a: torch.Tensor  # [q_lora + kv_lora + rope + heads*v, hidden] bf16
+    q_a_norm: torch.Tensor  # [q_lora] bf16
+    kv_a_norm: torch.Tensor  # [kv_lora] bf16
+    q_b: torch.Tensor  # [heads*(nope+rope), q_lora] bf16
+    absorb: torch.Tensor  # [heads, nope+rope, kv_lora+rope] bf16: [[W_UK, 0], [0, I]] per head
+    w_uv: torch.Tensor  # [heads, kv_lora, v] bf16
+    o_proj: torch.Tensor  # [hidden, heads*v] bf16
+
+
+def prepare_mla_weights(ref, d, device) -> MlaAttentionWeights:
+    """The kernels' copy of a reference `MlaWeights` for `MlaDims` d, on `device`."""
+
+    def bf16(t: torch.Tensor) -> torch.Tensor:
+        return t.to(device=device, dtype=torch.bfloat16).contiguous()
+
+    w_uk, w_uv = ref.absorbed(d)  # [heads, nope, kv_lora], [heads, v, kv_lora]
+    absorb = torch.zeros(d.heads, d.qk_head, d.cache_row, dtype=torch.float32, device=w_uk.device)
+    absorb[:, : d.qk_nope, : d.kv_lora] = w_uk
+    absorb[:, d.qk_nope :, d.kv_lora :] = torch.eye(d.qk_rope, device=w_uk.device)
+    return MlaAttentionWeights(d, bf16(ref.qkv_a), bf16(ref.q_a_norm), bf16(ref.kv_a_norm), bf16(ref.q_b),
+                               bf16(absorb), bf16(w_uv.transpose(1, 2)), bf16(ref.o_proj))
+
+
+def check_slots(slots: list[int], block_table: list[list[int]], seq_lens: list[int], page: int) -> None:
+    """Raise ValueError unless every sequence's slot is the row of its last token (position seq_len - 1; the lengths
+    already checked against the table)."""
+    for i, (slot, n) in enumerate(zip(slots, seq_lens)):
+        want = block_table[i][(n - 1) // page] * page + (n - 1) % page
+        if slot != want:
+            raise ValueError(f"mla_decode: sequence {i} ({n} tokens) has slot {slot}; the row of its token at position "
+                             f"{n - 1} is {want}")
+
+
+def mla_decode(x: torch.Tensor, w: MlaAttentionWeights, pages: torch.Tensor, block_table: torch.Tensor,
+               seq_lens: torch.Tensor, slots: torch.Tensor, out: torch.Tensor, stream,
+               workspace: MlaWorkspace | None, check_inputs: bool = True) -> None:
+    """out [M, hidden] bf16 = the MLA attention of x [M, hidden] bf16; the decoded tokens' rows are written into
+    pages [P, 64, 576] bf16 at slots [M] int64 (vLLM's slot mapping) before the attention reads them. block_table
+    [M, W] int32 and seq_lens [M] int32 (counting the decoded token) as for `mla_attention_decode`; workspace: its
+    partials (allocated per call when None; give one for CUDA graphs). check_inputs reads the lengths, table and
+    slots on the host (a synchronization) to reject a slot that is not its sequence's new row and what
+    `mla_attention_decode` rejects; pass False under CUDA graph capture."""
+    d = w.dims
+    m, row = x.shape[0], d.cache_row
+    if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != d.hidden:
+        raise ValueError(f"mla_decode: x must be [M, {d.hidden}] bf16, got {tuple(x.shape)} {x.dtype}")
+    if pages.dim() != 3:
+        raise ValueError(f"mla_decode: pages must be [P, page, {row}], got {tuple(pages.shape)}")
+    for spec in (("out", out, (m, d.hidden), "bfloat16"), ("slots", slots, (m,), "int64"),
+                 ("pages", pages, (pages.shape[0], pages.shape[1], row), "bfloat16")):
+        expect(*spec, device=False)
+    if check_inputs:  # before the rows are written
+        lens, table = seq_lens.tolist(), block_table.tolist()
+        check_cache_inputs(lens, table, pages.shape[0])
+        check_slots(slots.tolist(), table, lens, pages.shape[1])
+    q_end, kv_end, pe_end = d.q_lora, d.q_lora + d.kv_lora, d.q_lora + d.kv_lora + d.qk_rope
+    with torch.cuda.stream(stream):  # the torch ops on the stream the CuTe launches take
+        projected = x @ w.qkv_a.t()
+        q_c = F.rms_norm(projected[:, :q_end], (d.q_lora,), w.q_a_norm, d.eps)
+        kv_c = F.rms_norm(projected[:, q_end:kv_end], (d.kv_lora,), w.kv_a_norm, d.eps)
+        pages.view(-1, row).index_copy_(0, slots, torch.cat([kv_c, projected[:, kv_end:pe_end]], dim=1))
+        q = (q_c @ w.q_b.t()).view(m, d.heads, d.qk_head)
+        mqa_q = torch.empty(m, d.heads, row, device=x.device, dtype=torch.bfloat16)
+        torch.bmm(q.transpose(0, 1), w.absorb, out=mqa_q.transpose(0, 1))
+        latent = torch.empty(m, d.heads, d.kv_lora, device=x.device, dtype=torch.bfloat16)
+        mla_attention_decode(mqa_q, pages, block_table, seq_lens, latent, stream, d.scale, workspace=workspace,
+                             check_inputs=check_inputs)
+        v = torch.empty(m, d.heads, d.v_head, device=x.device, dtype=torch.bfloat16)
+        torch.bmm(latent.transpose(0, 1), w.w_uv, out=v.transpose(0, 1))
+        gated = torch.sigmoid(projected[:, pe_end:]).mul_(v.view(m, -1))
+        torch.mm(gated, w.o_proj.t(), out=out)
