@@ -288,6 +288,49 @@ class CandidateMla:
         return out
 
 
+class CandidateAttnRes:
+    """The specialized AttnRes plugged into the candidate layers in place of `stock.attn_res` (its arguments and
+    result): `kimi_k3_path.kernels.attn_res.attn_res_decode` on the current stream."""
+
+    def __init__(self) -> None:
+        import torch
+
+        from kimi_k3_path.kernels import attn_res
+
+        self._kernels, self._torch = attn_res, torch
+
+    def __call__(self, prefix: Any, delta: Any, blocks: Any, num_blocks: int, write_block: int, res_norm: Any,
+                 res_proj: Any, out_norm: Any, eps: float, out_eps: float) -> Any:
+        out = self._torch.empty_like(prefix)
+        self._kernels.attn_res_decode(prefix, delta, blocks, num_blocks, write_block, res_norm, res_proj, out_norm, out,
+                                      eps, out_eps, self._torch.cuda.current_stream())
+        return out
+
+
+def attn_res_error(mix: Any, norms: Any, ref_norms: Any, x: Any, ref_stream: Any, pos: Any, device: str,
+                   where: str) -> float:
+    """Both AttnRes sites of a layer by `mix` (stock.attn_res's signature) on input x and its own copy of ref_stream,
+    around an attention that returns a fixed random output: the attention's and the MoE's inputs within 2e-2 of the
+    fp32 reference (`reference.layers.pre_attention`, `pre_mlp`; the bf16 stream is the stock path's), else
+    BenchError. Returns the larger relative error."""
+    import torch
+
+    from benchmarks.kimi_k3 import stock
+    from kimi_k3_path.reference import rel_err
+    from kimi_k3_path.reference.layers import pre_attention, pre_mlp
+
+    stream = stock.GpuStream.from_reference(ref_stream, device)
+    attn_out = torch.randn(x.shape, generator=torch.Generator(device=x.device).manual_seed(7), device=x.device).to(x.dtype)
+    seen: list[Any] = []
+    mlp_in = stock.attention_part(x, stream, norms, pos, lambda h: seen.append(h) or attn_out, mix)
+    ref_attn_in, ref_stream_after = pre_attention(x.float(), ref_stream, ref_norms, pos)
+    ref_mlp_in, _ = pre_mlp(attn_out.float(), ref_stream_after, ref_norms, pos)
+    err = max(rel_err(seen[0], ref_attn_in), rel_err(mlp_in, ref_mlp_in))
+    if not err < 2e-2:
+        raise BenchError(f"{where}: the candidate AttnRes is {err:.3g} from the fp32 reference (bar 2e-2)")
+    return err
+
+
 def moe_error(candidate: Any, ref_moe: Any, h: Any, dims: Any, where: str) -> float:
     """The candidate MoE's bf16 output on MoE input h against the fp32 reference: within 1e-2 (issue 6's bar), else
     BenchError. Returns the relative error."""
@@ -342,14 +385,14 @@ def resolve_candidate(choice: str, device: str) -> tuple[str, str]:
             raise BenchError("--candidate kernels needs a GPU")
         return "stock", "candidate = the stock-like ops (CPU smoke)"
     try:
-        from kimi_k3_path.kernels import kda, mla, moe  # noqa: F401
+        from kimi_k3_path.kernels import attn_res, kda, mla, moe  # noqa: F401
     except ImportError as exc:
         if choice == "kernels":
             raise BenchError(f"--candidate kernels: the kernels do not import: {exc}") from exc
         return "stock", f"candidate = the stock-like ops (kernels not importable: {exc})"
     return "kernels", ("candidate = stock-like layer with the CuTe DSL kernels: kernels.moe.latent_moe_decode for the "
                        "MoE, kernels.kda.kda_attention_decode for KDA attention, kernels.mla.mla_decode for MLA "
-                       "attention")
+                       "attention, kernels.attn_res.attn_res_decode for both AttnRes sites")
 
 
 class Bench:
@@ -360,6 +403,7 @@ class Bench:
         self.device = device
         self.config = named_config(args.config) if args.config in ("kimi_k3", "tiny") else load_config(args.config)
         self.candidate_kind, self.candidate_note = resolve_candidate(args.candidate, device)
+        self.candidate_mix = CandidateAttnRes() if self.candidate_kind == "kernels" else None
         self.l2_bytes = L2_BYTES_DEFAULT
         if device == "cuda":
             import torch
@@ -406,8 +450,10 @@ class Bench:
         def make_weights(copy: int) -> dict[str, Any]:
             gen = self.generator(10_000 * tp + 100 * LAYERS.index(layer) + copy)
             ref_moe = random_moe_weights(dims.moe, gen)
+            ref_norms = random_layer_norms(dims.moe.hidden, gen)
             w = {
-                "norms": stock.GpuNorms.from_reference(random_layer_norms(dims.moe.hidden, gen), self.device),
+                "norms": stock.GpuNorms.from_reference(ref_norms, self.device),
+                "ref_norms": ref_norms if copy == 0 else None,  # check_attention()
                 "moe": stock.GpuMoe.from_reference(ref_moe, dims.moe, self.device, pad_intermediate=dims.stock_intermediate),
             }
             if layer == "kda_moe":
@@ -448,10 +494,11 @@ class Bench:
             pairs = list(zip(weights, inputs))
             base_fns = [self.layer_fn(layer, dims, pos, w, item, None) for w, item in pairs]
             cand_fns = [self.layer_fn(layer, dims, pos, w, item, w["candidate_moe"],
-                                      w.get("candidate_kda", w.get("candidate_mla"))) for w, item in pairs]
+                                      w.get("candidate_kda", w.get("candidate_mla")), self.candidate_mix)
+                        for w, item in pairs]
             err = self.check(layer, dims, pos, weights[0], inputs[0], tp, batch)
             checked = "" if err is None else f"; candidate MoE rel err {err:.2e} vs the fp32 reference"
-            checked += self.check_attention(layer, dims, weights[0], inputs[0], tp, batch)
+            checked += self.check_attention(layer, dims, pos, weights[0], inputs[0], tp, batch)
             for fn in (base_fns[0], cand_fns[0]):  # compile and autotune outside the profiler
                 fn()
             label = f"{layer} tp={tp} batch={batch}" if self.args.breakdown else None
@@ -486,7 +533,8 @@ class Bench:
             layers, ref_weights, dims, self.device,
             moe_kernels=(lambda w: CandidateMoe(w, dims.moe, self.device)) if kernels else None,
             kda_kernels=(lambda w: CandidateKda(w, dims.kda, self.device)) if kernels else None,
-            mla_kernels=(lambda w: CandidateMla(w, dims.mla, self.device)) if kernels else None, sms=self.sms())
+            mla_kernels=(lambda w: CandidateMla(w, dims.mla, self.device)) if kernels else None, sms=self.sms(),
+            mix=self.candidate_mix)
         arch = "cpu" if self.device == "cpu" else "sm_{}{}".format(*torch.cuda.get_device_capability(0))
         executor = build_executor(Deployment(arch=arch, tp=tp, max_batch=max(self.args.batch)))
         for batch in self.args.batch:
@@ -547,10 +595,11 @@ class Bench:
         return checked + f"specialized vs stock-like step output rel err {apart:.2e}"
 
     def attention_fn(self, layer: str, dims: Any, pos: Any, w: dict[str, Any], item: dict[str, Any],
-                     attention_op: Any = None) -> Callable[[], Any]:
+                     attention_op: Any = None, mix: Any = None) -> Callable[[], Any]:
         """A closure computing the MoE input of one decode step on copy `item` (its own copies of the stream, state
         and cache): AttnRes, the stock attention (or `attention_op(h, state)`, the state a `stock.GpuKdaState` or
-        `stock.GpuLatentCache`), AttnRes; or the input itself for the bare block."""
+        `stock.GpuLatentCache`), AttnRes (each site by `mix`, stock.attn_res's signature, where given); or the input
+        itself for the bare block."""
         from benchmarks.kimi_k3 import stock
 
         if layer == "moe":
@@ -559,24 +608,27 @@ class Bench:
         stream = stock.GpuStream.from_reference(item["stream"], self.device)
         delta = item["x"]
         norms = w["norms"]
+        sites = {} if mix is None else {"mix": mix}
         if layer == "kda_moe":
             state = stock.GpuKdaState.from_reference(item["state"], self.device)
             if attention_op is not None:
-                return lambda: stock.attention_part(delta, stream, norms, pos, lambda h: attention_op(h, state))
-            return lambda: stock.kda_attention_part(delta, stream, norms, w["kda"], state, pos, dims.kda)
+                return lambda: stock.attention_part(delta, stream, norms, pos, lambda h: attention_op(h, state), **sites)
+            return lambda: stock.attention_part(delta, stream, norms, pos,
+                                                lambda h: stock.kda_attention(h, w["kda"], state, dims.kda), **sites)
         cache = stock.GpuLatentCache.from_reference(item["cache"], self.device, sms=self.sms())
         if attention_op is not None:
-            return lambda: stock.attention_part(delta, stream, norms, pos, lambda h: attention_op(h, cache))
-        return lambda: stock.mla_attention_part(delta, stream, norms, w["mla"], cache, pos, dims.mla)
+            return lambda: stock.attention_part(delta, stream, norms, pos, lambda h: attention_op(h, cache), **sites)
+        return lambda: stock.attention_part(delta, stream, norms, pos,
+                                            lambda h: stock.mla_attention(h, w["mla"], cache, dims.mla), **sites)
 
     def layer_fn(self, layer: str, dims: Any, pos: Any, w: dict[str, Any], item: dict[str, Any], cand_moe: Any,
-                 cand_attention: Any = None) -> Callable[[], Any]:
+                 cand_attention: Any = None, cand_mix: Any = None) -> Callable[[], Any]:
         """A closure running one decode step of `layer` on copy `item` (its own stream/state/cache)."""
         from benchmarks.kimi_k3 import stock
 
         moe = w["moe"]
         moe_fn = cand_moe if cand_moe is not None else (lambda h: stock.latent_moe(h, moe, dims.moe))
-        attention = self.attention_fn(layer, dims, pos, w, item, cand_attention)
+        attention = self.attention_fn(layer, dims, pos, w, item, cand_attention, cand_mix)
         return lambda: moe_fn(attention())
 
     def sms(self) -> int:
@@ -593,11 +645,16 @@ class Bench:
         h = self.attention_fn(layer, dims, pos, w, item)()
         return moe_error(w["candidate_moe"], w["ref_moe"], h, dims, f"{layer} tp={tp} batch={batch}")
 
-    def check_attention(self, layer: str, dims: Any, w: dict[str, Any], item: dict[str, Any], tp: int,
+    def check_attention(self, layer: str, dims: Any, pos: Any, w: dict[str, Any], item: dict[str, Any], tp: int,
                         batch: int) -> str:
-        """The candidate computes the layer's attention on the step's input and state (kda_error, mla_error): the
-        row note's text for it, empty with no candidate attention."""
+        """The candidate computes the layer's AttnRes sites and attention on the step's input and state
+        (attn_res_error; kda_error, mla_error): the row note's text for them, empty with no candidate attention."""
         where = f"{layer} tp={tp} batch={batch}"
+        mixed = ""
+        if self.candidate_mix is not None and layer != "moe":
+            err = attn_res_error(self.candidate_mix, w["norms"], w["ref_norms"], item["x"], item["stream"], pos,
+                                 self.device, where)
+            mixed = f"; candidate AttnRes rel err {err:.2e} vs the fp32 reference"
         if w.get("candidate_kda") is not None:
             what = "KDA"
             err = kda_error(w["candidate_kda"], w["ref_kda"], item["x"], item["state"], dims, self.device, where)
@@ -605,8 +662,8 @@ class Bench:
             what = "MLA"
             err = mla_error(w["candidate_mla"], w["ref_mla"], item["x"], item["cache"], dims, self.device, where)
         else:
-            return ""
-        return f"; candidate {what} attention rel err {err:.2e} vs the fp32 reference"
+            return mixed
+        return f"{mixed}; candidate {what} attention rel err {err:.2e} vs the fp32 reference"
 
     def kernel_count(self, fn: Callable[[], Any], breakdown_label: str | None = None) -> int | str:
         """Kernels one step launches; with a label, also print the step's device time per kernel name."""

@@ -103,15 +103,17 @@ class DeviceStack:
     """The stack's weights in the stock layouts on `device`, shared read-only by both variants. Where kernels run,
     `moe_kernels` maps a layer's reference MoE weights to the specialized MoE (x -> out) and `kda_kernels` its
     reference KDA weights to the specialized KDA attention ((x, stock state) -> out) and `mla_kernels` its reference
-    MLA weights to the specialized MLA attention ((x, stock latent cache) -> out); None where none run."""
+    MLA weights to the specialized MLA attention ((x, stock latent cache) -> out); None where none run. `mix` is the
+    specialized step's AttnRes (stock.attn_res's signature), stock.attn_res where None."""
 
     def __init__(self, layers: tuple[StackLayer, ...], weights: list[Any], dims: Any, device: str,
                  moe_kernels: Callable[[Any], Callable[[Any], Any]] | None,
                  kda_kernels: Callable[[Any], Callable[[Any, Any], Any]] | None, sms: int,
-                 mla_kernels: Callable[[Any], Callable[[Any, Any], Any]] | None = None):
+                 mla_kernels: Callable[[Any], Callable[[Any, Any], Any]] | None = None,
+                 mix: Callable[..., Any] | None = None):
         from benchmarks.kimi_k3 import stock
 
-        self.layers, self.dims, self.device, self.sms = layers, dims, device, sms
+        self.layers, self.dims, self.device, self.sms, self.mix = layers, dims, device, sms, mix
         self.parts: list[dict[str, Any]] = []
         for layer, w in zip(layers, weights):
             part: dict[str, Any] = {"norms": stock.GpuNorms.from_reference(w.norms, device)}
@@ -145,6 +147,8 @@ class DeviceStack:
                          else stock.GpuLatentCache.from_reference(s, self.device, sms=self.sms)
                          for layer, s in zip(self.layers, states)]
 
+        sites = {"mix": self.mix} if specialized and self.mix is not None else {}
+
         def step() -> Any:
             stream.prefix.copy_(x)
             stream.blocks.zero_()
@@ -153,7 +157,7 @@ class DeviceStack:
                 attend = self.attention(part, state, specialized)
                 if observe is not None:
                     attend = _observed(attend, lambda a, i=i: observe(i, "attention", a))
-                h = stock.attention_part(delta, stream, part["norms"], layer.pos, attend)
+                h = stock.attention_part(delta, stream, part["norms"], layer.pos, attend, **sites)
                 if observe is not None:
                     observe(i, "mlp", h)
                 if layer.kind == "kda_dense":

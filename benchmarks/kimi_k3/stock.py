@@ -768,20 +768,22 @@ class GpuStream:
                          stream.prefix.to(device, _ACT, copy=True).contiguous())
 
 
-def _pre_attention(delta: torch.Tensor, s: GpuStream, n: GpuNorms, pos: LayerPosition) -> torch.Tensor:
-    return attn_res(
+def _pre_attention(delta: torch.Tensor, s: GpuStream, n: GpuNorms, pos: LayerPosition,
+                   mix: Callable[..., torch.Tensor] = attn_res) -> torch.Tensor:
+    return mix(
         s.prefix, delta, s.blocks, pos.blocks_before_attn, pos.blocks_before_attn if pos.writes_block else -1,
         n.attn_res_norm, n.attn_res_proj, n.input_norm, n.eps, n.eps,
     )
 
 
-def _pre_mlp(attn_out: torch.Tensor, s: GpuStream, n: GpuNorms, pos: LayerPosition) -> torch.Tensor:
+def _pre_mlp(attn_out: torch.Tensor, s: GpuStream, n: GpuNorms, pos: LayerPosition,
+             mix: Callable[..., torch.Tensor] = attn_res) -> torch.Tensor:
     if pos.writes_block:
         s.prefix.copy_(attn_out)  # a new block starts with this layer's attention output
         delta = None
     else:
         delta = attn_out
-    return attn_res(
+    return mix(
         s.prefix, delta, s.blocks, pos.blocks_before_mlp, -1,
         n.mlp_res_norm, n.mlp_res_proj, n.post_attn_norm, n.eps, n.eps,
     )
@@ -789,11 +791,11 @@ def _pre_mlp(attn_out: torch.Tensor, s: GpuStream, n: GpuNorms, pos: LayerPositi
 
 def attention_part(
     delta: torch.Tensor, stream: GpuStream, norms: GpuNorms, pos: LayerPosition,
-    attend: Callable[[torch.Tensor], torch.Tensor],
+    attend: Callable[[torch.Tensor], torch.Tensor], mix: Callable[..., torch.Tensor] = attn_res,
 ) -> torch.Tensor:
     """A layer up to its MLP input around any attention op `attend` (mixed input -> attention output): AttnRes,
-    attention, AttnRes. Updates `stream` in place."""
-    return _pre_mlp(attend(_pre_attention(delta, stream, norms, pos)), stream, norms, pos)
+    attention, AttnRes, each AttnRes site by `mix` (attn_res's arguments and result). Updates `stream` in place."""
+    return _pre_mlp(attend(_pre_attention(delta, stream, norms, pos, mix)), stream, norms, pos, mix)
 
 
 def kda_attention_part(

@@ -16,6 +16,8 @@
                          split-KV attention, W_UV, gate, o_proj)
   mla_attention.py       its split-KV attention over the paged latent cache + combine (2 launches): correct on
                          the H200 (its GPU tests), not yet timed
+  attn_res.py            Block AttnRes: prefix update, block snapshot, the sources' softmax mix and its RMSNorm
+                         in one launch per site: compiled for sm_90a on a CPU, not yet run on a GPU
 
 and the device functions they share: `router` (logits, top-k, plan), `gemv` (split-K row dots), `mma` (bf16
 mma.sync tiles), `fp4_mma` (MXFP4 on the tensor cores), `shared` (shared experts' gate_up), `norm_tail` (the batch

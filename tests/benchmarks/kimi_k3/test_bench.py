@@ -202,3 +202,38 @@ def test_the_mla_check_judges_the_output_and_the_rows_written():
         bench.mla_error(candidate(write=False), w, x, cache, dims, "cpu", "here")
     with pytest.raises(bench.BenchError, match="bar 2e-2"):
         bench.mla_error(candidate(scale=1.1), w, x, cache, dims, "cpu", "here")
+
+
+def test_the_attn_res_check_judges_both_sites_and_the_stream():
+    """attn_res_error on CPU with stand-ins for the mix (stock.attn_res's arguments): the fp32 reference's mix on
+    the bf16 stream passes, at a block-writing layer and a mixing one; one that forgets to fold the input into the
+    prefix, or returns another output, fails loudly."""
+    import torch
+
+    from benchmarks.kimi_k3 import stock
+    from kimi_k3_path.reference.attn_res import AttnResWeights, attn_res_mix
+    from kimi_k3_path.reference.layers import LayerPosition, random_layer_norms, random_residual_stream
+
+    hidden, gen = 64, torch.Generator().manual_seed(9)
+    ref_norms = random_layer_norms(hidden, gen)
+    norms = stock.GpuNorms.from_reference(ref_norms, "cpu")
+    ref_stream = random_residual_stream(3, hidden, 8, gen)
+    x = torch.randn(3, hidden, generator=gen).bfloat16()
+
+    def mix(fold: bool = True, scale: float = 1.0):
+        def run(prefix, delta, blocks, num_blocks, write_block, res_norm, res_proj, out_norm, eps, out_eps):
+            if delta is not None and fold:
+                prefix.copy_((prefix.float() + delta.float()).bfloat16())
+            if write_block >= 0:
+                blocks[:, write_block] = prefix
+            w = AttnResWeights(res_norm.float(), res_proj.float(), out_norm.float())
+            return (attn_res_mix(blocks[:, :num_blocks].float(), prefix.float(), w, eps, out_eps) * scale).bfloat16()
+        return run
+
+    for layer in (90, 12):
+        pos = LayerPosition(layer)
+        assert bench.attn_res_error(mix(), norms, ref_norms, x, ref_stream, pos, "cpu", "here") < 1e-2
+    with pytest.raises(bench.BenchError, match="here: the candidate AttnRes is .* from the fp32 reference"):
+        bench.attn_res_error(mix(fold=False), norms, ref_norms, x, ref_stream, LayerPosition(90), "cpu", "here")
+    with pytest.raises(bench.BenchError, match="bar 2e-2"):
+        bench.attn_res_error(mix(scale=1.1), norms, ref_norms, x, ref_stream, LayerPosition(90), "cpu", "here")
