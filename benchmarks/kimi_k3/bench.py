@@ -18,9 +18,10 @@ the stock-like kda_moe case once was enough to slow the next, not the memory it 
 
 Variants: `baseline` is `benchmarks.kimi_k3.stock` (vLLM's stock op sequence on Hopper). `candidate` is the
 specialized path: the same stock-like layer with its latent MoE replaced by
-`kimi_k3_path.kernels.moe.latent_moe_decode`, its KDA attention by `kimi_k3_path.kernels.kda.kda_attention_decode`
-and its MLA attention by `kimi_k3_path.kernels.mla.mla_decode` (`--candidate kernels`), or the stock ops themselves
-(`--candidate stock`: an A/A measurement).
+`kimi_k3_path.kernels.moe.latent_moe_decode`, its KDA attention by `kimi_k3_path.kernels.kda.kda_attention_decode`,
+its MLA attention by `kimi_k3_path.kernels.mla.mla_decode` and its two AttnRes sites by
+`kimi_k3_path.kernels.attn_res.attn_res_decode` (`--candidate kernels`; `--kernel-ops` picks a subset of these op
+families, e.g. for an A/B of one of them), or the stock ops themselves (`--candidate stock`: an A/A measurement).
 `auto` takes the kernels when they import.
 
 Byte floor (floors.py): the bytes one step must move (every weight it reads once, only the experts the batch routes
@@ -100,6 +101,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--replays", type=int, default=300,
                    help="layer steps timed per variant (in samples of >= MIN_STEPS_PER_GRAPH steps; CPU: one step each)")
     p.add_argument("--candidate", choices=("auto", "kernels", "stock"), default="auto")
+    p.add_argument("--kernel-ops", type=_ops_list, default=tuple(KERNEL_OPS),
+                   help=f"with kernels: the op families the candidate runs on them (comma list of {', '.join(KERNEL_OPS)}; "
+                        "default all), the rest on the stock-like ops")
     p.add_argument("--commit", help="the commit measured (default: git rev-parse HEAD)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--breakdown", action="store_true", help="print the baseline's and the candidate's time per kernel (torch profiler) per case")
@@ -376,8 +380,25 @@ def mla_error(candidate: Any, ref_mla: Any, x: Any, ref_cache: Any, dims: Any, d
     return err
 
 
-def resolve_candidate(choice: str, device: str) -> tuple[str, str]:
-    """('kernels' | 'stock', why)."""
+# The op families the candidate can run on the CuTe DSL kernels (--kernel-ops), each with what runs it.
+KERNEL_OPS = {
+    "moe": "kernels.moe.latent_moe_decode for the MoE",
+    "kda": "kernels.kda.kda_attention_decode for KDA attention",
+    "mla": "kernels.mla.mla_decode for MLA attention",
+    "attn_res": "kernels.attn_res.attn_res_decode for both AttnRes sites",
+}
+
+
+def _ops_list(text: str) -> tuple[str, ...]:
+    ops = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = [op for op in ops if op not in KERNEL_OPS]
+    if unknown or not ops:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a comma list of {', '.join(KERNEL_OPS)}")
+    return ops
+
+
+def resolve_candidate(choice: str, device: str, ops: tuple[str, ...] = tuple(KERNEL_OPS)) -> tuple[str, str]:
+    """('kernels' | 'stock', why); with kernels, the note names the op families `ops` the candidate runs on them."""
     if choice == "stock":
         return "stock", "candidate = the stock-like ops (A/A: no specialized kernels measured in this run)"
     if device == "cpu":
@@ -390,9 +411,8 @@ def resolve_candidate(choice: str, device: str) -> tuple[str, str]:
         if choice == "kernels":
             raise BenchError(f"--candidate kernels: the kernels do not import: {exc}") from exc
         return "stock", f"candidate = the stock-like ops (kernels not importable: {exc})"
-    return "kernels", ("candidate = stock-like layer with the CuTe DSL kernels: kernels.moe.latent_moe_decode for the "
-                       "MoE, kernels.kda.kda_attention_decode for KDA attention, kernels.mla.mla_decode for MLA "
-                       "attention, kernels.attn_res.attn_res_decode for both AttnRes sites")
+    return "kernels", ("candidate = stock-like layer with the CuTe DSL kernels: "
+                       + ", ".join(KERNEL_OPS[op] for op in KERNEL_OPS if op in ops))
 
 
 class Bench:
@@ -402,8 +422,9 @@ class Bench:
         self.args = args
         self.device = device
         self.config = named_config(args.config) if args.config in ("kimi_k3", "tiny") else load_config(args.config)
-        self.candidate_kind, self.candidate_note = resolve_candidate(args.candidate, device)
-        self.candidate_mix = CandidateAttnRes() if self.candidate_kind == "kernels" else None
+        self.candidate_kind, self.candidate_note = resolve_candidate(args.candidate, device, args.kernel_ops)
+        self.ops = set(args.kernel_ops) if self.candidate_kind == "kernels" else set()
+        self.candidate_mix = CandidateAttnRes() if "attn_res" in self.ops else None
         self.l2_bytes = L2_BYTES_DEFAULT
         if device == "cuda":
             import torch
@@ -459,15 +480,15 @@ class Bench:
             if layer == "kda_moe":
                 ref_kda = random_kda_weights(dims.kda, gen)
                 w["kda"] = stock.GpuKda.from_reference(ref_kda, self.device)
-                w["candidate_kda"] = CandidateKda(ref_kda, dims.kda, self.device) if self.candidate_kind == "kernels" else None
+                w["candidate_kda"] = CandidateKda(ref_kda, dims.kda, self.device) if "kda" in self.ops else None
                 w["ref_kda"] = ref_kda if copy == 0 and w["candidate_kda"] is not None else None  # check_attention()
             if layer == "mla_moe":
                 ref_mla = random_mla_weights(dims.mla, gen)
                 w["mla"] = stock.GpuMla.from_reference(ref_mla, dims.mla, self.device)
-                w["candidate_mla"] = (CandidateMla(ref_mla, dims.mla, self.device) if self.candidate_kind == "kernels"
+                w["candidate_mla"] = (CandidateMla(ref_mla, dims.mla, self.device) if "mla" in self.ops
                                       else None)
                 w["ref_mla"] = ref_mla if copy == 0 and w["candidate_mla"] is not None else None  # check_attention()
-            w["candidate_moe"] = CandidateMoe(ref_moe, dims.moe, self.device) if self.candidate_kind == "kernels" else None
+            w["candidate_moe"] = CandidateMoe(ref_moe, dims.moe, self.device) if "moe" in self.ops else None
             w["ref_moe"] = ref_moe if copy == 0 and w["candidate_moe"] is not None else None  # for check() only
             return w
 
@@ -528,12 +549,11 @@ class Bench:
             raise BenchError(str(exc)) from exc
         ref_weights = step_stack.random_weights(layers, dims, shard_shapes(self.config, tp).dense_intermediate,
                                                 self.generator(10_000 * tp + 100 * LAYERS.index("step")))
-        kernels = self.candidate_kind == "kernels"
         stack = step_stack.DeviceStack(
             layers, ref_weights, dims, self.device,
-            moe_kernels=(lambda w: CandidateMoe(w, dims.moe, self.device)) if kernels else None,
-            kda_kernels=(lambda w: CandidateKda(w, dims.kda, self.device)) if kernels else None,
-            mla_kernels=(lambda w: CandidateMla(w, dims.mla, self.device)) if kernels else None, sms=self.sms(),
+            moe_kernels=(lambda w: CandidateMoe(w, dims.moe, self.device)) if "moe" in self.ops else None,
+            kda_kernels=(lambda w: CandidateKda(w, dims.kda, self.device)) if "kda" in self.ops else None,
+            mla_kernels=(lambda w: CandidateMla(w, dims.mla, self.device)) if "mla" in self.ops else None, sms=self.sms(),
             mix=self.candidate_mix)
         arch = "cpu" if self.device == "cpu" else "sm_{}{}".format(*torch.cuda.get_device_capability(0))
         executor = build_executor(Deployment(arch=arch, tp=tp, max_batch=max(self.args.batch)))
@@ -728,7 +748,8 @@ def case_argv(args: argparse.Namespace, layer: str, tp: int, commit: str) -> lis
     argv = ["--layer", layer, "--tp", str(tp), "--batch", ",".join(map(str, args.batch)), "--config", args.config,
             "--context", str(args.context), "--page", str(args.page), "--replays", str(args.replays),
             *(["--step-layers", str(args.step_layers)] if args.step_layers else []),
-            "--candidate", args.candidate, "--commit", commit, "--seed", str(args.seed), "--processes", "one"]
+            "--candidate", args.candidate, "--kernel-ops", ",".join(args.kernel_ops), "--commit", commit,
+            "--seed", str(args.seed), "--processes", "one"]
     return argv + ["--breakdown"] * args.breakdown + ["--cpu-smoke"] * args.cpu_smoke
 
 

@@ -237,3 +237,15 @@ def test_the_attn_res_check_judges_both_sites_and_the_stream():
         bench.attn_res_error(mix(fold=False), norms, ref_norms, x, ref_stream, LayerPosition(90), "cpu", "here")
     with pytest.raises(bench.BenchError, match="bar 2e-2"):
         bench.attn_res_error(mix(scale=1.1), norms, ref_norms, x, ref_stream, LayerPosition(90), "cpu", "here")
+
+
+def test_kernel_ops_pick_the_candidate_families_and_reach_the_per_case_processes():
+    args = bench.parse_args(["--kernel-ops", "moe,attn_res", "--cpu-smoke"])
+    assert args.kernel_ops == ("moe", "attn_res")
+    assert "--kernel-ops" in (argv := bench.case_argv(args, "kda_moe", 8, "abc1234"))
+    assert argv[argv.index("--kernel-ops") + 1] == "moe,attn_res"
+    assert bench.parse_args(["--cpu-smoke"]).kernel_ops == tuple(bench.KERNEL_OPS)
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--kernel-ops", "moe,flash"])
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--kernel-ops", ","])
