@@ -431,7 +431,8 @@ class Bench:
             moe_kernels=(lambda w: CandidateMoe(w, dims.moe, self.device)) if kernels else None,
             kda_kernels=(lambda w: CandidateKda(w, dims.kda, self.device)) if kernels else None, sms=self.sms())
         arch = "cpu" if self.device == "cpu" else "sm_{}{}".format(*torch.cuda.get_device_capability(0))
-        executor = build_executor(Deployment(arch=arch, tp=tp, max_batch=max(self.args.batch)))
+        executor = build_executor(
+            Deployment(arch=arch, tp=tp, max_batch=max(self.args.batch), max_context=self.args.context))
         for batch in self.args.batch:
             gen = self.generator(2_000_000 + 10_000 * tp + 100 * batch)
             x = torch.randn(batch, dims.moe.hidden, generator=gen, device=self.device).to(torch.bfloat16)
