@@ -129,12 +129,36 @@ def test_decode_batches_of_an_admitted_deployment_take_the_specialized_path(d, l
         (StepBatch(query_lens=(5, 2), context_lens=(0, 0)), "prefill batch"),
         (StepBatch(query_lens=(1, 5), context_lens=(9, 0)), "mixed batch"),
         (StepBatch.decode([2] * 65), "decode batch of 65 exceeds max_batch 64"),
+        (StepBatch.decode([4096, 4097]), "context of 4097 cached tokens exceeds max_context 4096"),
     ],
 )
 def test_prefill_mixed_and_oversized_batches_take_the_stock_path(batch, reason):
     executor = recording_executor(H200_TP8)
     assert run_step(executor, batch) == "stock"
     assert executor.summary() == {f"stock: {reason}": 1}
+
+
+def test_the_measured_contexts_take_the_specialized_path_and_longer_ones_the_stock_path():
+    executor = recording_executor(H200_TP8)
+    for context in (1, *SUPPORT_MATRIX.perf_contexts):
+        assert run_step(executor, StepBatch.decode([context, 1]), "mla_moe") == SPECIALIZED
+    longer = SUPPORT_MATRIX.max_context + 1
+    assert run_step(executor, StepBatch.decode([1, longer]), "mla_moe") == "stock"
+    assert executor.summary() == {
+        f"{SPECIALIZED}: decode batch inside the support matrix": 1 + len(SUPPORT_MATRIX.perf_contexts),
+        f"stock: context of {longer} cached tokens exceeds max_context {SUPPORT_MATRIX.max_context}": 1,
+    }
+
+
+def test_the_deployment_context_bound_applies_when_tighter_than_the_matrix():
+    executor = recording_executor(Deployment(arch="sm_90", tp=8, max_batch=64, max_context=2048))
+    assert run_step(executor, StepBatch.decode([2048] * 4)) == SPECIALIZED
+    assert executor.decide(StepBatch.decode([2049] * 4)).reason == "context of 2049 cached tokens exceeds max_context 2048"
+    widened = SUPPORT_MATRIX.model_copy(update={"max_context": 32768, "perf_contexts": (4096, 32768)})
+    wide = DecodeExecutor(Deployment(arch="sm_90", tp=8, max_batch=64, max_context=32768), Recorder(SPECIALIZED),
+                          Recorder("stock"), widened)
+    assert wide.decide(StepBatch.decode([32768])).path == SPECIALIZED
+    assert wide.decide(StepBatch.decode([32769])).reason == "context of 32769 cached tokens exceeds max_context 32768"
 
 
 def test_the_deployment_bound_applies_when_tighter_than_the_matrix():
