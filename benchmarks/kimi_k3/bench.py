@@ -686,6 +686,8 @@ def run(args: argparse.Namespace, on_rows: Callable[[Any], None] | None = None) 
                     "axes": {
                         "arch": hw["arch"] or "cpu", "tp": tp, "dcp": 1, "batch": case.batch,
                         "spec": spec_label(None, 0), "layer": layer,
+                        # The MLA decode's cost grows with the cached tokens: the support matrix's `context` axis.
+                        "context": args.context,
                     },
                     "metric": "latency", "unit": "us", "candidate": cand, "baseline": base,
                     "floor": floor, "note": note,
