@@ -75,7 +75,10 @@ def admitted(guard: StartupGuardSettings, axes: SupportAxes | None, probes: Guar
     return {name: tuple(_sorted(vs)) for name, vs in values.items()}
 
 
-_ORDER = ("arch", "tp", "dcp", "pp", "dp", "spec", "spec_method", "spec_tokens", "batch", "max_batch")
+_ORDER = ("arch", "tp", "dcp", "pp", "dp", "spec", "spec_method", "spec_tokens", "batch", "max_batch", "context",
+          "max_context")
+# Axes whose admitted values are read as an upper bound ("batch <= 64"), not a list.
+_UPPER_BOUNDS = frozenset({"batch", "max_batch", "context", "max_context"})
 
 
 def _axis_order(name: str) -> tuple[int, str]:
@@ -127,7 +130,8 @@ def _guard_touched(guard: StartupGuardSettings, changes: ChangeSet) -> bool:
 
 
 _LABELS = {"tp": "TP", "dcp": "DCP", "pp": "PP", "dp": "DP", "spec": "spec", "spec_method": "spec method",
-           "spec_tokens": "spec tokens", "max_batch": "batch", "batch": "batch"}
+           "spec_tokens": "spec tokens", "max_batch": "batch", "batch": "batch", "max_context": "context",
+           "context": "context"}
 
 
 def statement(package: Package, head: dict[str, tuple[Any, ...]], others: tuple[str, ...]) -> str:
@@ -144,7 +148,7 @@ def statement(package: Package, head: dict[str, tuple[Any, ...]], others: tuple[
                 parts.append("no speculative decoding")
                 continue
             label = _LABELS.get(name, name.replace("_", " "))
-            if name in ("batch", "max_batch") and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            if name in _UPPER_BOUNDS and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
                 parts.append(f"{label} <= {max(values)}")
             else:
                 parts.append(f"{label} {_either(values)}")

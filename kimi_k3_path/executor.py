@@ -1,8 +1,9 @@
 """Per-step dispatch between the latency-specialized decode path and the stock path.
 
 A pure-decode batch (every sequence has context and brings exactly one new token) of a deployment inside the
-support matrix, no larger than its decode-batch bound, runs the specialized path; prefill, mixed batches,
-oversized batches and deployments the guard rejects run the stock path. Both paths take the same arguments and
+support matrix, no larger than its decode-batch bound and no sequence longer than its context bound, runs the
+specialized path; prefill, mixed batches, oversized batches, over-long contexts and deployments the guard rejects
+run the stock path. Both paths take the same arguments and
 return the same outputs, so the caller cannot tell them apart except by speed; every decision is counted by its
 reason, so a fallback is never silent.
 
@@ -301,6 +302,13 @@ class DecodeExecutor:
         bound = min(self.deployment.max_batch, self.matrix.max_batch)
         if batch.num_seqs > bound:
             return Decision(self.stock.name, f"decode batch of {batch.num_seqs} exceeds max_batch {bound}")
+        # The perf rows measure a step at `context` tokens already cached (the step's own token on top), so the
+        # bound applies to the cached tokens. vLLM never forms such a step for an admitted deployment (a sequence
+        # holds at most max_model_len - 1 cached tokens when it decodes); like the batch bound, this is the backstop.
+        bound = min(self.deployment.max_context, self.matrix.max_context)
+        longest = max(batch.context_lens)
+        if longest > bound:
+            return Decision(self.stock.name, f"context of {longest} cached tokens exceeds max_context {bound}")
         return Decision(SPECIALIZED, "decode batch inside the support matrix")
 
     def _route(self, batch: StepBatch, delta: Any) -> LayerPath:

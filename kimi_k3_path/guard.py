@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kimi_k3_path.support import SUPPORT_MATRIX, Deployment, SupportMatrix
+from kimi_k3_path.support import BOUNDS, SUPPORT_MATRIX, Deployment, SupportMatrix
 
 _HOW_TO_OPT_OUT = (
     "Supported deployments are listed in kimi_k3_path/README.md; "
@@ -55,10 +55,9 @@ def unsupported_fields(d: Deployment, matrix: SupportMatrix = SUPPORT_MATRIX) ->
     problems: list[Unsupported] = []
     for field in Deployment.model_fields:
         value = getattr(d, field)
-        if field == "max_batch":
-            if value > matrix.max_batch:
-                reason = "larger decode batches are not validated"
-                problems.append(Unsupported(field, value, matrix.supported_text(field), reason))
+        if field in BOUNDS:
+            if value > getattr(matrix, field):
+                problems.append(Unsupported(field, value, matrix.supported_text(field), BOUNDS[field].beyond))
         elif value not in matrix.admitted(field):
             reason = matrix.unvalidated_arch.get(value, "") if field == "arch" else ""
             problems.append(Unsupported(field, value, matrix.supported_text(field), reason))

@@ -10,6 +10,7 @@ This module imports neither torch nor vllm: the gatekeeper loads it in its stati
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -34,8 +35,9 @@ def spec_label(method: str | None, tokens: int) -> str:
 class Deployment(BaseModel):
     """One way of serving Kimi K3: the settings that decide whether the specialized decode path may run.
 
-    `max_batch` is the largest decode batch the engine will form (vLLM: `max_num_seqs`); `kv_dtype` is the MLA
-    latent KV-cache dtype; `kda_state_dtypes` are the KDA (conv, recurrent) state dtypes.
+    `max_batch` is the largest decode batch the engine will form (vLLM: `max_num_seqs`); `max_context` the
+    longest sequence it admits, prompt + generated tokens (vLLM: `max_model_len`); `kv_dtype` is the MLA latent
+    KV-cache dtype; `kda_state_dtypes` are the KDA (conv, recurrent) state dtypes.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -44,6 +46,9 @@ class Deployment(BaseModel):
     tp: int = Field(ge=1, description="tensor-parallel size")
     dcp: int = Field(default=1, ge=1, description="decode-context-parallel size")
     max_batch: int = Field(ge=1, description="largest decode batch (sequences per step)")
+    max_context: int = Field(
+        ge=1, description="longest sequence the engine admits, prompt + generated tokens (vLLM: max_model_len)"
+    )
     spec_method: str | None = Field(default=None, description="speculative decoding method; None: off")
     spec_tokens: int = Field(default=0, ge=0, description="draft tokens per step")
     kv_dtype: str = "bfloat16"
@@ -87,10 +92,26 @@ class Deployment(BaseModel):
         return spec_label(self.spec_method, self.spec_tokens)
 
 
+@dataclass(frozen=True)
+class Bound:
+    """A Deployment field the support matrix bounds from above (admitted: 1..bound) instead of listing values."""
+
+    measured: str  # the SupportMatrix field of the values the perf evidence must measure; their maximum is the bound
+    axis: str  # the perf-matrix axis those values are measured on
+    beyond: str  # why the guard refuses a value above the bound
+
+
+# Deployment field -> its bound. Every other Deployment field is checked by membership (`discrete_fields`).
+BOUNDS: dict[str, Bound] = {
+    "max_batch": Bound(measured="perf_batches", axis="batch", beyond="larger decode batches are not validated"),
+    "max_context": Bound(measured="perf_contexts", axis="context", beyond="longer contexts are not measured"),
+}
+
+
 class SupportMatrix(BaseModel):
     """The deployments the specialized path admits. Each field lists the admitted values of the Deployment
-    field of the same name (`max_batch` is an upper bound); `unvalidated_arch` names architectures we know about
-    but have no evidence for, with the reason the guard gives."""
+    field of the same name (`max_batch` and `max_context` are upper bounds, see `BOUNDS`); `unvalidated_arch`
+    names architectures we know about but have no evidence for, with the reason the guard gives."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -98,6 +119,7 @@ class SupportMatrix(BaseModel):
     tp: tuple[int, ...]
     dcp: tuple[int, ...]
     max_batch: int = Field(ge=1)
+    max_context: int = Field(ge=1)
     spec_method: tuple[str | None, ...]
     spec_tokens: tuple[int, ...]
     kv_dtype: tuple[str, ...]
@@ -108,19 +130,24 @@ class SupportMatrix(BaseModel):
     kda_state_dtypes: tuple[tuple[str, str], ...]
     # The decode batch sizes the perf evidence must measure; their maximum is `max_batch`.
     perf_batches: tuple[int, ...]
+    # The contexts (tokens already in each sequence's cache) the perf evidence must measure; their maximum is
+    # `max_context`.
+    perf_contexts: tuple[int, ...]
     unvalidated_arch: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _perf_batches_span_the_bound(self) -> SupportMatrix:
-        if not self.perf_batches or max(self.perf_batches) != self.max_batch or min(self.perf_batches) < 1:
-            raise ValueError(f"perf_batches {self.perf_batches} must lie in 1..max_batch and reach {self.max_batch}")
+    def _perf_values_span_the_bounds(self) -> SupportMatrix:
+        for field, bound in BOUNDS.items():
+            measured, limit = getattr(self, bound.measured), getattr(self, field)
+            if not measured or max(measured) != limit or min(measured) < 1:
+                raise ValueError(f"{bound.measured} {measured} must lie in 1..{field} and reach {limit}")
         if set(self.unvalidated_arch) & set(self.arch):
             raise ValueError("an architecture cannot be both admitted and unvalidated")
         return self
 
     def discrete_fields(self) -> tuple[str, ...]:
-        """The Deployment fields checked by membership (every one but the `max_batch` bound)."""
-        return tuple(name for name in Deployment.model_fields if name != "max_batch")
+        """The Deployment fields checked by membership (every one but the `BOUNDS`)."""
+        return tuple(name for name in Deployment.model_fields if name not in BOUNDS)
 
     def admitted(self, field: str) -> tuple[Any, ...]:
         """The admitted values of one discrete Deployment field."""
@@ -130,8 +157,8 @@ class SupportMatrix(BaseModel):
 
     def supported_text(self, field: str) -> str:
         """The admitted values of a Deployment field as an operator would type them (guard messages, README)."""
-        if field == "max_batch":
-            return f"1..{self.max_batch}"
+        if field in BOUNDS:
+            return f"1..{getattr(self, field)}"
         return ", ".join(_spelled(value) for value in self.admitted(field))
 
     def perf_axes(self) -> dict[str, tuple]:
@@ -142,6 +169,7 @@ class SupportMatrix(BaseModel):
             "dcp": self.dcp,
             "batch": self.perf_batches,
             "spec": tuple(spec_label(method, tokens) for method, tokens in self.spec_settings()),
+            "context": self.perf_contexts,
         }
 
     def spec_settings(self) -> tuple[tuple[str | None, int], ...]:
@@ -154,14 +182,15 @@ class SupportMatrix(BaseModel):
         )
 
     def example_deployments(self) -> tuple[Deployment, ...]:
-        """One admitted Deployment per (arch, tp, dcp, spec) combination at the largest batch: what tests and
-        docs enumerate."""
+        """One admitted Deployment per (arch, tp, dcp, spec) combination at every bound (the largest batch, the
+        longest context): what tests and docs enumerate."""
+        bounds = {field: getattr(self, field) for field in BOUNDS}
         return tuple(
             Deployment(
+                **bounds,
                 arch=arch,
                 tp=tp,
                 dcp=dcp,
-                max_batch=self.max_batch,
                 spec_method=method,
                 spec_tokens=tokens,
                 kv_dtype=self.kv_dtype[0],
@@ -191,6 +220,10 @@ SUPPORT_MATRIX = SupportMatrix(
     # Decode at <= 64 sequences is the latency-bound regime this path targets; larger batches run stock.
     max_batch=64,
     perf_batches=(1, 2, 4, 8, 16, 32, 64),
+    # The MLA decode's cost grows with the context; the perf evidence measured it at 4096 cached tokens only, so
+    # longer sequences (vLLM's --max-model-len) are refused. Widen with evidence measured at the longer contexts.
+    max_context=4096,
+    perf_contexts=(4096,),
     # No speculative-decode (multi-token verify) kernels yet.
     spec_method=(None,),
     spec_tokens=(0,),

@@ -112,6 +112,7 @@ def deployment_from_vllm_config(vllm_config: Any) -> Deployment:
         pp=parallel.pipeline_parallel_size,
         expert_parallel=bool(parallel.enable_expert_parallel),
         max_batch=vllm_config.scheduler_config.max_num_seqs,
+        max_context=model.max_model_len,
         spec_method=None if spec is None else spec.method,
         spec_tokens=0 if spec is None else spec.num_speculative_tokens,
         kv_dtype=act_dtype if cache.cache_dtype == "auto" else str(cache.cache_dtype),

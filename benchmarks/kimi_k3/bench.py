@@ -556,7 +556,8 @@ class Bench:
             mla_kernels=(lambda w: CandidateMla(w, dims.mla, self.device)) if "mla" in self.ops else None, sms=self.sms(),
             mix=self.candidate_mix)
         arch = "cpu" if self.device == "cpu" else "sm_{}{}".format(*torch.cuda.get_device_capability(0))
-        executor = build_executor(Deployment(arch=arch, tp=tp, max_batch=max(self.args.batch)))
+        executor = build_executor(
+            Deployment(arch=arch, tp=tp, max_batch=max(self.args.batch), max_context=self.args.context))
         for batch in self.args.batch:
             gen = self.generator(2_000_000 + 10_000 * tp + 100 * batch)
             x = torch.randn(batch, dims.moe.hidden, generator=gen, device=self.device).to(torch.bfloat16)
@@ -833,6 +834,8 @@ def run(args: argparse.Namespace, on_rows: Callable[[Any], None] | None = None) 
                     "axes": {
                         "arch": hw["arch"] or "cpu", "tp": tp, "dcp": 1, "batch": case.batch,
                         "spec": spec_label(None, 0), "layer": layer,
+                        # The MLA decode's cost grows with the cached tokens: the support matrix's `context` axis.
+                        "context": args.context,
                     },
                     "metric": "latency", "unit": "us", "candidate": cand, "baseline": base,
                     "floor": floor, "note": note,

@@ -44,6 +44,13 @@ def test_the_statement_names_the_model_its_hardware_and_bounds():
         "every other package untouched (other)")
 
 
+
+def test_a_context_axis_reads_as_an_upper_bound_like_the_batch():
+    axes = {"arch": ("sm_90",), "tp": (8, 16), "batch": (1, 64), "spec": ("none",), "context": (1024, 4096)}
+    assert statement(PACKAGE.model_copy(update={"model": "Kimi K3", "scope": None}), axes, ()) == (
+        "Kimi K3 on sm_90, TP 8 or 16, batch <= 64, spec none, context <= 4096")
+
+
 def test_a_kernel_change_leaves_the_admitted_matrix_as_it_was():
     evidence = Evidence(support_axes=_axes(HEAD_AXES), base_support_axes=_axes(HEAD_AXES),
                         guard_probes=_probes(tp8="accepted", tp4="raised"),

@@ -41,6 +41,22 @@ def test_this_repositorys_policy_declares_the_guard_and_its_probes():
     assert {p.expect for p in guard.probes} == {"accept", "reject"}
 
 
+def test_this_repositorys_probes_behave_as_declared_against_the_code_at_hand(tmp_path):
+    """Run as `gatekeeper collect` runs them (a child process importing this checkout): every probe builds a
+    Deployment, and the guard gives the declared answer naming what it must (a new required Deployment field the
+    probes lack would make each one an error here, not only in the dogfood run)."""
+    from gatekeeper.checks.startup_guard import probe_verdicts
+    from gatekeeper.collect.probes import run_probes
+    from gatekeeper.evidence import Origin
+
+    guard = load_policy(ROOT / "policies" / "kimi-k3-latency-specialized.yaml").policy.checks.startup_guard
+    probes, axes = run_probes(guard, ROOT, tmp_path, Origin(trust="trusted", source="test"))
+    findings, rows = probe_verdicts(probes, guard)
+    assert findings == [] and [row["ok"] for row in rows] == ["yes"] * len(guard.probes)
+    assert "context-above-4096" in {p.name for p in guard.probes}
+    assert axes.axes["context"] == (4096,)
+
+
 def test_minimal_policy_and_its_hash_is_of_the_text():
     first, second = load_policy_text(MINIMAL, "a"), load_policy_text(MINIMAL + "# comment\n", "a")
     assert first.policy == second.policy

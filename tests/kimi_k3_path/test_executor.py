@@ -52,7 +52,7 @@ from kimi_k3_path.reference.compare import rel_err  # noqa: E402
 from kimi_k3_path.reference.dims import layer_dims  # noqa: E402
 from kimi_k3_path.support import SUPPORT_MATRIX, Deployment  # noqa: E402
 
-H200_TP8 = Deployment(arch="sm_90", tp=8, max_batch=64)
+H200_TP8 = Deployment(arch="sm_90", tp=8, max_batch=64, max_context=4096)
 
 
 @pytest.fixture
@@ -134,6 +134,7 @@ def test_decode_batches_of_an_admitted_deployment_take_the_specialized_path(d, l
         (StepBatch(query_lens=(5, 2), context_lens=(0, 0)), "prefill batch"),
         (StepBatch(query_lens=(1, 5), context_lens=(9, 0)), "mixed batch"),
         (StepBatch.decode([2] * 65), "decode batch of 65 exceeds max_batch 64"),
+        (StepBatch.decode([4096, 4097]), "context of 4097 cached tokens exceeds max_context 4096"),
     ],
 )
 def test_prefill_mixed_and_oversized_batches_take_the_stock_path(batch, reason):
@@ -142,8 +143,31 @@ def test_prefill_mixed_and_oversized_batches_take_the_stock_path(batch, reason):
     assert executor.summary() == {f"stock: {reason}": 1}
 
 
+def test_the_measured_contexts_take_the_specialized_path_and_longer_ones_the_stock_path():
+    executor = recording_executor(H200_TP8)
+    for context in (1, *SUPPORT_MATRIX.perf_contexts):
+        assert run_step(executor, StepBatch.decode([context, 1]), "mla_moe") == SPECIALIZED
+    longer = SUPPORT_MATRIX.max_context + 1
+    assert run_step(executor, StepBatch.decode([1, longer]), "mla_moe") == "stock"
+    assert executor.summary() == {
+        f"{SPECIALIZED}: decode batch inside the support matrix": 1 + len(SUPPORT_MATRIX.perf_contexts),
+        f"stock: context of {longer} cached tokens exceeds max_context {SUPPORT_MATRIX.max_context}": 1,
+    }
+
+
+def test_the_deployment_context_bound_applies_when_tighter_than_the_matrix():
+    executor = recording_executor(Deployment(arch="sm_90", tp=8, max_batch=64, max_context=2048))
+    assert run_step(executor, StepBatch.decode([2048] * 4)) == SPECIALIZED
+    assert executor.decide(StepBatch.decode([2049] * 4)).reason == "context of 2049 cached tokens exceeds max_context 2048"
+    widened = SUPPORT_MATRIX.model_copy(update={"max_context": 32768, "perf_contexts": (4096, 32768)})
+    wide = DecodeExecutor(Deployment(arch="sm_90", tp=8, max_batch=64, max_context=32768), Recorder(SPECIALIZED),
+                          Recorder("stock"), widened)
+    assert wide.decide(StepBatch.decode([32768])).path == SPECIALIZED
+    assert wide.decide(StepBatch.decode([32769])).reason == "context of 32769 cached tokens exceeds max_context 32768"
+
+
 def test_the_deployment_bound_applies_when_tighter_than_the_matrix():
-    executor = recording_executor(Deployment(arch="sm_90", tp=16, max_batch=8))
+    executor = recording_executor(Deployment(arch="sm_90", tp=16, max_batch=8, max_context=4096))
     assert run_step(executor, StepBatch.decode([1] * 8)) == SPECIALIZED
     assert run_step(executor, StepBatch.decode([1] * 9)) == "stock"
     assert executor.decide(StepBatch.decode([1] * 9)).reason == "decode batch of 9 exceeds max_batch 8"
@@ -152,9 +176,9 @@ def test_the_deployment_bound_applies_when_tighter_than_the_matrix():
 @pytest.mark.parametrize(
     ("deployment", "fields"),
     [
-        (Deployment(arch="sm_100", tp=8, max_batch=64), "arch"),
-        (Deployment(arch="sm_90", tp=4, max_batch=64, kv_dtype="fp8"), "tp, kv_dtype"),
-        (Deployment(arch="sm_90", tp=8, max_batch=64, spec_method="dspark", spec_tokens=3), "spec_method, spec_tokens"),
+        (Deployment(arch="sm_100", tp=8, max_batch=64, max_context=4096), "arch"),
+        (Deployment(arch="sm_90", tp=4, max_batch=64, max_context=4096, kv_dtype="fp8"), "tp, kv_dtype"),
+        (Deployment(arch="sm_90", tp=8, max_batch=64, max_context=4096, spec_method="dspark", spec_tokens=3), "spec_method, spec_tokens"),
     ],
 )
 def test_a_deployment_the_guard_rejects_always_takes_the_stock_path(deployment, fields):
@@ -168,7 +192,7 @@ def test_a_deployment_the_guard_rejects_always_takes_the_stock_path(deployment, 
 
 def test_the_guard_decides_with_the_matrix_it_is_given():
     widened = SUPPORT_MATRIX.model_copy(update={"tp": (4, 8, 16)})
-    executor = DecodeExecutor(Deployment(arch="sm_90", tp=4, max_batch=64), Recorder(SPECIALIZED),
+    executor = DecodeExecutor(Deployment(arch="sm_90", tp=4, max_batch=64, max_context=4096), Recorder(SPECIALIZED),
                               Recorder("stock"), widened)
     assert run_step(executor, StepBatch.decode([1])) == SPECIALIZED
 
@@ -259,7 +283,7 @@ def test_kda_moe_paths_agree(gen, layer, ops, d):
 
 @OPS_AND_DIMS
 def test_mla_moe_paths_agree(gen, ops, d):
-    executor = build_executor(Deployment(arch="sm_90", tp=8, max_batch=4))
+    executor = build_executor(Deployment(arch="sm_90", tp=8, max_batch=4, max_context=4096))
     if ops is not None:
         executor.specialized = ComposedPath(ops())
     w = random_mla_moe_layer(d.mla, d.moe, gen)
@@ -271,7 +295,7 @@ def test_mla_moe_paths_agree(gen, ops, d):
     pos = LayerPosition(3, block_size=d.attn_res_block)
 
     out_f, stream_f, cache_f = executor.mla_moe(batch, delta, stream, w, cache, pos, d)
-    too_big = DecodeExecutor(Deployment(arch="sm_90", tp=8, max_batch=2), executor.specialized, executor.stock)
+    too_big = DecodeExecutor(Deployment(arch="sm_90", tp=8, max_batch=2, max_context=4096), executor.specialized, executor.stock)
     out_s, stream_s, cache_s = too_big.mla_moe(batch, delta, stream, w, cache, pos, d)
     assert list(too_big.summary()) == ["reference: decode batch of 3 exceeds max_batch 2"]
     assert list(executor.summary()) == [f"{SPECIALIZED}: decode batch inside the support matrix"]
@@ -306,7 +330,7 @@ from test_executor import decisive_routing
 gen = torch.Generator().manual_seed(int(sys.argv[1]))
 
 d = layer_dims(named_config("tiny"), tp=8)
-executor = build_executor(Deployment(arch="sm_90", tp=8, max_batch=64), device="cpu", stock=StockLikeLayers("cpu"))
+executor = build_executor(Deployment(arch="sm_90", tp=8, max_batch=64, max_context=4096), device="cpu", stock=StockLikeLayers("cpu"))
 decode = StepBatch.decode([6, 9, 1])
 prefill = StepBatch(query_lens=(1, 1, 1), context_lens=(0, 0, 0))  # same rows, routed to the stock path
 stream = R.random_residual_stream(3, d.kda.hidden, d.max_blocks, gen)

@@ -5,11 +5,11 @@ import itertools
 import pytest
 from pydantic import ValidationError
 
-from kimi_k3_path.support import SUPPORT_MATRIX, Deployment, SupportMatrix, spec_label
+from kimi_k3_path.support import BOUNDS, SUPPORT_MATRIX, Deployment, SupportMatrix, spec_label
 
 
-def test_the_common_case_needs_three_fields():
-    d = Deployment(arch="sm_90", tp=8, max_batch=64)
+def test_the_common_case_needs_four_fields():
+    d = Deployment(arch="sm_90", tp=8, max_batch=64, max_context=4096)
     assert (d.dcp, d.spec_method, d.spec_tokens) == (1, None, 0)
     assert (d.kv_dtype, d.act_dtype, d.expert_quant) == ("bfloat16", "bfloat16", "mxfp4")
     assert d.spec == "none"
@@ -21,6 +21,7 @@ def test_the_common_case_needs_three_fields():
         ({"arch": "hopper"}, "not a GPU architecture name"),
         ({"tp": 0}, "greater than or equal to 1"),
         ({"max_batch": 0}, "greater than or equal to 1"),
+        ({"max_context": 0}, "greater than or equal to 1"),
         ({"spec_tokens": 3}, "needs a spec_method"),
         ({"spec_method": "dspark"}, "needs spec_tokens >= 1"),
         ({"spec_method": " ", "spec_tokens": 1}, "use None"),
@@ -29,9 +30,18 @@ def test_the_common_case_needs_three_fields():
     ],
 )
 def test_malformed_deployments_are_refused_with_the_reason(fields, message):
-    base = {"arch": "sm_90", "tp": 8, "max_batch": 64}
+    base = {"arch": "sm_90", "tp": 8, "max_batch": 64, "max_context": 4096}
     with pytest.raises(ValidationError, match=message):
         Deployment(**{**base, **fields})
+
+
+@pytest.mark.parametrize("bound", ["max_batch", "max_context"])
+def test_the_bounds_are_required(bound):
+    """No default: a deployment that does not say how large it runs cannot be judged against the bounds."""
+    fields = {"arch": "sm_90", "tp": 8, "max_batch": 64, "max_context": 4096}
+    del fields[bound]
+    with pytest.raises(ValidationError, match=rf"{bound}\n +Field required"):
+        Deployment(**fields)
 
 
 def test_perf_axes_are_what_the_evidence_must_cover():
@@ -41,7 +51,23 @@ def test_perf_axes_are_what_the_evidence_must_cover():
         "dcp": (1,),
         "batch": (1, 2, 4, 8, 16, 32, 64),
         "spec": ("none",),
+        "context": (4096,),
     }
+
+
+def test_the_context_is_bounded_by_what_was_measured():
+    """The MLA decode's cost grows with the context: only the measured contexts are admitted."""
+    assert SUPPORT_MATRIX.max_context == max(SUPPORT_MATRIX.perf_contexts) == 4096
+    assert SUPPORT_MATRIX.supported_text("max_context") == "1..4096"
+
+
+def test_the_bounds_are_the_upper_bounds_of_their_perf_axes():
+    assert set(BOUNDS) == {"max_batch", "max_context"}
+    axes = SUPPORT_MATRIX.perf_axes()
+    for field, bound in BOUNDS.items():
+        assert axes[bound.axis] == getattr(SUPPORT_MATRIX, bound.measured)
+        assert max(axes[bound.axis]) == getattr(SUPPORT_MATRIX, field)
+        assert SUPPORT_MATRIX.supported_text(field) == f"1..{getattr(SUPPORT_MATRIX, field)}"
 
 
 def test_blackwell_is_known_but_not_admitted():
@@ -51,7 +77,7 @@ def test_blackwell_is_known_but_not_admitted():
 
 
 def test_every_discrete_deployment_field_has_admitted_values():
-    assert set(SUPPORT_MATRIX.discrete_fields()) == set(Deployment.model_fields) - {"max_batch"}
+    assert set(SUPPORT_MATRIX.discrete_fields()) == set(Deployment.model_fields) - {"max_batch", "max_context"}
     for field in SUPPORT_MATRIX.discrete_fields():
         default = Deployment.model_fields[field].default
         admitted = SUPPORT_MATRIX.admitted(field)
@@ -59,8 +85,9 @@ def test_every_discrete_deployment_field_has_admitted_values():
         # A field with a default must admit it, or the common case would be rejected.
         if not Deployment.model_fields[field].is_required():
             assert default in admitted, field
-    with pytest.raises(KeyError):
-        SUPPORT_MATRIX.admitted("max_batch")
+    for bound in ("max_batch", "max_context"):
+        with pytest.raises(KeyError):
+            SUPPORT_MATRIX.admitted(bound)
 
 
 def test_example_deployments_enumerate_the_matrix():
@@ -69,6 +96,7 @@ def test_example_deployments_enumerate_the_matrix():
         itertools.product(*(SUPPORT_MATRIX.perf_axes()[axis] for axis in ("arch", "tp", "dcp", "spec")))
     )
     assert all(d.max_batch == SUPPORT_MATRIX.max_batch for d in examples)
+    assert all(d.max_context == SUPPORT_MATRIX.max_context for d in examples)
 
 
 def test_spec_settings_pair_methods_with_draft_lengths():
@@ -82,6 +110,16 @@ def test_a_matrix_whose_perf_batches_miss_the_bound_is_refused():
     fields = SUPPORT_MATRIX.model_dump()
     with pytest.raises(ValidationError, match="must lie in 1..max_batch and reach 64"):
         SupportMatrix(**{**fields, "perf_batches": (1, 2, 4, 8, 16, 32)})
+    with pytest.raises(ValidationError, match=r"perf_contexts \(1024,\) must lie in 1..max_context and reach 4096"):
+        SupportMatrix(**{**fields, "perf_contexts": (1024,)})
+    with pytest.raises(ValidationError, match="must lie in 1..max_context and reach 4096"):
+        SupportMatrix(**{**fields, "perf_contexts": ()})
+    with pytest.raises(ValidationError, match="must lie in 1..max_context and reach 8192"):
+        SupportMatrix(**{**fields, "max_context": 8192})
+    with pytest.raises(ValidationError, match="must lie in 1..max_context"):
+        SupportMatrix(**{**fields, "perf_contexts": (0, 4096)})
+    assert SupportMatrix(**{**fields, "max_context": 32768, "perf_contexts": (4096, 32768)}).perf_axes()["context"] == (
+        4096, 32768)
     with pytest.raises(ValidationError, match="both admitted and unvalidated"):
         SupportMatrix(**{**fields, "unvalidated_arch": {"sm_90": "x"}})
 

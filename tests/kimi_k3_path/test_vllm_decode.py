@@ -170,6 +170,7 @@ def test_a_pure_decode_step_runs_the_specialized_path_inside_vllms_forward(tiny_
     [([9, 30], [9, 30], "prefill batch"),
      ([5, 12], [1, 12], "mixed batch"),
      ([3] * 9, None, "decode batch of 9 exceeds max_batch 8"),  # --max-num-seqs 8
+     ([4098, 3], None, "context of 4097 cached tokens exceeds max_context 4096"),  # --max-model-len 4096
      ([1, 4], None, "mixed batch")],  # a one-token prompt has no context: not a decode
 )
 def test_other_steps_stay_on_the_stock_forward_and_are_counted(tiny_k3, seq_lens, query_lens, reason):

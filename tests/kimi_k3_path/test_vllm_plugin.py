@@ -56,9 +56,11 @@ def on_h200(monkeypatch):
     monkeypatch.setattr(vllm_plugin, "gpu_arch", lambda platform=None: "sm_90")
 
 
-def build(model: ModelConfig, additional_config=None, tp=8, max_num_seqs=64, **configs) -> VllmConfig:
+def build(model: ModelConfig, additional_config=None, tp=8, max_num_seqs=64, max_model_len=None, **configs) -> VllmConfig:
     fresh = copy.deepcopy(model)
     fresh.config_updated = False
+    if max_model_len is not None:  # as `--max-model-len` leaves it (the tiny checkpoint's own is 4096)
+        fresh.max_model_len = max_model_len
     return VllmConfig(
         model_config=fresh,
         device_config=DeviceConfig(device="cpu"),
@@ -96,7 +98,7 @@ def test_registration_wraps_the_stock_hook_once(guarded):
 def test_an_admitted_deployment_starts(tiny_model, guarded, on_h200):
     config = build(tiny_model, SPECIALIZED, tp=16, max_num_seqs=32)
     d = vllm_plugin.check_vllm_config(config)
-    assert (d.arch, d.tp, d.dcp, d.max_batch, d.spec_method) == ("sm_90", 16, 1, 32, None)
+    assert (d.arch, d.tp, d.dcp, d.max_batch, d.max_context, d.spec_method) == ("sm_90", 16, 1, 32, 4096, None)
     assert (d.kv_dtype, d.act_dtype, d.expert_quant, d.kda_state_dtypes) == (
         "bfloat16", "bfloat16", "mxfp4", ("bfloat16", "float32"),
     )
@@ -113,6 +115,15 @@ def test_an_unsupported_deployment_fails_at_startup_naming_every_setting(tiny_mo
     # No GPU on this machine: the platform name stands in for the architecture.
     assert "arch='unknown' (supported: sm_90)" in message or "arch='cpu' (supported: sm_90)" in message
     assert "tp=2 (supported: 8, 16)" in message and "max_batch=256" in message and "pp=2" in message
+
+
+def test_a_context_longer_than_measured_fails_at_startup(tiny_model, guarded, on_h200):
+    with pytest.raises(ValueError) as caught:
+        build(tiny_model, SPECIALIZED, max_model_len=131072)
+    message = str(caught.value)
+    assert "does not support this deployment (max_context)" in message
+    assert "max_context=131072: longer contexts are not measured (supported: 1..4096)" in message
+    assert vllm_plugin.check_vllm_config(build(tiny_model, SPECIALIZED, max_model_len=2048)).max_context == 2048
 
 
 def test_blackwell_is_refused_for_lack_of_evidence(tiny_model, guarded, monkeypatch):

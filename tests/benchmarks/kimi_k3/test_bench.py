@@ -102,7 +102,8 @@ def test_cases_in_their_own_processes_merge_into_one_perf_evidence(tmp_path):
     assert proc.stdout.count("baseline us") == 2  # each child printed its own table
     _validate_against_the_contract(out)
     evidence = PerfEvidence.model_validate_json(out.read_text())
-    assert [(row.axes["layer"], row.axes["tp"]) for row in evidence.rows] == [("moe", 8), ("moe", 16)]
+    assert [(row.axes["layer"], row.axes["tp"], row.axes["context"]) for row in evidence.rows] == [
+        ("moe", 8, 24), ("moe", 16, 24)]
     assert all(row.note.endswith("; measured in a process of its own") for row in evidence.rows)
     assert evidence.commit == "0123abc"
     assert evidence.command.startswith("python -m benchmarks.kimi_k3.bench --cpu-smoke --processes per-case")
@@ -134,7 +135,9 @@ def test_cpu_smoke_writes_valid_perf_evidence(tmp_path):
     _validate_against_the_contract(out)
     evidence = PerfEvidence.model_validate_json(out.read_text())
     (row,) = evidence.rows
-    assert row.axes == {"arch": "cpu", "tp": 16, "dcp": 1, "batch": 1, "spec": "none", "layer": "kda_moe"}
+    # --cpu-smoke caps the context at 24 cached tokens; every row says the context it was measured at.
+    assert row.axes == {"arch": "cpu", "tp": 16, "dcp": 1, "batch": 1, "spec": "none", "layer": "kda_moe",
+                        "context": 24}
     assert row.baseline is not None and row.baseline.runs == 1 and row.candidate.runs == 1
     assert row.floor is not None and row.floor > 0
     assert "stock-like" in row.note and evidence.commit == "0123abc"

@@ -152,7 +152,7 @@ def test_cpu_smoke_step_rows_are_valid_perf_evidence(tmp_path):
     schema = json.loads((REPO / "schemas" / "perf_evidence.v1.json").read_text())
     jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker()).validate(json.loads(out.read_text()))
     (row,) = json.loads(out.read_text())["rows"]
-    assert row["axes"]["layer"] == "step" and row["axes"]["batch"] == 2
+    assert row["axes"]["layer"] == "step" and row["axes"]["batch"] == 2 and row["axes"]["context"] == 24
     assert row["floor"] > 0 and row["baseline"]["runs"] == 1
     assert "layers 0-3: 1 kda_dense, 2 kda_moe, 1 mla_moe" in row["note"]
     assert "specialized vs stock-like step output rel err 0.00e+00" in row["note"]  # A/A on CPU: the same ops
