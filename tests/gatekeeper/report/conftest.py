@@ -53,7 +53,7 @@ HOSTILE = '<script>alert("x")</script>\u202e"><img src=x onerror=alert(1)>'
 
 @pytest.fixture
 def page_verdict() -> Verdict:
-    """A verdict for the details page: the perf matrix of the committed H200 evidence (42 rows) with two rows
+    """A verdict for the details page: the perf matrix of the committed H200 evidence with two rows
     missing and one regressed, changed lines covered and not, a hostile path, signal and finding."""
     import json
     from pathlib import Path

@@ -23,11 +23,14 @@ def test_one_heatmap_cell_per_perf_row_and_missing_rows_are_holes(page_verdict):
 
 
 def test_the_heatmap_runs_the_axis_with_most_values_across_and_names_constant_axes_once(page_verdict):
-    grid = heatmap(page_verdict.checks[3].details)
+    details = page_verdict.checks[3].details
+    grid = heatmap(details)
+    layers = tuple(dict.fromkeys(row["axes"]["layer"] for row in details["rows"]))  # the matrix's own order
+    assert layers[:3] == ("kda_moe", "mla_moe", "moe")
     assert [text for _, text in grid.column_heads] == [f"batch={b}" for b in (1, 2, 4, 8, 16, 32, 64)]
-    assert [text for _, text in grid.row_heads] == [f"tp={tp}, layer={layer}" for layer in ("kda_moe", "mla_moe", "moe")
-                                                    for tp in (8, 16)]
-    assert grid.constant == {"arch": "sm_90", "dcp": 1, "spec": "none"}
+    assert [text for _, text in grid.row_heads] == [f"tp={tp}, layer={layer}" for layer in layers for tp in (8, 16)]
+    measured_context = {"context": 4096} if "context" in details["rows"][0]["axes"] else {}
+    assert grid.constant == {"arch": "sm_90", "dcp": 1, "spec": "none", **measured_context}
     assert len({(c.x, c.y) for c in grid.cells}) == len(grid.cells)  # no two rows share a cell
 
 
