@@ -19,7 +19,8 @@
 #                                               files come back from a run: these are 8 with KERNEL_BENCH=1;
 #                                               with more under $OUT, a caller's log say, all go into
 #                                               $OUT/gpu-evidence.tgz instead.
-# Usage on the device: SHA=<commit measured> [BENCH=0 | TESTS=0] bash tools/gpu-evidence.sh
+# Usage on the device: SHA=<commit measured> [BENCH=0 | TESTS=0] [KERNEL_OPS=moe,kda,...] bash tools/gpu-evidence.sh
+# (KERNEL_OPS: the bench's --kernel-ops, the op families its candidate runs on the kernels; default all)
 # Give SHA literally, as `git rev-parse HEAD` prints it here: on the device, git's HEAD in the copied tree was
 # the session's first commit, not the checkout's (it stamped run-86208e9 with 4836d86; corrected by hand).
 # (BENCH=0: the tests only, when the perf matrix of an ancestor within the policy's commit window still holds.
@@ -53,7 +54,8 @@ fi
 bench_rc=0
 if [ "${BENCH:-1}" = 1 ]; then
   python3 -m benchmarks.kimi_k3.bench --layer kda_moe,mla_moe,moe,step --tp 8,16 --batch 1,2,4,8,16,32,64 \
-    --candidate kernels --replays "${REPLAYS:-200}" --commit "$SHA" --out "$OUT/perf/h200.json" 2>&1 | tee "$OUT/bench.log"
+    --candidate kernels ${KERNEL_OPS:+--kernel-ops "$KERNEL_OPS"} --replays "${REPLAYS:-200}" --commit "$SHA" \
+    --out "$OUT/perf/h200.json" 2>&1 | tee -a "$OUT/bench.log"
   bench_rc=${PIPESTATUS[0]}
 fi
 [ "${KERNEL_BENCH:-0}" = 1 ] && python3 -m benchmarks.kimi_k3.bench_moe --tp 8,16 --batch 1 --replays 50 --commit "$SHA" \
