@@ -11,13 +11,13 @@
   finalize_mma.py        launch 4, 2..64 tokens: the same on the tensor cores
   kda.py                 `kda_attention_decode`: a KDA layer's attention (in_proj, f_b, the middle, o_proj)
   kda_recurrent.py       its middle between the GEMVs (conv, norms, gate, delta rule, gated RMSNorm) in one
-                         launch: correct on the H200 (its GPU tests), not yet timed
+                         launch: correct on the H200 (its GPU tests), timed in the layer only
   mla.py                 `mla_decode`: an MLA layer's attention (qkv_a, norms, row insert, q_b, absorb, the
                          split-KV attention, W_UV, gate, o_proj)
-  mla_attention.py       its split-KV attention over the paged latent cache + combine (2 launches): correct on
-                         the H200 (its GPU tests), not yet timed
+  mla_attention.py       its split-KV attention over the paged latent cache + combine (2 launches): correct and
+                         timed on the H200 (benchmarks/kimi_k3/bench_mla.py)
   attn_res.py            Block AttnRes: prefix update, block snapshot, the sources' softmax mix and its RMSNorm
-                         in one launch per site: compiled for sm_90a on a CPU, not yet run on a GPU
+                         in one launch per site: correct on the H200 (its GPU tests), timed in the layer only
 
 and the device functions they share: `router` (logits, top-k, plan), `gemv` (split-K row dots), `mma` (bf16
 mma.sync tiles), `fp4_mma` (MXFP4 on the tensor cores), `shared` (shared experts' gate_up), `norm_tail` (the batch
