@@ -44,7 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -78,12 +78,21 @@ def _int_list(text: str) -> tuple[int, ...]:
     return values
 
 
-def _layer_list(text: str) -> tuple[str, ...]:
-    values = tuple(v.strip() for v in text.split(",") if v.strip())
-    bad = [v for v in values if v not in LAYERS]
-    if not values or bad:
-        raise argparse.ArgumentTypeError(f"unknown layer kind(s) {bad or text!r}; choose from {', '.join(LAYERS)}")
-    return values
+def _choice_list(allowed: Iterable[str], what: str) -> Callable[[str], tuple[str, ...]]:
+    """An argparse type: a non-empty comma list of `allowed` names."""
+    allowed = tuple(allowed)
+
+    def parse(text: str) -> tuple[str, ...]:
+        values = tuple(v.strip() for v in text.split(",") if v.strip())
+        bad = [v for v in values if v not in allowed]
+        if not values or bad:
+            raise argparse.ArgumentTypeError(f"unknown {what} {bad or text!r}; choose from {', '.join(allowed)}")
+        return values
+
+    return parse
+
+
+_layer_list = _choice_list(LAYERS, "layer kind(s)")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -389,12 +398,7 @@ KERNEL_OPS = {
 }
 
 
-def _ops_list(text: str) -> tuple[str, ...]:
-    ops = tuple(part.strip() for part in text.split(",") if part.strip())
-    unknown = [op for op in ops if op not in KERNEL_OPS]
-    if unknown or not ops:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a comma list of {', '.join(KERNEL_OPS)}")
-    return ops
+_ops_list = _choice_list(KERNEL_OPS, "kernel op famil(ies)")
 
 
 def resolve_candidate(choice: str, device: str, ops: tuple[str, ...] = tuple(KERNEL_OPS)) -> tuple[str, str]:
