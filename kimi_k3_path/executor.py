@@ -14,6 +14,7 @@ per-op implementations (`DecodeOps`): a kernel where one exists for this device,
 
 from __future__ import annotations
 
+import importlib
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -152,17 +153,28 @@ def back_to(like: Any) -> Callable[[Any], Any]:
     return lambda t: t.to(device=like.device, dtype=torch.float32)
 
 
-class KernelLatentMoe:
-    """`latent_moe` on the CuTe DSL kernels (`kimi_k3_path.kernels.moe.latent_moe_decode`, sm_90a, decode batches
-    of 1..64): the input goes to `device` in bf16, the output comes back in fp32 on the caller's device. Kernel
-    weights and workspace are prepared once per MoeWeights object. `kernels` is the kernel module (injectable)."""
+class KernelOp:
+    """What the kernel ops share: the kernel module `kimi_k3_path.kernels.<MODULE>` (or an injected stand-in with its
+    interface), the device the kernels run on, their weights prepared once per reference weights object."""
+
+    MODULE = ""
 
     def __init__(self, device: str = "cuda", kernels: Any = None):
-        if kernels is None:
-            from kimi_k3_path.kernels import moe as kernels
-        self.kernels = kernels
+        self.kernels = kernels if kernels is not None else importlib.import_module(f"kimi_k3_path.kernels.{self.MODULE}")
         self.device = device
         self._prepared = PerWeights()
+
+    def stream(self) -> Any:
+        """The stream the kernels launch on: the current CUDA stream, None off CUDA (a stand-in's device)."""
+        return torch.cuda.current_stream() if str(self.device).startswith("cuda") else None
+
+
+class KernelLatentMoe(KernelOp):
+    """`latent_moe` on the CuTe DSL kernels (`kimi_k3_path.kernels.moe.latent_moe_decode`, sm_90a, decode batches
+    of 1..64): the input goes to `device` in bf16, the output comes back in fp32 on the caller's device. Kernel
+    weights and workspace are prepared once per MoeWeights object."""
+
+    MODULE = "moe"
 
     def __call__(self, x: Any, w: Any, d: Any) -> Any:
         def prepare() -> tuple:
@@ -171,23 +183,16 @@ class KernelLatentMoe:
 
         kernel_weights, workspace = self._prepared.get(w, prepare)
         out = torch.empty(x.shape[0], d.hidden, device=self.device, dtype=torch.bfloat16)
-        stream = torch.cuda.current_stream() if str(self.device).startswith("cuda") else None
-        self.kernels.latent_moe_decode(to_act(x, self.device), kernel_weights, workspace, out, stream)
+        self.kernels.latent_moe_decode(to_act(x, self.device), kernel_weights, workspace, out, self.stream())
         return back_to(x)(out)
 
 
-class KernelKdaStep:
+class KernelKdaStep(KernelOp):
     """`kda_decode_step` on the CuTe DSL kernels (`kimi_k3_path.kernels.kda.kda_attention_decode`, sm_90a, decode
     batches of 1..64): the reference signature (pure: a new KdaState out) over the kernels' in-place, slot-addressed
-    state, by copying the batch's state into a pool of its own (slot i for sequence i) and back. `kernels` is the
-    kernel module (injectable)."""
+    state, by copying the batch's state into a pool of its own (slot i for sequence i) and back."""
 
-    def __init__(self, device: str = "cuda", kernels: Any = None):
-        if kernels is None:
-            from kimi_k3_path.kernels import kda as kernels
-        self.kernels = kernels
-        self.device = device
-        self._prepared = PerWeights()
+    MODULE = "kda"
 
     def __call__(self, x: Any, w: Any, state: KdaState, d: Any) -> tuple[Any, KdaState]:
         weights = self._prepared.get(w, lambda: self.kernels.prepare_attention_weights(w, d, self.device))
@@ -196,25 +201,18 @@ class KernelKdaStep:
         recurrent = state.recurrent.to(device=self.device, dtype=torch.float32, copy=True).contiguous()
         slots = torch.arange(m, device=self.device, dtype=torch.int32)
         out = torch.empty(m, d.hidden, device=self.device, dtype=torch.bfloat16)
-        stream = torch.cuda.current_stream() if str(self.device).startswith("cuda") else None
-        self.kernels.kda_attention_decode(to_act(x, self.device), weights, slots, conv, recurrent, out, stream)
+        self.kernels.kda_attention_decode(to_act(x, self.device), weights, slots, conv, recurrent, out, self.stream())
         back = back_to(x)
         return back(out), KdaState(conv=back(conv), recurrent=back(recurrent))
 
 
-class KernelMlaDecode:
+class KernelMlaDecode(KernelOp):
     """`mla_decode` on the CuTe DSL kernels (`kimi_k3_path.kernels.mla.mla_decode`, sm_90a, decode batches of 1..64):
     the reference signature (pure: a new PagedLatentCache with the decoded rows out) over the kernels' in-place paged
     cache, by copying the pages to `device` in bf16 and back (fp32, on the caller's device); the slots are the rows
-    of each sequence's token at position seq_len - 1 (vLLM's slot mapping). `kernels` is the kernel module
-    (injectable)."""
+    of each sequence's token at position seq_len - 1 (vLLM's slot mapping)."""
 
-    def __init__(self, device: str = "cuda", kernels: Any = None):
-        if kernels is None:
-            from kimi_k3_path.kernels import mla as kernels
-        self.kernels = kernels
-        self.device = device
-        self._prepared = PerWeights()
+    MODULE = "mla"
 
     def __call__(self, x: Any, w: Any, cache: PagedLatentCache, d: Any) -> tuple[Any, PagedLatentCache]:
         weights = self._prepared.get(w, lambda: self.kernels.prepare_mla_weights(w, d, self.device))
@@ -223,11 +221,10 @@ class KernelMlaDecode:
         slots = cache.block_table.long().gather(1, (last // page)[:, None])[:, 0] * page + last % page
         pages = cache.pages.to(device=self.device, dtype=torch.bfloat16, copy=True).contiguous()
         out = torch.empty(x.shape[0], d.hidden, device=self.device, dtype=torch.bfloat16)
-        stream = torch.cuda.current_stream() if str(self.device).startswith("cuda") else None
         self.kernels.mla_decode(
             to_act(x, self.device), weights, pages,
             cache.block_table.to(device=self.device, dtype=torch.int32).contiguous(),
-            cache.seq_lens.to(device=self.device, dtype=torch.int32).contiguous(), slots.to(self.device), out, stream,
+            cache.seq_lens.to(device=self.device, dtype=torch.int32).contiguous(), slots.to(self.device), out, self.stream(),
             None,
         )
         back = back_to(x)
