@@ -15,8 +15,10 @@ layer 90, TP8, M = 1 and 64) for 129 KB per token, twice per layer. Here a token
 columns 8t..8t+7 of every source (7168 columns: 28 warps), so all of a token's bytes are in flight at once, each
 thread's loads issued together; the 2(n + 1) sums a source's score needs meet in two exchanges (a warp
 reduce-scatter, then one shared-memory pass that every warp repeats, so the softmax needs no second barrier), and
-the output's RMS in one more. Weights (res_norm * res_proj, out_norm) are read before griddepcontrol.wait; the
-stream, written by the layer before, after it.
+the output's RMS in one more. The stream, written by the launches before, is read after griddepcontrol.wait; the
+weights (res_norm, res_proj, out_norm) are issued before it in the source, but ptxas puts the wait first (SASS).
+On the H200 at 9c83758: correct (tests/kimi_k3_path/kernels/test_attn_res_gpu.py, 37 passed); in the layer it took
+10.6 us (TP8) and 8.4 us (TP16) off the KDA+MoE layer at M = 1, half the predicted 16-22; alone not yet timed.
 
 Bytes (`attn_res_bytes`) per token: the n + 1 bf16 sources, the input, the prefix and block writes, the output; the
 three weight vectors once. 129 KB at n = 8 (layer 90): a floor of 0.03 us per token, so at any M <= 64 the launch is
@@ -33,10 +35,10 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64
 
 from .common import (
-    after_all_loads,
     LOWEST,
     VEC_BYTES,
     WARP,
+    after_all_loads,
     bf16x2_to_f32,
     lane_butterfly,
     lane_group_sum,
