@@ -1,0 +1,104 @@
+"""`dense_decode`: a dense bf16 projection of a decode batch, y[M, N] = x[M, K] @ W[N, K]^T (fp32 accumulate), in one
+launch, on the row dots the MoE block's front already runs: `gemv.gemv_part` on the CUDA cores at one token (split-K
+over FRONT_DOWN_SPLIT warps per row, 2 rows per CTA: the front's down-projection streams its 64 MB at 3.6 TB/s this
+way) and `mma.mma_rows_part` on the tensor cores from 2 to 64 tokens (16 rows per CTA).
+
+Written for the KDA attention's GEMVs, which run on cuBLAS today (`kda.py`): the torch profiler on the H200 (d332016,
+TP8, M=1, eager) timed cuBLAS's in_proj at 31.2 us for its 90 MB (2.9 TB/s, floor 21.0 us) and o_proj at 7.9 us
+(floor 5.1 us). Compiled for sm_90a on a CPU only: not yet run on a GPU, and nothing calls it yet (the next device
+run checks it, tests/kimi_k3_path/kernels/test_dense_gpu.py, and times it against cuBLAS before kda.py takes it).
+Predicted at M=1 (at the front's 3.6 TB/s): in_proj 25 us at TP8 and 13 us at TP16, o_proj 6.1 / 3.1 us.
+
+N must be a multiple of 16 for the tensor-core form (a caller pads the weight with zero rows: KDA's in_proj has 6284
+rows at TP8 and 3206 at TP16) and of 2 at one token; K a multiple of 32.
+
+No programmatic dependent launch: its neighbours are torch and cuBLAS launches, which neither trigger early nor wait.
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import BFloat16, Int32
+
+from .common import DEFAULT_WEIGHT_LOAD, WARP
+from .front import FRONT_DOWN_SPLIT
+from .gemv import SCRATCH_BYTES, WARPS_PER_CTA, alloc_scratch, check_k, gemv_part, token_tile
+from .mma import (
+    MMA_ROWS,
+    alloc_tile_scratch,
+    check_mma,
+    chunks_in_flight,
+    mma_rows_part,
+    scratch_bytes,
+    uses_tensor_cores,
+)
+from .router import MAX_TOKENS
+
+ROWS_PER_GEMV_CTA = WARPS_PER_CTA // FRONT_DOWN_SPLIT
+
+
+def dense_bytes(m: int, n: int, k: int) -> dict[str, int]:
+    """Bytes one launch moves from and to DRAM: the weight once, x and y once."""
+    return {"weight": n * k * 2, "x": m * k * 2, "y": m * n * 2}
+
+
+class DenseDecode:
+    """One launch of y = x @ W^T for a token tile `mt` (gemv.token_tile): see the module docstring."""
+
+    def __init__(self, n: int, k: int, mt: int):
+        if uses_tensor_cores(mt):
+            check_mma(n, k, "dense_decode")
+        else:
+            check_k(k, FRONT_DOWN_SPLIT, "dense_decode")
+            if n % ROWS_PER_GEMV_CTA:
+                raise ValueError(f"dense_decode: {n} rows is not a multiple of {ROWS_PER_GEMV_CTA} (rows per CTA)")
+        self.n, self.k, self.mt = n, k, mt
+
+    def ctas(self) -> int:
+        return self.n // (MMA_ROWS if uses_tensor_cores(self.mt) else ROWS_PER_GEMV_CTA)
+
+    def smem_bytes(self) -> int:
+        return scratch_bytes(self.mt) if uses_tensor_cores(self.mt) else SCRATCH_BYTES
+
+    @cute.jit
+    def __call__(self, x, w, y, stream: cuda.CUstream):
+        self.kernel(x, w, y, x.shape[0]).launch(grid=[self.ctas(), 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1],
+                                                smem=self.smem_bytes(), stream=stream)
+
+    @cute.kernel
+    def kernel(self, x, w, y, m_count: Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        smem = cutlass.memory.SmemAllocator()
+        if cutlass.const_expr(uses_tensor_cores(self.mt)):
+            mma_rows_part(x, w, y, alloc_tile_scratch(smem, self.mt), bidx, tidx, m_count, self.k, self.mt,
+                          DEFAULT_WEIGHT_LOAD, chunks_in_flight(self.mt))
+        else:
+            gemv_part(x, w, y, alloc_scratch(smem), bidx, tidx // WARP, tidx % WARP, m_count, self.k, FRONT_DOWN_SPLIT,
+                      self.mt, DEFAULT_WEIGHT_LOAD)
+
+
+def fake_args(n: int, k: int, m=None) -> tuple:
+    """Fake tensors (a dynamic batch unless given) for compiling DenseDecode without a GPU."""
+    from .runtime import dyn, fake, fake_stream
+
+    m = dyn() if m is None else m
+    return fake(BFloat16, (m, k)), fake(BFloat16, (n, k)), fake(BFloat16, (m, n)), fake_stream()
+
+
+def dense_decode(x, w, y, stream) -> None:
+    """y [M, N] bf16 = x [M, K] bf16 @ w [N, K]^T bf16 on `stream`, for a decode batch of M = 1..64."""
+    from .runtime import compile_cached, cu_stream, expect_all, to_cute
+
+    if x.dim() != 2 or w.dim() != 2:
+        raise ValueError(f"dense_decode: x {tuple(x.shape)} and w {tuple(w.shape)}: expected [M, K] and [N, K]")
+    (m, k), n = x.shape, w.shape[0]
+    if not 1 <= m <= MAX_TOKENS:
+        raise ValueError(f"dense_decode: decode batch M={m} must be in 1..{MAX_TOKENS}")
+    mt = token_tile(m)
+    op = DenseDecode(n, k, mt)  # validates the shape for this tile's form
+    expect_all([("x", x, (m, k), "bfloat16"), ("w", w, (n, k), "bfloat16"), ("y", y, (m, n), "bfloat16")])
+    fn = compile_cached(("dense", n, k, mt), lambda: (op, fake_args(n, k)))
+    fn(to_cute(x, True), to_cute(w), to_cute(y, True), cu_stream(stream))

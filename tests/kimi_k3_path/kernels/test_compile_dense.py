@@ -1,0 +1,80 @@
+"""CPU checks of the dense decode projection (kernels/dense.py), which has not yet run on a GPU: it compiles for
+sm_90a at the KDA attention's projections (in_proj, o_proj, f_b at TP8 and TP16) for every token tile a decode batch
+takes, its one-token form keeps the front's down-projection register budget with no local memory, and its host side
+rejects what it does not support. Runs in CI without a GPU."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed (the [kernels] extra)")
+torch = pytest.importorskip("torch", reason="torch is not installed (the [kernels] extra)")
+
+import cutlass.cute as cute  # noqa: E402
+
+from kimi_k3_path.config import named_config  # noqa: E402
+from kimi_k3_path.kernels.dense import ROWS_PER_GEMV_CTA, DenseDecode, dense_bytes, dense_decode, fake_args  # noqa: E402
+from kimi_k3_path.kernels.mma import MMA_ROWS  # noqa: E402
+from kimi_k3_path.reference.dims import layer_dims  # noqa: E402
+
+from test_compile import CTA_THREADS, SM_REGISTERS, _cubin_dump  # noqa: E402
+
+
+def kda_projections(tp: int) -> dict[str, tuple[int, int]]:
+    """(N, K) of the KDA attention's three projections at one rank, in_proj's rows (6284 at TP8, 3206 at TP16) padded
+    with zero rows to a multiple of MMA_ROWS, as a caller of the tensor-core form holds the weight."""
+    d = layer_dims(named_config("kimi_k3"), tp).kda
+    padded = -(-d.in_proj_rows // MMA_ROWS) * MMA_ROWS
+    return {"in_proj": (padded, d.hidden), "o_proj": (d.hidden, d.proj), "f_b": (d.proj, d.head_dim)}
+
+
+@pytest.mark.parametrize("tp", [8, 16])
+@pytest.mark.parametrize("mt", [1, 16, 32, 64])
+def test_compiles_for_the_kda_projections(tp, mt):
+    for n, k in kda_projections(tp).values():
+        assert callable(cute.compile(DenseDecode(n, k, mt), *fake_args(n, k)))
+
+
+def test_shapes_and_grids_of_record():
+    """TP8's in_proj is 6284 x 7168 (q, k, v and the output gate of 12 heads, f_a, beta), 6288 padded: 3144 CTAs of 2
+    rows at one token, 393 of 16 on the tensor cores."""
+    n, k = kda_projections(8)["in_proj"]
+    assert (n, k) == (6288, 7168)
+    assert DenseDecode(n, k, 1).ctas() == n // ROWS_PER_GEMV_CTA == 3144
+    assert DenseDecode(n, k, 64).ctas() == 393
+    assert dense_bytes(1, n, k) == {"weight": 6288 * 7168 * 2, "x": 7168 * 2, "y": 6288 * 2}
+
+
+@pytest.mark.parametrize("projection", ["in_proj", "o_proj"])
+def test_one_token_form_fits_four_ctas_per_sm_without_local_memory(projection, tmp_path):
+    """The front's down-projection, whose row dots this is, runs 4 CTAs of 256 threads per SM (<= 64 registers)."""
+    n, k = kda_projections(8)[projection]
+    usage = _cubin_dump(DenseDecode(n, k, 1), fake_args(n, k), tmp_path, "-res-usage")
+    assert "LOCAL:0" in usage, usage
+    assert int(re.search(r"REG:(\d+)", usage).group(1)) * CTA_THREADS * 4 <= SM_REGISTERS
+
+
+def test_rejects_shapes_its_forms_cannot_tile():
+    with pytest.raises(ValueError, match="6284 rows is not a multiple of 16"):
+        DenseDecode(6284, 7168, 16)  # in_proj unpadded
+    with pytest.raises(ValueError, match="not a multiple of 2"):
+        DenseDecode(6289, 7168, 1)
+    with pytest.raises(ValueError, match="K=7160"):
+        DenseDecode(6288, 7160, 1)
+
+
+def test_host_checks_name_the_bad_argument_before_any_launch():
+    x, w, y = torch.zeros(1, 128, dtype=torch.bfloat16), torch.zeros(64, 128, dtype=torch.bfloat16), torch.zeros(
+        1, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="decode batch M=65"):
+        dense_decode(torch.zeros(65, 128, dtype=torch.bfloat16), w, torch.zeros(65, 64, dtype=torch.bfloat16), None)
+    with pytest.raises(ValueError, match="expected \\[M, K\\] and \\[N, K\\]"):
+        dense_decode(x[0], w, y, None)
+    with pytest.raises(ValueError, match="y: expected shape"):
+        dense_decode(x, w, torch.zeros(1, 63, dtype=torch.bfloat16), None)
+    with pytest.raises(ValueError, match="w: expected dtype bfloat16"):
+        dense_decode(x, w.float(), y, None)
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+        dense_decode(x, w, y, None)
