@@ -10,10 +10,10 @@ layer steps, so consecutive steps touch disjoint weights and inputs and the L2 (
 serves a step from the previous one, and the graph launch (~9 us between events, more than a small layer) is spread
 over the steps as a decode step's graph spreads it over its layers. Replays alternate variants and are timed with
 CUDA events; a sample is one replay's time per step, and rows report the samples' median, p10-p90 spread and count.
-Before timing, the candidate's MoE, KDA attention and MLA attention are checked against the fp32 reference. Each
-(layer, tp) runs in a fresh child process (`--processes per-case`, the GPU default), as a server maps its weights once
-in a fresh process: in one process, a case run after another layer's measured slower in both variants, and running
-the stock-like kda_moe case once was enough to slow the next, not the memory it mapped
+Before timing, the candidate's MoE, AttnRes, KDA attention and MLA attention are checked against the fp32 reference.
+Each (layer, tp) runs in a fresh child process (`--processes per-case`, the GPU default), as a server maps its weights
+once in a fresh process: in one process, a case run after another layer's measured slower in both variants, and
+running the stock-like kda_moe case once was enough to slow the next, not the memory it mapped
 (docs/design/kimi_k3_kernels.md §9).
 
 Variants: `baseline` is `benchmarks.kimi_k3.stock` (vLLM's stock op sequence on Hopper). `candidate` is the
@@ -30,7 +30,7 @@ to and at their unpadded size, the KDA state read and written, the MLA cache row
 
 `--layer step` measures a whole decode step of one rank instead of one layer: the model's first layers (by default its
 first AttnRes block) in one CUDA graph per batch, stock-like against the same step with the CuTe DSL kernels in every
-MoE, KDA and MLA layer (step.py).
+layer (step.py).
 """
 
 from __future__ import annotations
