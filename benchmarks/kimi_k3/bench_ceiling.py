@@ -191,6 +191,23 @@ def best(rows: list[dict], nbytes: int, via: str = "registers") -> dict:
                key=lambda r: r["median"])
 
 
+def fastest_read(nbytes: int, replays: int, gen) -> dict:
+    """The fastest read-only launch over nbytes (the sweep of ReadStream layouts, each read checked): the yardstick a
+    kernel that streams nbytes once is held to (bench_mla, bench_dense)."""
+    import torch
+
+    from kimi_k3_path.kernels.runtime import COPY_BANDWIDTH
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = single_launch_rows(nbytes, sms, COPY_BANDWIDTH, replays, gen)
+    return {**best(rows, nbytes), "swept": sum(r["kernel"] == "read_stream" for r in rows)}
+
+
+def timing(t: dict) -> dict:
+    """The gatekeeper.evidence.Measurement fields of a timing row."""
+    return {k: t[k] for k in ("median", "spread_pct", "runs")}
+
+
 def chain_rows(tp: int, segments: list[int], configs: dict[int, dict], bandwidth: float, replays: int, gen) -> list:
     """The four segments as read-only launches in stream order, in each CHAIN_MODES mode (each segment with its best
     single-launch configuration)."""

@@ -32,7 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from benchmarks.kimi_k3.bench_ceiling import rotation
+from benchmarks.kimi_k3.bench_ceiling import fastest_read, rotation, timing
 
 LAYER = "mla_attention"
 TARGET = 1.2  # the issue's bound on candidate / (reading the cache once)
@@ -228,23 +228,6 @@ def measure_kernel(m: int, context: int, d, replays: int, gen) -> dict:
             "rel_err": err, "checked": len(rows)}
 
 
-def measure_read(nbytes: int, replays: int, gen) -> dict:
-    """The fastest read-only launch over nbytes (bench_ceiling's sweep of ReadStream layouts, each read checked)."""
-    import torch
-
-    from benchmarks.kimi_k3.bench_ceiling import best, single_launch_rows
-    from kimi_k3_path.kernels.runtime import COPY_BANDWIDTH
-
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    rows = single_launch_rows(nbytes, sms, COPY_BANDWIDTH, replays, gen)
-    return {**best(rows, nbytes), "swept": sum(r["kernel"] == "read_stream" for r in rows)}
-
-
-def timing(t: dict) -> dict:
-    """The Measurement fields of a timing row."""
-    return {k: t[k] for k in ("median", "spread_pct", "runs")}
-
-
 def perf_row(arch: str, tp: int, m: int, context: int, heads: int, kernel: dict, read: dict, seed: int) -> dict:
     """One PerfEvidence row: candidate the kernel, baseline the read-only launch, floor the cache bytes'."""
     from kimi_k3_path.kernels.mla_attention import mla_attention_bytes
@@ -305,7 +288,7 @@ def run(args: argparse.Namespace) -> Any:
                 torch.cuda.empty_cache()  # the copies are gone: the yardstick's buffers take their place
                 nbytes = cache_bytes(m, context)
                 if nbytes not in reads:
-                    reads[nbytes] = measure_read(nbytes, args.replays, gen)
+                    reads[nbytes] = fastest_read(nbytes, args.replays, gen)
                 rows.append(perf_row(hw["arch"], tp, m, context, d.heads, kernel, reads[nbytes], args.seed))
                 print_row(rows[-1], kernel)
     return PerfEvidence(commit=commit, command=args.command, created=created, hardware=hw,
