@@ -16,8 +16,8 @@
                          split-KV attention, W_UV, gate, o_proj)
   mla_attention.py       its split-KV attention over the paged latent cache + combine (2 launches): correct and
                          timed on the H200 (benchmarks/kimi_k3/bench_mla.py)
-  dense.py               `dense_decode`: a dense bf16 projection (y = x W^T) on the MoE front's row dots, for the
-                         KDA attention's GEMVs: compiled for sm_90a on a CPU, not yet run on a GPU, not yet used
+  dense.py               `dense_decode`: a dense bf16 projection (y = x W^T) on the MoE front's row dots: the KDA
+                         attention's in_proj and o_proj at one token (benchmarks/kimi_k3/bench_dense.py)
   attn_res.py            Block AttnRes: prefix update, block snapshot, the sources' softmax mix and its RMSNorm
                          in one launch per site: correct on the H200 (its GPU tests), timed in the layer only
 

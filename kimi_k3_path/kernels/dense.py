@@ -3,11 +3,14 @@ launch, on the row dots the MoE block's front already runs: `gemv.gemv_part` on 
 over FRONT_DOWN_SPLIT warps per row, 2 rows per CTA: the front's down-projection streams its 64 MB at 3.6 TB/s this
 way) and `mma.mma_rows_part` on the tensor cores from 2 to 64 tokens (16 rows per CTA).
 
-Written for the KDA attention's GEMVs, which run on cuBLAS today (`kda.py`): the torch profiler on the H200 (d332016,
-TP8, M=1, eager) timed cuBLAS's in_proj at 31.2 us for its 90 MB (2.9 TB/s, floor 21.0 us) and o_proj at 7.9 us
-(floor 5.1 us). Compiled for sm_90a on a CPU only: not yet run on a GPU, and nothing calls it yet (the next device
-run checks it, tests/kimi_k3_path/kernels/test_dense_gpu.py, and times it against cuBLAS before kda.py takes it).
-Predicted at M=1 (at the front's 3.6 TB/s): in_proj 25 us at TP8 and 13 us at TP16, o_proj 6.1 / 3.1 us.
+Written for the KDA attention's GEMVs (`kda.project`), which ran on cuBLAS. Checked on the H200 by
+tests/kimi_k3_path/kernels/test_dense_gpu.py and timed by benchmarks/kimi_k3/bench_dense.py (50 graph replays,
+rotated copies; a pure read of the same weight in the same run as the yardstick):
+- one token, TP8: in_proj (6288 x 7168, 90 MB) 22.7 us, cuBLAS 26.9, pure read 21.9 (1.04x of it); o_proj 7.6 us,
+  cuBLAS 8.6, read 7.1 (1.07x). TP16: in_proj 13.0 us, cuBLAS 17.3, read 12.2 (1.07x); o_proj 6.0 us, cuBLAS 5.7.
+- from two tokens the tensor-core form loses to cuBLAS (TP8 in_proj M=2 27.0 vs 26.2 us, M=64 68.0 vs 26.2): each
+  16-row CTA rereads all of x from L2 (393 CTAs x 64 tokens x 14 KB at M=64), which the MoE experts' short K hides
+  and a 7168-wide K does not. kda.py therefore takes this launch at one token only.
 
 N must be a multiple of 16 for the tensor-core form (a caller pads the weight with zero rows: KDA's in_proj has 6284
 rows at TP8 and 3206 at TP16) and of 2 at one token; K a multiple of 32.

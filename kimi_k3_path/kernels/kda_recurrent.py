@@ -294,15 +294,22 @@ def check_slot_indices(slots: list[int], pool: int) -> None:
         raise ValueError(f"kda_recurrent_decode: state slots {sorted(set(dup))} are used by more than one sequence")
 
 
-def fake_args(heads: int, head_dim: int = HEAD_DIM, conv_width: int = CONV_WIDTH, m=None, pool=None) -> tuple:
-    """Fake tensors (dynamic batch and pool unless given) for compiling KdaRecurrent without a GPU."""
+def projected_columns(heads: int, head_dim: int) -> int:
+    """in_proj's outputs the middle reads per token: q, k, v and the output gate of every head, f_a, beta."""
+    return 4 * heads * head_dim + head_dim + heads
+
+
+def fake_args(heads: int, head_dim: int = HEAD_DIM, conv_width: int = CONV_WIDTH, m=None, pool=None,
+              columns: int | None = None) -> tuple:
+    """Fake tensors (dynamic batch and pool unless given) for compiling KdaRecurrent without a GPU; `columns` is the
+    row length of `projected` (default projected_columns: a caller's padded in_proj output is wider)."""
     from .runtime import dyn, fake, fake_stream
 
     m = dyn() if m is None else m
     pool = dyn() if pool is None else pool
     proj = heads * head_dim
-    rows = 4 * proj + head_dim + heads
-    return (fake(BFloat16, (m, rows)), fake(BFloat16, (m, proj)), fake(BFloat16, (3 * proj, conv_width)),
+    columns = projected_columns(heads, head_dim) if columns is None else columns
+    return (fake(BFloat16, (m, columns)), fake(BFloat16, (m, proj)), fake(BFloat16, (3 * proj, conv_width)),
             fake(Float32, (heads,)), fake(Float32, (proj,)), fake(Float32, (head_dim,)), fake(Int32, (m,)),
             fake(BFloat16, (pool, 3 * proj, conv_width - 1)), fake(Float32, (pool, heads, head_dim, head_dim)),
             fake(BFloat16, (m, proj)), fake_stream())
@@ -310,7 +317,8 @@ def fake_args(heads: int, head_dim: int = HEAD_DIM, conv_width: int = CONV_WIDTH
 
 def kda_recurrent_decode(projected, g_raw, w, slots, conv_state, state, out, stream, check_slots: bool = True) -> None:
     """The KDA middle (module docstring) for a decode batch of M = 1..64 sequences on `stream`:
-    projected [M, 4*proj + D + heads] bf16 (in_proj's output), g_raw [M, proj] bf16 (f_b's), w: KdaKernelWeights,
+    projected [M, C] bf16 (in_proj's output: C >= projected_columns, the columns past it unread, so a padded in_proj
+    output goes in whole), g_raw [M, proj] bf16 (f_b's), w: KdaKernelWeights,
     slots [M] int32 into the pools conv_state [P, 3*proj, W-1] bf16 and state [P, heads, D, D] fp32 (updated in
     place), out [M, proj] bf16 (o_proj's input). check_slots reads `slots` on the host (a synchronization) to reject
     out-of-range and duplicate slots; pass False under CUDA graph capture (the kernel skips out-of-range ones; a
@@ -322,8 +330,9 @@ def kda_recurrent_decode(projected, g_raw, w, slots, conv_state, state, out, str
     m, proj, pool = projected.shape[0], heads * d, state.shape[0]
     if not 1 <= m <= MAX_TOKENS:
         raise ValueError(f"kda_recurrent_decode: decode batch M={m} must be in 1..{MAX_TOKENS}")
+    columns = max(projected.shape[-1], projected_columns(heads, d))  # fewer is reported by expect_all below
     expect_all([
-        ("projected", projected, (m, 4 * proj + d + heads), "bfloat16"),
+        ("projected", projected, (m, columns), "bfloat16"),
         ("g_raw", g_raw, (m, proj), "bfloat16"),
         ("conv_taps", w.conv, (3 * proj, width), "bfloat16"),
         ("a_log", w.a_log, (heads,), "float32"),
@@ -338,9 +347,9 @@ def kda_recurrent_decode(projected, g_raw, w, slots, conv_state, state, out, str
         check_slot_indices(slots.tolist(), pool)
 
     def build():
-        return op, fake_args(heads, d, width)
+        return op, fake_args(heads, d, width, columns=columns)
 
-    fn = compile_cached(("kda_recurrent", heads, d, width, w.gate_lower_bound, w.norm_eps), build)
+    fn = compile_cached(("kda_recurrent", heads, d, width, columns, w.gate_lower_bound, w.norm_eps), build)
     fn(to_cute(projected, True), to_cute(g_raw, True), to_cute(w.conv), to_cute(w.a_log), to_cute(w.dt_bias),
        to_cute(w.o_norm), to_cute(slots, True), to_cute(conv_state, True), to_cute(state, True),
        to_cute(out, True), cu_stream(stream))

@@ -1,7 +1,7 @@
-"""CPU checks of the dense decode projection (kernels/dense.py), which has not yet run on a GPU: it compiles for
-sm_90a at the KDA attention's projections (in_proj, o_proj, f_b at TP8 and TP16) for every token tile a decode batch
-takes, its one-token form keeps the front's down-projection register budget with no local memory, and its host side
-rejects what it does not support. Runs in CI without a GPU."""
+"""CPU checks of the dense decode projection (kernels/dense.py): it compiles for sm_90a at the KDA attention's
+projections (in_proj, o_proj, f_b at TP8 and TP16) for every token tile a decode batch takes, its one-token form
+keeps the front's down-projection register budget with no local memory, and its host side rejects what it does not
+support. Runs in CI without a GPU."""
 
 from __future__ import annotations
 
@@ -16,18 +16,16 @@ import cutlass.cute as cute  # noqa: E402
 
 from kimi_k3_path.config import named_config  # noqa: E402
 from kimi_k3_path.kernels.dense import ROWS_PER_GEMV_CTA, DenseDecode, dense_bytes, dense_decode, fake_args  # noqa: E402
-from kimi_k3_path.kernels.mma import MMA_ROWS  # noqa: E402
+from kimi_k3_path.kernels.kda import projection_shapes  # noqa: E402
 from kimi_k3_path.reference.dims import layer_dims  # noqa: E402
 
 from test_compile import CTA_THREADS, SM_REGISTERS, _cubin_dump  # noqa: E402
 
 
 def kda_projections(tp: int) -> dict[str, tuple[int, int]]:
-    """(N, K) of the KDA attention's three projections at one rank, in_proj's rows (6284 at TP8, 3206 at TP16) padded
-    with zero rows to a multiple of MMA_ROWS, as a caller of the tensor-core form holds the weight."""
-    d = layer_dims(named_config("kimi_k3"), tp).kda
-    padded = -(-d.in_proj_rows // MMA_ROWS) * MMA_ROWS
-    return {"in_proj": (padded, d.hidden), "o_proj": (d.hidden, d.proj), "f_b": (d.proj, d.head_dim)}
+    """(N, K) of the KDA attention's three projections at one rank as kda.py holds them (in_proj's 6284 rows at TP8
+    and 3206 at TP16 padded with zero rows to a multiple of MMA_ROWS, for the tensor-core form)."""
+    return projection_shapes(layer_dims(named_config("kimi_k3"), tp).kda)
 
 
 @pytest.mark.parametrize("tp", [8, 16])

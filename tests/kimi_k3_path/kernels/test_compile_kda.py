@@ -26,7 +26,9 @@ from kimi_k3_path.kernels.kda_recurrent import (  # noqa: E402
     floor_us,
     kda_recurrent_bytes,
     kda_recurrent_decode,
+    projected_columns,
 )
+from kimi_k3_path.kernels.kda import padded_rows  # noqa: E402
 from kimi_k3_path.reference.dims import layer_dims  # noqa: E402
 
 from test_compile import CTA_THREADS, SM_REGISTERS, _cubin_dump, cubins_for  # noqa: E402
@@ -46,6 +48,8 @@ def test_kda_recurrent_compiles_for_the_h200(tp, heads):
     d = kda_dims(tp)
     assert d.heads == heads and d.head_dim == 128 and d.conv_width == 4
     assert callable(cute.compile(op_for(d), *fake_args(d.heads)))
+    # as kda.py calls it: in_proj's output padded to the tensor-core tile (6288 / 3216 columns)
+    assert callable(cute.compile(op_for(d), *fake_args(d.heads, columns=padded_rows(d.in_proj_rows))))
 
 
 @pytest.mark.parametrize("arch", ["sm_100a", "sm_103a"])
@@ -145,3 +149,12 @@ def test_host_wrapper_rejects_batches_outside_1_to_64():
 def test_host_wrapper_wants_cuda_tensors():
     with pytest.raises(ValueError, match="must be a CUDA tensor"):
         kda_recurrent_decode(**_cpu_args())
+
+
+def test_a_wider_projection_passes_the_shape_checks():
+    """kda.py hands over in_proj's padded output whole: wider than projected_columns is fine (the first device check
+    is what refuses these CPU tensors), narrower is not (above)."""
+    wide = torch.zeros(3, padded_rows(projected_columns(6, 128)), dtype=torch.bfloat16)
+    assert wide.shape[1] == 3216
+    with pytest.raises(ValueError, match="projected: must be a CUDA tensor"):
+        kda_recurrent_decode(**_cpu_args(projected=wide))

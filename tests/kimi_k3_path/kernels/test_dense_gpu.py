@@ -1,4 +1,4 @@
-"""GPU correctness of the dense decode projection (kernels/dense.py; NOT YET RUN on the H200) against an fp32 matmul of
+"""GPU correctness of the dense decode projection (kernels/dense.py) against an fp32 matmul of
 the same bf16 inputs, at the KDA attention's projections (in_proj, o_proj, f_b at TP8 and TP16), for batches that take
 each form (1 token on the CUDA cores; 2, 16, 17, 33, 64 on the tensor cores, partial tiles included). Outputs are
 poisoned with NaN before each launch; fresh random inputs each run (seed printed).

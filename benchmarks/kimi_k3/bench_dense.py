@@ -1,0 +1,226 @@
+"""Benchmark of the KDA attention's GEMVs alone (kimi_k3_path.kernels.dense.dense_decode at kda.projection_shapes)
+against cuBLAS (torch.mm) and a launch that only reads the same weight: issue 35's "each GEMV-class kernel within 1.15x
+of a launch that only reads the same bytes".
+
+    python -m benchmarks.kimi_k3.bench_dense --tp 8,16 --batch 1,8,64 --projection in_proj,o_proj,f_b --out FILE
+
+Per (tp, projection, M), in one process:
+- Inputs: bench_ceiling.rotation(weight bytes) random copies of (x, W, y) (together at least 3x the 50 MiB L2),
+  W scaled by 1/sqrt(K) so that y stays O(1).
+- Correctness first: copy 0's y poisoned with NaN, one eager launch, every token's row within TOLERANCE of x @ W^T in
+  fp64 of the same bf16 inputs; again after the timed replays (the captured launches). A failure exits non-zero.
+- Candidate: dense_decode over the copies in turn, CUDA-graph replays (bench_moe.time_graph); cuBLAS: torch.mm into
+  the same y, same copies, same harness, right after (a same-run ratio, stated in the note and printed).
+- Floor: weight + x + y bytes (dense.dense_bytes) at runtime.COPY_BANDWIDTH (4.3e12 B/s).
+- Baseline: the fastest read-only launch over the weight's bytes (bench_ceiling.fastest_read), once per byte count.
+Rows: gatekeeper.evidence.PerfEvidence, axes arch/tp/dcp/batch/spec/layer, layer "kda_<projection>"; baseline/candidate
+reads as "how close to a pure read" (target 1/1.15), candidate/floor as "how close to the byte floor".
+"""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import sys
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from benchmarks.kimi_k3.bench_ceiling import fastest_read, rotation, timing
+
+PROJECTIONS = ("in_proj", "o_proj", "f_b")
+TARGET = 1.15  # the issue's bound on candidate / (reading the same bytes once)
+TOLERANCE = 1e-2  # per token row, as tests/kimi_k3_path/kernels/test_dense_gpu.py's OUT_TOL (reasons there)
+
+
+class BenchError(RuntimeError):
+    """A run that cannot give trustworthy numbers (a failed correctness check)."""
+
+
+def shape(tp: int, projection: str) -> tuple[int, int]:
+    """(N, K) of one KDA projection at one rank, as kernels.kda holds the weight (in_proj padded)."""
+    from kimi_k3_path.config import named_config
+    from kimi_k3_path.kernels.kda import projection_shapes
+    from kimi_k3_path.reference.dims import layer_dims
+
+    return projection_shapes(layer_dims(named_config("kimi_k3"), tp).kda)[projection]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from benchmarks.kimi_k3.bench import _choice_list, _int_list
+    from kimi_k3_path.support import SUPPORT_MATRIX
+
+    p = argparse.ArgumentParser(prog="python -m benchmarks.kimi_k3.bench_dense", description=__doc__.split("\n\n")[0])
+    p.add_argument("--tp", type=_int_list, default=(8, 16), help="comma list; the support matrix's TPs")
+    p.add_argument("--batch", type=_int_list, default=(1, 8, 64), help="decode batches M (comma list)")
+    p.add_argument("--projection", type=_choice_list(PROJECTIONS, "projection(s)"), default=PROJECTIONS,
+                   help=f"comma list of {', '.join(PROJECTIONS)}")
+    p.add_argument("--replays", type=int, default=100, help="timed CUDA graph replays per variant")
+    p.add_argument("--out", type=Path, required=True, help="write the PerfEvidence JSON here")
+    p.add_argument("--commit", help="the commit measured (default: git rev-parse HEAD)")
+    p.add_argument("--seed", type=int, help="random inputs' seed (default: a fresh one, printed and noted)")
+    args = p.parse_args(argv)
+    if bad := [tp for tp in args.tp if tp not in SUPPORT_MATRIX.tp]:
+        p.error(f"--tp {bad}: the support matrix admits {', '.join(map(str, SUPPORT_MATRIX.tp))}")
+    if bad := [m for m in args.batch if not 1 <= m <= SUPPORT_MATRIX.max_batch]:
+        p.error(f"--batch {bad}: the decode path takes 1..{SUPPORT_MATRIX.max_batch} sequences")
+    if args.replays < 1:
+        p.error(f"--replays {args.replays} must be at least 1")
+    if args.seed is None:
+        args.seed = secrets.randbits(31)
+    args.command = " ".join(["python -m benchmarks.kimi_k3.bench_dense", *(sys.argv[1:] if argv is None else argv)])
+    return args
+
+
+@dataclass
+class Operands:
+    """One copy of a projection's inputs and output on the GPU."""
+
+    x: Any  # [M, K] bf16
+    w: Any  # [N, K] bf16
+    y: Any  # [M, N] bf16
+
+    def dense(self, stream) -> None:
+        from kimi_k3_path.kernels.dense import dense_decode
+
+        dense_decode(self.x, self.w, self.y, stream)
+
+    def cublas(self, stream) -> None:
+        import torch
+
+        with torch.cuda.stream(stream):
+            torch.mm(self.x, self.w.t(), out=self.y)
+
+
+def random_operands(m: int, n: int, k: int, gen) -> Operands:
+    import torch
+
+    return Operands(x=torch.randn(m, k, generator=gen, device="cuda").bfloat16(),
+                    w=(torch.randn(n, k, generator=gen, device="cuda") / k**0.5).bfloat16(),
+                    y=torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16))
+
+
+def max_token_error(y, want, where: str) -> float:
+    """The largest rel err over token rows of y against want; BenchError at the first non-finite or too far."""
+    import torch
+
+    from kimi_k3_path.reference import rel_err
+
+    worst = 0.0
+    for t in range(y.shape[0]):
+        got = y[t].double()
+        if not torch.isfinite(got).all():
+            raise BenchError(f"{where}: token {t} holds NaN or Inf (y was poisoned with NaN: a row was not written)")
+        err = rel_err(got, want[t])
+        if err > TOLERANCE:
+            raise BenchError(f"{where}: token {t}: rel err {err:.2e} > {TOLERANCE:g} against x @ W^T in fp64")
+        worst = max(worst, err)
+    return worst
+
+
+def measure(m: int, n: int, k: int, replays: int, gen) -> dict:
+    """Check dense_decode, then time it and cuBLAS over the same rotated copies."""
+    import torch
+
+    from benchmarks.kimi_k3.bench import measurement_of
+    from benchmarks.kimi_k3.bench_moe import time_graph
+
+    copies = [random_operands(m, n, k, gen) for _ in range(rotation(n * k * 2))]
+    first = copies[0]
+    want = first.x.double() @ first.w.double().T
+    first.dense(torch.cuda.current_stream())
+    torch.cuda.synchronize()
+    err = max_token_error(first.y, want, "the checked launch")
+    first.y.fill_(float("nan"))
+    dense = time_graph(lambda st: [c.dense(st) for c in copies], replays, len(copies))
+    err = max(err, max_token_error(first.y, want, "after the CUDA graph replays"))
+    cublas = time_graph(lambda st: [c.cublas(st) for c in copies], replays, len(copies))
+    return {"dense": measurement_of(dense), "cublas": measurement_of(cublas), "copies": len(copies), "rel_err": err}
+
+
+def perf_row(arch: str, tp: int, projection: str, m: int, n: int, k: int, got: dict, read: dict, seed: int) -> dict:
+    """One PerfEvidence row: candidate dense_decode, baseline the read-only launch, floor the bytes'."""
+    from kimi_k3_path.kernels.dense import dense_bytes
+    from kimi_k3_path.kernels.runtime import COPY_BANDWIDTH, floor_us
+    from kimi_k3_path.support import spec_label
+
+    nbytes = dense_bytes(m, n, k)
+    floor = floor_us(sum(nbytes.values()))
+    dense, cublas = got["dense"]["median"], got["cublas"]["median"]
+    note = (f"KDA {projection} alone, {n} x {k} bf16 at TP{tp}, M={m}: dense_decode {dense:.2f} us, cuBLAS (torch.mm) "
+            f"{cublas:.2f} us (spread {got['cublas']['spread_pct']:.1f}%), cuBLAS/dense {cublas / dense:.3f}; floor = "
+            f"weight {nbytes['weight']} + x {nbytes['x']} + y {nbytes['y']} B at {COPY_BANDWIDTH:.2g} B/s, "
+            f"candidate/floor {dense / floor:.3f}, candidate/baseline {dense / read['median']:.3f} (target {TARGET}x); "
+            f"baseline = read-only ReadStream over the weight's bytes, best of {read['swept']} layouts: "
+            f"{read['layout']}, {read['ctas']} CTAs x {read['in_flight']} loads in flight; {got['copies']} rotated "
+            f"copies; max rel err per token {got['rel_err']:.1e} (tolerance {TOLERANCE:g}); seed {seed}")
+    return {
+        "axes": {"arch": arch, "tp": tp, "dcp": 1, "batch": m, "spec": spec_label(None, 0), "layer": f"kda_{projection}"},
+        "metric": "latency", "unit": "us", "candidate": timing(got["dense"]), "baseline": timing(read),
+        "floor": floor, "note": note,
+    }
+
+
+HEADER = (f"{'tp':>3} {'projection':>10} {'M':>3} {'N x K':>11} {'dense us':>9} {'spr%':>5} {'cuBLAS us':>9} "
+          f"{'read us':>8} {'floor us':>8} {'dense/read':>10} {'dense/floor':>11} {'cuBLAS/dense':>12}")
+
+
+def print_row(row: dict, got: dict, n: int, k: int) -> None:
+    a, dense, read = row["axes"], row["candidate"]["median"], row["baseline"]["median"]
+    cublas = got["cublas"]["median"]
+    print(f"{a['tp']:>3} {a['layer'][4:]:>10} {a['batch']:>3} {f'{n}x{k}':>11} {dense:>9.2f} "
+          f"{row['candidate']['spread_pct']:>5.1f} {cublas:>9.2f} {read:>8.2f} {row['floor']:>8.2f} "
+          f"{dense / read:>10.3f} {dense / row['floor']:>11.3f} {cublas / dense:>12.3f}", flush=True)
+
+
+def run(args: argparse.Namespace) -> Any:
+    import cutlass
+    import torch
+
+    from benchmarks.kimi_k3.bench import current_commit, hardware, software
+    from gatekeeper.evidence import PerfEvidence
+
+    hw = hardware("cuda")
+    commit, created = current_commit(args.commit), datetime.now(timezone.utc)
+    print(f"seed {args.seed} (replay with --seed {args.seed})", flush=True)
+    gen = torch.Generator(device="cuda").manual_seed(args.seed)
+    print(HEADER, flush=True)
+    reads: dict[int, dict] = {}
+    rows = []
+    for tp in args.tp:
+        for projection in args.projection:
+            n, k = shape(tp, projection)
+            for m in args.batch:
+                got = measure(m, n, k, args.replays, gen)
+                torch.cuda.empty_cache()
+                if n * k * 2 not in reads:
+                    reads[n * k * 2] = fastest_read(n * k * 2, args.replays, gen)
+                rows.append(perf_row(hw["arch"], tp, projection, m, n, k, got, reads[n * k * 2], args.seed))
+                print_row(rows[-1], got, n, k)
+    return PerfEvidence(commit=commit, command=args.command, created=created, hardware=hw,
+                        software={**software(), "nvidia-cutlass-dsl": cutlass.__version__}, rows=tuple(rows))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    from benchmarks.kimi_k3.bench import BenchError as HarnessError
+
+    if not torch.cuda.is_available():
+        print("bench_dense: no CUDA GPU here; this benchmark runs on the H200", file=sys.stderr)
+        return 2
+    try:
+        evidence = run(args)
+    except (BenchError, HarnessError) as exc:
+        print(f"bench_dense: error: {exc}", file=sys.stderr)
+        return 1
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(evidence.model_dump_json(indent=2) + "\n")
+    print(f"wrote {len(evidence.rows)} rows to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
