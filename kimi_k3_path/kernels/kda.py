@@ -2,18 +2,17 @@
 stream, as `reference.kda_decode_step` computes it:
 
   in_proj   projected = x @ W_in^T (q, k, v, output gate, f_a, beta)        `project`
-  f_b       g_raw = f_a @ W_fb^T (the full-rank forget gate)                 cuBLAS (bf16)
-  middle    conv + SiLU, L2 norms, decay, gated delta rule on the state      kda_recurrent.py (one CuTe DSL launch)
-            in place, gated RMSNorm
+  middle    f_b (g_raw = f_a @ W_fb^T, the full-rank forget gate), conv +     kda_recurrent.py (one CuTe DSL launch)
+            SiLU, L2 norms, decay, gated delta rule on the state in place,
+            gated RMSNorm
   o_proj    out = core @ W_o^T                                               `project`
 
-Four launches where the stock path has six (its conv, recurrent step and gated norm are three). `project` runs
+Three launches where the stock path has six (its f_b, conv, recurrent step and gated norm are four). `project` runs
 dense.py's GEMV at one token and cuBLAS from two: on the H200 (bench_dense, TP8, 50 graph replays) dense.py's
 one-token form read in_proj's 90 MB in 22.7 us against cuBLAS's 26.9 (a pure read of the same bytes: 21.9), while its
 tensor-core form rereads x in every 16-row CTA and lost from 2 tokens on (in_proj at M=64: 68.0 us, cuBLAS 26.2).
 in_proj's weight is held padded with zero rows to dense.py's tile (6284 -> 6288 rows at TP8, 3206 -> 3216 at TP16);
-the middle reads the first columns of the padded output. f_b (1536 x 128 at TP8) reads its input as a strided slice
-of that output and stays on cuBLAS. The state is addressed by slot, as vLLM's mamba cache is.
+the middle reads the first columns of the padded output. The state is addressed by slot, as vLLM's mamba cache is.
 """
 
 from __future__ import annotations
@@ -52,9 +51,8 @@ def projection_shapes(d) -> dict[str, tuple[int, int]]:
 @dataclass(frozen=True)
 class KdaAttentionWeights:
     in_proj: torch.Tensor  # [padded_rows(4*proj + D + heads), hidden] bf16, the padding rows zero
-    f_b: torch.Tensor  # [proj, D] bf16
     o_proj: torch.Tensor  # [hidden, proj] bf16
-    middle: KdaKernelWeights
+    middle: KdaKernelWeights  # f_b among them
 
 
 def prepare_attention_weights(ref, d, device) -> KdaAttentionWeights:
@@ -66,7 +64,7 @@ def prepare_attention_weights(ref, d, device) -> KdaAttentionWeights:
     rows = ref.in_proj.shape[0]
     in_proj = torch.zeros(padded_rows(rows), ref.in_proj.shape[1], device=device, dtype=torch.bfloat16)
     in_proj[:rows] = ref.in_proj
-    return KdaAttentionWeights(in_proj, bf16(ref.f_b), bf16(ref.o_proj), prepare_kda_weights(ref, d, device))
+    return KdaAttentionWeights(in_proj, bf16(ref.o_proj), prepare_kda_weights(ref, d, device))
 
 
 def kda_attention_decode(x: torch.Tensor, w: KdaAttentionWeights, slots: torch.Tensor, conv_state: torch.Tensor,
@@ -80,11 +78,10 @@ def kda_attention_decode(x: torch.Tensor, w: KdaAttentionWeights, slots: torch.T
         raise ValueError(f"kda_attention_decode: x must be [M, {w.in_proj.shape[1]}] bf16, got "
                          f"{tuple(x.shape)} {x.dtype}")
     m = x.shape[0]
-    with torch.cuda.stream(stream):  # torch's allocations and f_b on the stream the CuTe launches take
+    with torch.cuda.stream(stream):  # torch's allocations and cuBLAS on the stream the CuTe launches take
         projected = torch.empty(m, w.in_proj.shape[0], device=x.device, dtype=torch.bfloat16)
         project(x, w.in_proj, projected, stream)
-        g_raw = projected[:, 4 * proj : 4 * proj + d] @ w.f_b.t()
         core = torch.empty(m, proj, device=x.device, dtype=torch.bfloat16)
-        kda_recurrent_decode(projected, g_raw, w.middle, slots, conv_state, state, core, stream, check_slots)
+        kda_recurrent_decode(projected, w.middle, slots, conv_state, state, core, stream, check_slots)
         project(core, w.o_proj, out, stream)
 

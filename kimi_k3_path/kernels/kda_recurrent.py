@@ -6,21 +6,28 @@ kimi_k3_path.reference.kda.kda_recurrent_step computes it:
             [slot, 3*proj, 3] (oldest first) and the new input (in_proj's q|k|v), then SiLU; the shifted window
             is written back into the slot;
   2 norm    q = l2norm(q) * D^-0.5, k = l2norm(k);
-  3 gate    exp(g), g = lower_bound * sigmoid(exp(A_log[h]) * (g_raw + dt_bias)), per channel (g_raw: f_b's output);
+  3 gate    exp(g), g = lower_bound * sigmoid(exp(A_log[h]) * (g_raw + dt_bias)), per channel, with f_b folded in:
+            g_raw = f_a @ W_fb[head's rows]^T, fp32 accumulate (f_a: in_proj's D-wide slice);
   4 state   the gated delta rule on the fp32 state S [slot, h, D_v, D_k] in place: S <- S diag(exp g);
             v' = beta (v - S k); S <- S + v' k^T; o = S q (= S_decayed q + v' (k.q)); beta = sigmoid(beta_raw);
   5 out     gated RMSNorm over the head's D_v: o * rsqrt(mean o^2 + eps) * o_norm * sigmoid(g_out), bf16 [M, proj].
 
-The in_proj, f_b and o_proj GEMVs are not in this launch: it reads in_proj's output row as the reference splits it
-(q|k|v|g_out|f_a|beta_raw) and f_b's, and writes o_proj's input, so a later fusion can take either end.
+The in_proj and o_proj GEMVs are not in this launch: it reads in_proj's output row as the reference splits it
+(q|k|v|g_out|f_a|beta_raw) and writes o_proj's input. f_b (1536 x 128 at TP8, 393 KB) is: each CTA copies its head's
+128 rows (32 KB) into shared memory by cp.async before griddepcontrol.wait (the weights do not depend on the launch
+before), and warps 4-7, idle while warps 0-2 run the conv, take one channel's 128-long dot each. That removes a cuBLAS
+launch (3.0 us at TP8, M=1, in bench_dense) from the layer's chain, and lets in_proj's launch hand over to this one by
+programmatic dependent launch. Each thread reads only the row it copied (no barrier), its 16-byte vectors in an order
+rotated by its channel so that the 8 threads of a shared-memory phase hit distinct banks.
 
 State addressing: as vLLM's mamba cache, an int32 slot per sequence into a pool of states, any order; a slot outside
 [0, pool) (vLLM pads with -1) touches no state and gets a zero output row. The host wrapper rejects out-of-range and
 duplicate slots unless told not to read them (check_slots=False: no host synchronization, for CUDA graphs).
 
-Bytes (`kda_recurrent_bytes`): the fp32 state, 64 KB per (sequence, head) read once and written once, is 93% of
-them at M=1 and 95% at M=64 (the rest: the bf16 conv state read and written, inputs, taps). Floors at 4.3 TB/s:
-TP8 (12 heads) M=1 1.69 MB 0.39 us, M=64 105.4 MB 24.5 us; TP16 (6 heads) M=1 0.85 MB 0.20 us, M=64 52.7 MB 12.3 us.
+Bytes (`kda_recurrent_bytes`): the fp32 state, 64 KB per (sequence, head) read once and written once, is 76% of
+them at M=1 (f_b's 393 KB at TP8 is most of the rest) and 95% at M=64 (the rest: the bf16 conv state read and
+written, inputs, taps). Floors at 4.3 TB/s: TP8 (12 heads) M=1 2.08 MB 0.48 us, M=64 105.6 MB 24.6 us; TP16 (6 heads)
+M=1 1.04 MB 0.24 us, M=64 52.8 MB 12.3 us.
 
 Mapping: one CTA of 8 warps per (sequence, head), grid (heads, M). Warp w owns state rows 16w..16w+15, a row being
 512 contiguous bytes = one 16-byte load per lane (lane l holds columns 4l..4l+3), so the whole 64 KB is in flight at
@@ -55,9 +62,13 @@ from .common import (
     WARP,
     bf16x2_to_f32,
     bits_to_f32,
+    cp_async_16,
+    dot_bf16x8_packed,
     lane_group_sum,
     lane_reduce_scatter,
     ld_act_v4,
+    ld_fresh_v4,
+    ld_shared_v4,
     ld_weight_v4,
     select_f32,
     sigmoid,
@@ -73,8 +84,11 @@ ROWS_PER_WARP = HEAD_DIM // WARPS
 COLS_PER_LANE = HEAD_DIM // WARP
 L2_NORM_EPS = 1e-6  # kimi_k3_path.reference.norm.L2_NORM_EPS (under the square root)
 
-# Shared memory: q, k, v, exp(g) of the head (fp32, HEAD_DIM each), then one partial sum of o^2 per warp.
+# Shared memory: q, k, v, exp(g) of the head (fp32, HEAD_DIM each), one partial sum of o^2 per warp, then the head's
+# f_b rows (bf16 [HEAD_DIM, HEAD_DIM], row c copied and read by thread c of warps GATE_WARP..).
 Q, K, V, DECAY = 0, 1, 2, 3
+GATE_WARP = 4  # warps 4..7: one decay channel per thread (f_b's dot, the gate)
+VECS_PER_ROW = HEAD_DIM * 2 // VEC_BYTES  # 16-byte vectors in an f_b row (and in f_a)
 
 
 def kda_recurrent_bytes(m: int, heads: int, head_dim: int = HEAD_DIM, conv_width: int = CONV_WIDTH) -> dict[str, int]:
@@ -84,8 +98,9 @@ def kda_recurrent_bytes(m: int, heads: int, head_dim: int = HEAD_DIM, conv_width
     return {
         "recurrent_state": 2 * m * heads * head_dim * head_dim * 4,  # fp32, read + written
         "conv_state": 2 * m * 3 * proj * (conv_width - 1) * 2,  # bf16, read + written
-        "inputs": m * (3 * proj + proj + heads) * 2 + m * proj * 2 + m * 4,  # in_proj's q|k|v, g_out, beta; g_raw; slot
-        "weights": 3 * proj * conv_width * 2 + heads * 4 + proj * 4 + head_dim * 4,  # taps bf16; a_log, dt_bias, o_norm
+        "inputs": m * (3 * proj + proj + head_dim + heads) * 2 + m * 4,  # in_proj's q|k|v, g_out, f_a, beta; slot
+        # f_b bf16 (every CTA of a head rereads its rows from L2: DRAM sees them once); taps bf16; a_log, dt_bias, o_norm
+        "weights": proj * head_dim * 2 + 3 * proj * conv_width * 2 + heads * 4 + proj * 4 + head_dim * 4,
         "output": m * proj * 2,
     }
 
@@ -108,12 +123,12 @@ class KdaRecurrent:
         self.proj = heads * head_dim
 
     def smem_bytes(self) -> int:
-        return 4 * self.d * 4 + 128 + WARPS * 4 + 16
+        return 4 * self.d * 4 + 128 + WARPS * 4 + 128 + self.d * self.d * 2 + 16
 
     @cute.jit
-    def __call__(self, projected, g_raw, conv_taps, a_log, dt_bias, o_norm, slots, conv_state, state, out,
+    def __call__(self, projected, f_b, conv_taps, a_log, dt_bias, o_norm, slots, conv_state, state, out,
                  stream: cuda.CUstream):
-        self.kernel(projected, g_raw, conv_taps, a_log, dt_bias, o_norm, slots, conv_state, state, out,
+        self.kernel(projected, f_b, conv_taps, a_log, dt_bias, o_norm, slots, conv_state, state, out,
                     state.shape[0]).launch(
             grid=[self.heads, projected.shape[0], 1], block=[WARPS * WARP, 1, 1], smem=self.smem_bytes(),
             stream=stream, use_pdl=True,
@@ -161,14 +176,26 @@ class KdaRecurrent:
         for c in range(COLS_PER_LANE):
             vecs[part * self.d + COLS_PER_LANE * lane + c] = outs[c] * scale
 
-    def decay_channels(self, g_raw, a_log, dt_bias, vecs, m: Int32, head: Int32, lane: Int32) -> None:
-        """exp(g) of this lane's 4 channels into vecs, g = lower_bound * sigmoid(exp(A_log) * (g_raw + dt_bias))."""
-        cols = [COLS_PER_LANE * lane + c for c in range(COLS_PER_LANE)]
-        raw = [(g_raw[m, head * self.d + col], dt_bias[head * self.d + col]) for col in cols]  # loads first
-        a = cute.math.exp(a_log[head])
-        for col, (gr, bias) in zip(cols, raw):
-            g = Float32(self.lb) * sigmoid(a * (gr.to(Float32) + bias))
-            vecs[DECAY * self.d + col] = cute.math.exp(g)
+    def copy_gate_row(self, f_b, row_smem: Int32, head: Int32, channel: Int32) -> None:
+        """cp.async f_b's row of this head's `channel` (256 bytes) to row_smem: one commit group."""
+        src = f_b.iterator.toint() + Int64(head * self.d + channel) * (self.d * 2)
+        for v in range(VECS_PER_ROW):
+            cp_async_16(row_smem + v * VEC_BYTES, src + v * VEC_BYTES)
+        cute.arch.cp_async_commit_group()
+
+    def decay_channel(self, projected, row_smem: Int32, a_log, dt_bias, vecs, m: Int32, head: Int32,
+                      channel: Int32) -> None:
+        """exp(g) of one channel into vecs: g_raw = f_a . (its f_b row, copied by this thread), then
+        g = lower_bound * sigmoid(exp(A_log) * (g_raw + dt_bias))."""
+        f_a = projected.iterator.toint() + (Int64(m) * projected.shape[1] + 4 * self.proj) * 2
+        bias, a = dt_bias[head * self.d + channel], cute.math.exp(a_log[head])
+        cute.arch.cp_async_wait_group(0)
+        g_raw = Float32(0.0)
+        for v in range(VECS_PER_ROW):
+            at = ((channel + v) & (VECS_PER_ROW - 1)) * VEC_BYTES  # rotated: a phase's 8 threads on distinct banks
+            g_raw = dot_bf16x8_packed(ld_shared_v4(row_smem + at), ld_fresh_v4(f_a + at), g_raw)
+        g = Float32(self.lb) * sigmoid(a * (g_raw + bias))
+        vecs[DECAY * self.d + channel] = cute.math.exp(g)
 
     def update_rows(self, rows: list, vecs, state, slot: Int32, head: Int32, warp: Int32, lane: Int32,
                     beta: Float32):
@@ -208,7 +235,7 @@ class KdaRecurrent:
         return o, row
 
     @cute.kernel
-    def kernel(self, projected, g_raw, conv_taps, a_log, dt_bias, o_norm, slots, conv_state, state, out,
+    def kernel(self, projected, f_b, conv_taps, a_log, dt_bias, o_norm, slots, conv_state, state, out,
                pool: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         head, m, _ = cute.arch.block_idx()
@@ -216,14 +243,19 @@ class KdaRecurrent:
         smem = cutlass.memory.SmemAllocator()
         vecs = smem.allocate_tensor(Float32, cute.make_layout(4 * self.d), byte_alignment=128)
         partial = smem.allocate_tensor(Float32, cute.make_layout(WARPS), byte_alignment=16)
+        gate_rows = smem.allocate_tensor(BFloat16, cute.make_layout(self.d * self.d), byte_alignment=128)
+        channel = tidx - GATE_WARP * WARP  # of the gate warps' threads
+        row_smem = gate_rows.iterator.toint() + channel * (self.d * 2)
         slot = slots[m]
         if slot >= 0 and slot < pool:
             rows = self.load_rows(state, slot, head, warp, lane)
-            cute.arch.griddepcontrol_wait()  # in_proj's and f_b's outputs are written from here on
+            if warp >= GATE_WARP:
+                self.copy_gate_row(f_b, row_smem, head, channel)
+            cute.arch.griddepcontrol_wait()  # in_proj's output is written from here on
             if warp < DECAY:
                 self.conv_channels(projected, conv_taps, conv_state, vecs, m, slot, head, warp, lane)
-            if warp == DECAY:
-                self.decay_channels(g_raw, a_log, dt_bias, vecs, m, head, lane)
+            if warp >= GATE_WARP:
+                self.decay_channel(projected, row_smem, a_log, dt_bias, vecs, m, head, channel)
             beta = sigmoid(projected[m, 4 * self.proj + self.d + head].to(Float32))
             cute.arch.sync_threads()
             o, row = self.update_rows(rows, vecs, state, slot, head, warp, lane, beta)
@@ -248,6 +280,7 @@ class KdaRecurrent:
 class KdaKernelWeights:
     """One rank's weights of the KDA middle, as the kernel reads them (kimi_k3_path.reference.kda.KdaWeights)."""
 
+    f_b: torch.Tensor  # [proj, D] bf16, the forget gate's up-projection (folded into the launch)
     conv: torch.Tensor  # [3*proj, W] bf16 depthwise taps, oldest input first (the checkpoint's dtype)
     a_log: torch.Tensor  # [heads] fp32
     dt_bias: torch.Tensor  # [proj] fp32
@@ -269,8 +302,10 @@ class KdaKernelWeights:
 
 
 def prepare_kda_weights(ref, d, device) -> KdaKernelWeights:
-    """The kernel's copy of a reference KdaWeights `ref` for KdaDims `d`: bf16 taps, fp32 vectors, on `device`."""
+    """The kernel's copy of a reference KdaWeights `ref` for KdaDims `d`: bf16 f_b and taps, fp32 vectors, on
+    `device`."""
     return KdaKernelWeights(
+        f_b=ref.f_b.to(device=device, dtype=torch.bfloat16).contiguous(),
         conv=ref.conv.to(device=device, dtype=torch.bfloat16).contiguous(),
         a_log=ref.a_log.to(device=device, dtype=torch.float32).contiguous(),
         dt_bias=ref.dt_bias.to(device=device, dtype=torch.float32).contiguous(),
@@ -299,26 +334,34 @@ def projected_columns(heads: int, head_dim: int) -> int:
     return 4 * heads * head_dim + head_dim + heads
 
 
+ROW_ALIGN = VEC_BYTES // 2  # projected's rows start on 16 bytes: f_a is read in 16-byte vectors
+
+
+def aligned_columns(heads: int, head_dim: int) -> int:
+    """The narrowest row of `projected` the launch takes: projected_columns rounded up to ROW_ALIGN."""
+    return -(-projected_columns(heads, head_dim) // ROW_ALIGN) * ROW_ALIGN
+
+
 def fake_args(heads: int, head_dim: int = HEAD_DIM, conv_width: int = CONV_WIDTH, m=None, pool=None,
               columns: int | None = None) -> tuple:
     """Fake tensors (dynamic batch and pool unless given) for compiling KdaRecurrent without a GPU; `columns` is the
-    row length of `projected` (default projected_columns: a caller's padded in_proj output is wider)."""
+    row length of `projected` (default aligned_columns; kda.py's padded in_proj output may be wider)."""
     from .runtime import dyn, fake, fake_stream
 
     m = dyn() if m is None else m
     pool = dyn() if pool is None else pool
     proj = heads * head_dim
-    columns = projected_columns(heads, head_dim) if columns is None else columns
-    return (fake(BFloat16, (m, columns)), fake(BFloat16, (m, proj)), fake(BFloat16, (3 * proj, conv_width)),
+    columns = aligned_columns(heads, head_dim) if columns is None else columns
+    return (fake(BFloat16, (m, columns)), fake(BFloat16, (proj, head_dim)), fake(BFloat16, (3 * proj, conv_width)),
             fake(Float32, (heads,)), fake(Float32, (proj,)), fake(Float32, (head_dim,)), fake(Int32, (m,)),
             fake(BFloat16, (pool, 3 * proj, conv_width - 1)), fake(Float32, (pool, heads, head_dim, head_dim)),
             fake(BFloat16, (m, proj)), fake_stream())
 
 
-def kda_recurrent_decode(projected, g_raw, w, slots, conv_state, state, out, stream, check_slots: bool = True) -> None:
+def kda_recurrent_decode(projected, w, slots, conv_state, state, out, stream, check_slots: bool = True) -> None:
     """The KDA middle (module docstring) for a decode batch of M = 1..64 sequences on `stream`:
-    projected [M, C] bf16 (in_proj's output: C >= projected_columns, the columns past it unread, so a padded in_proj
-    output goes in whole), g_raw [M, proj] bf16 (f_b's), w: KdaKernelWeights,
+    projected [M, C] bf16 (in_proj's output: C >= projected_columns and a multiple of ROW_ALIGN, the columns past
+    projected_columns unread, so a padded in_proj output goes in whole), w: KdaKernelWeights (f_b among them),
     slots [M] int32 into the pools conv_state [P, 3*proj, W-1] bf16 and state [P, heads, D, D] fp32 (updated in
     place), out [M, proj] bf16 (o_proj's input). check_slots reads `slots` on the host (a synchronization) to reject
     out-of-range and duplicate slots; pass False under CUDA graph capture (the kernel skips out-of-range ones; a
@@ -330,10 +373,13 @@ def kda_recurrent_decode(projected, g_raw, w, slots, conv_state, state, out, str
     m, proj, pool = projected.shape[0], heads * d, state.shape[0]
     if not 1 <= m <= MAX_TOKENS:
         raise ValueError(f"kda_recurrent_decode: decode batch M={m} must be in 1..{MAX_TOKENS}")
-    columns = max(projected.shape[-1], projected_columns(heads, d))  # fewer is reported by expect_all below
+    columns = max(projected.shape[-1], aligned_columns(heads, d))  # fewer is reported by expect_all below
+    if columns % ROW_ALIGN:
+        raise ValueError(f"kda_recurrent_decode: projected has {columns} columns, not a multiple of {ROW_ALIGN} (its rows "
+                         "must start on 16 bytes: pad in_proj's rows, as kda.padded_rows does)")
     expect_all([
         ("projected", projected, (m, columns), "bfloat16"),
-        ("g_raw", g_raw, (m, proj), "bfloat16"),
+        ("f_b", w.f_b, (proj, d), "bfloat16"),
         ("conv_taps", w.conv, (3 * proj, width), "bfloat16"),
         ("a_log", w.a_log, (heads,), "float32"),
         ("dt_bias", w.dt_bias, (proj,), "float32"),
@@ -350,6 +396,6 @@ def kda_recurrent_decode(projected, g_raw, w, slots, conv_state, state, out, str
         return op, fake_args(heads, d, width, columns=columns)
 
     fn = compile_cached(("kda_recurrent", heads, d, width, columns, w.gate_lower_bound, w.norm_eps), build)
-    fn(to_cute(projected, True), to_cute(g_raw, True), to_cute(w.conv), to_cute(w.a_log), to_cute(w.dt_bias),
+    fn(to_cute(projected, True), to_cute(w.f_b), to_cute(w.conv), to_cute(w.a_log), to_cute(w.dt_bias),
        to_cute(w.o_norm), to_cute(slots, True), to_cute(conv_state, True), to_cute(state, True),
        to_cute(out, True), cu_stream(stream))

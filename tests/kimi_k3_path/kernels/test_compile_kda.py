@@ -5,6 +5,7 @@ kernel does not support. Runs in CI without a GPU."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 
@@ -25,6 +26,7 @@ from kimi_k3_path.kernels.kda_recurrent import (  # noqa: E402
     fake_args,
     floor_us,
     kda_recurrent_bytes,
+    aligned_columns,
     kda_recurrent_decode,
     projected_columns,
 )
@@ -63,10 +65,10 @@ def test_kda_recurrent_compiles_for_blackwell(arch, tmp_path):
 
 @pytest.mark.parametrize("tp", [8, 16])
 def test_state_stays_in_registers_and_streams_once(tp, tmp_path):
-    """What the design assumes (not yet measured): the 16 rows x 16 bytes a thread holds never spill (no local
-    memory) and leave 2 CTAs of 256 threads per SM (<= 128 registers); the 16 state loads (weak, L1::no_allocate:
-    LDG.E.NA.128) are all issued before griddepcontrol.wait (ACQBULK) and the CTA barrier, and each row is stored once
-    (16 STG.E.128)."""
+    """What the design assumes: the 16 rows x 16 bytes a thread holds never spill (no local memory) and leave 2 CTAs
+    of 256 threads per SM (<= 128 registers); the 16 state loads (weak, L1::no_allocate: LDG.E.NA.128) and the gate
+    warps' 16 cp.async copies of their f_b rows (LDGSTS) are all issued before griddepcontrol.wait (ACQBULK) and the
+    CTA barrier, and each row is stored once (16 STG.E.128)."""
     d = kda_dims(tp)
     usage = _cubin_dump(op_for(d), fake_args(d.heads), tmp_path / "res", "-res-usage")
     registers = int(re.search(r"REG:(\d+)", usage).group(1))
@@ -77,19 +79,22 @@ def test_state_stays_in_registers_and_streams_once(tp, tmp_path):
     wait = next(n for n, line in enumerate(sass) if "ACQBULK" in line)
     barrier = next(n for n, line in enumerate(sass) if "BAR.SYNC" in line)
     assert len(loads) == ROWS_PER_WARP and max(loads) < wait < barrier
+    copies = [n for n, line in enumerate(sass) if "LDGSTS" in line]
+    assert len(copies) == 128 * 2 // 16 and max(copies) < wait  # one f_b row of 256 bytes per gate thread
     assert sum("STG.E.128" in line for line in sass) == ROWS_PER_WARP
 
 
 def test_bytes_and_floors_per_row():
     """The byte counts the design document and the module docstring state (floor at 4.3 TB/s)."""
     state_row = 128 * 128 * 4
-    for heads, m, mb, us in [(12, 1, 1.690, 0.393), (12, 64, 105.427, 24.518), (6, 1, 0.845, 0.197),
-                             (6, 64, 52.714, 12.259)]:
+    for heads, m, mb, us, state_share in [(12, 1, 2.081, 0.484, 0.756), (12, 64, 105.640, 24.567, 0.953),
+                                          (6, 1, 1.041, 0.242, 0.756), (6, 64, 52.829, 12.286, 0.953)]:
         parts = kda_recurrent_bytes(m, heads)
         total = sum(parts.values())
         assert parts["recurrent_state"] == 2 * m * heads * state_row
+        assert parts["weights"] > heads * 128 * 128 * 2  # f_b's rows, read once from DRAM
         assert round(total / 1e6, 3) == mb and round(floor_us(total), 3) == us
-        assert parts["recurrent_state"] / total > 0.93
+        assert round(parts["recurrent_state"] / total, 3) == state_share
 
 
 def test_unsupported_dims_are_rejected():
@@ -116,24 +121,28 @@ def _cpu_args(m=3, heads=6, pool=5, d=128, **override):
     proj = heads * d
     bf16, f32 = torch.bfloat16, torch.float32
     args = dict(
-        projected=torch.zeros(m, 4 * proj + d + heads, dtype=bf16), g_raw=torch.zeros(m, proj, dtype=bf16),
-        w=KdaKernelWeights(conv=torch.zeros(3 * proj, 4, dtype=bf16), a_log=torch.zeros(heads, dtype=f32),
+        projected=torch.zeros(m, aligned_columns(heads, d), dtype=bf16),
+        w=KdaKernelWeights(f_b=torch.zeros(proj, d, dtype=bf16), conv=torch.zeros(3 * proj, 4, dtype=bf16),
+                           a_log=torch.zeros(heads, dtype=f32),
                            dt_bias=torch.zeros(proj, dtype=f32), o_norm=torch.zeros(d, dtype=f32),
                            gate_lower_bound=-5.0, norm_eps=1e-5),
         slots=torch.arange(m, dtype=torch.int32), conv_state=torch.zeros(pool, 3 * proj, 3, dtype=bf16),
         state=torch.zeros(pool, heads, d, d, dtype=f32), out=torch.zeros(m, proj, dtype=bf16), stream=None,
     )
+    if "f_b" in override:  # a weight of the middle: it travels in w
+        args["w"] = dataclasses.replace(args["w"], f_b=override.pop("f_b"))
     args.update(override)
     return args
 
 
 @pytest.mark.parametrize("override, message", [
-    (dict(g_raw=torch.zeros(3, 6 * 128, dtype=torch.float32)), "g_raw: expected dtype bfloat16"),
+    (dict(f_b=torch.zeros(768, 128)), "f_b: expected dtype bfloat16"),
     (dict(state=torch.zeros(5, 6, 128, 128, dtype=torch.bfloat16)), "state: expected dtype float32"),
     (dict(conv_state=torch.zeros(4, 3 * 768, 3, dtype=torch.bfloat16)), r"conv_state: expected shape \(5, 2304, 3\)"),
     (dict(slots=torch.arange(3, dtype=torch.int64)), "slots: expected dtype int32"),
     (dict(out=torch.zeros(2, 768, dtype=torch.bfloat16)), r"out: expected shape \(3, 768\)"),
-    (dict(projected=torch.zeros(3, 4 * 768, dtype=torch.bfloat16)), r"projected: expected shape \(3, 3206\)"),
+    (dict(projected=torch.zeros(3, 4 * 768, dtype=torch.bfloat16)), r"projected: expected shape \(3, 3208\)"),
+    (dict(projected=torch.zeros(3, 3210, dtype=torch.bfloat16)), "3210 columns, not a multiple of 8"),
 ])
 def test_host_wrapper_rejects_wrong_shapes_and_dtypes(override, message):
     with pytest.raises(ValueError, match=message):
@@ -155,6 +164,6 @@ def test_a_wider_projection_passes_the_shape_checks():
     """kda.py hands over in_proj's padded output whole: wider than projected_columns is fine (the first device check
     is what refuses these CPU tensors), narrower is not (above)."""
     wide = torch.zeros(3, padded_rows(projected_columns(6, 128)), dtype=torch.bfloat16)
-    assert wide.shape[1] == 3216
+    assert wide.shape[1] == 3216 and aligned_columns(6, 128) == 3208 and aligned_columns(12, 128) == 6288
     with pytest.raises(ValueError, match="projected: must be a CUDA tensor"):
         kda_recurrent_decode(**_cpu_args(projected=wide))

@@ -1,7 +1,7 @@
-"""kernels/kda.py's host composition on CPU: in_proj, f_b and o_proj around the recurrent launch, with stand-ins for
-the CuTe DSL launches (dense_decode: a bf16 matmul; the middle: the fp32 reference, state updated in place at the slots
-as the kernel updates it), against `reference.kda_decode_step`; in_proj's padding; and the refusal of a bad input.
-The kernels themselves: test_kda_recurrent_gpu.py, test_dense_gpu.py."""
+"""kernels/kda.py's host composition on CPU: in_proj and o_proj around the recurrent launch, with stand-ins for the
+CuTe DSL launches (dense_decode: a bf16 matmul; the middle: the fp32 reference with f_b folded in, state updated in
+place at the slots as the kernel updates it), against `reference.kda_decode_step`; in_proj's padding; and the refusal
+of a bad input. The kernels themselves: test_kda_recurrent_gpu.py, test_dense_gpu.py."""
 
 from __future__ import annotations
 
@@ -20,18 +20,20 @@ from kimi_k3_path.reference import (  # noqa: E402
     random_kda_weights,
     rel_err,
 )
+from kimi_k3_path.reference.kda import split_in_proj  # noqa: E402
 
 DIMS = KdaDims(hidden=256, heads=2, head_dim=32)
 
 
 def _reference_middle(calls):
-    def launch(projected, g_raw, w, slots, conv_state, state, out, stream, check_slots=True):
+    def launch(projected, w, slots, conv_state, state, out, stream, check_slots=True):
         calls.append(("middle", tuple(projected.shape), tuple(slots.tolist()), check_slots))
         idx = slots.long()
         # KdaKernelWeights carries the fields kda_recurrent_step reads (conv, a_log, dt_bias, o_norm) under their names;
-        # the kernel reads the first in_proj_rows columns of the padded projection.
-        o, new = kda_recurrent_step(projected[:, : DIMS.in_proj_rows], g_raw, w,
-                                    KdaState(conv_state[idx].float(), state[idx]), DIMS)
+        # the kernel reads the first in_proj_rows columns of the padded projection and folds f_b in (fp32 accumulate).
+        used = projected[:, : DIMS.in_proj_rows].float()
+        g_raw = split_in_proj(used, DIMS)[2] @ w.f_b.float().T
+        o, new = kda_recurrent_step(used, g_raw, w, KdaState(conv_state[idx].float(), state[idx]), DIMS)
         conv_state[idx] = new.conv.to(conv_state.dtype)
         state[idx] = new.recurrent
         out.copy_(o)
@@ -83,7 +85,7 @@ def test_the_attention_composes_the_gemms_around_the_middle_and_updates_only_its
                              else getattr(ref_w, f) for f in ref_w.__dataclass_fields__})
     state = KdaState(before[0][slots].float(), before[1][slots])
     ref_out, ref_state = kda_decode_step(x.float(), rounded, state, DIMS)
-    assert rel_err(out, ref_out) < 2e-2  # bf16 GEMM outputs (in_proj, f_b, o_proj) against fp32
+    assert rel_err(out, ref_out) < 2e-2  # bf16 GEMM outputs (in_proj, o_proj) against fp32
     assert rel_err(recurrent[slots], ref_state.recurrent) < 2e-2
     untouched = [s for s in range(5) if s not in slots]
     assert torch.equal(recurrent[untouched], before[1][untouched]) and torch.equal(conv[untouched], before[0][untouched])

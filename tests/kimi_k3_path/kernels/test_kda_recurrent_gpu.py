@@ -1,5 +1,5 @@
-"""GPU correctness of the KDA recurrent step kernel (kernels/kda_recurrent.py; 16 passed on the H200 at 15bb88a)
-against the fp32 reference `kimi_k3_path.reference.kda_recurrent_step` (conv_step, l2_normalize, kda_gate, delta_rule_step,
+"""GPU correctness of the KDA recurrent step kernel (kernels/kda_recurrent.py) against the fp32 reference: f_b on
+in_proj's f_a, then `kimi_k3_path.reference.kda_recurrent_step` (conv_step, l2_normalize, kda_gate, delta_rule_step,
 gated_rms_norm composed between the GEMVs; its own CPU check is the first test here and
 tests/kimi_k3_path/reference/test_kda.py), at the per-rank widths (TP8: 12 heads, TP16: 6; head dim 128) and
 M = 1, 2, 7, 64. Each batch's states live at random slots of a larger pool whose other slots hold NaN and must come
@@ -37,13 +37,16 @@ BATCHES = [1, 2, 7, 64]
 STEPS = 16
 
 
-def reference_step(projected, g_raw, w, conv_pool, rec_pool, slots, d: KdaDims):
-    """The oracle on CPU: kda_recurrent_step on the batch's slots of the pools; returns (o [M, proj] fp32, conv
-    pool, recurrent pool), new pools with the other slots as they were."""
+def reference_step(projected, w, conv_pool, rec_pool, slots, d: KdaDims):
+    """The oracle on CPU: f_b (fp32) and kda_recurrent_step on the batch's slots of the pools, from in_proj's output
+    (its first in_proj_rows columns); returns (o [M, proj] fp32, conv pool, recurrent pool), new pools with the
+    other slots as they were."""
     idx = slots.long().cpu()
     conv_pool, rec_pool = conv_pool.cpu().clone(), rec_pool.cpu().clone()
     state = KdaState(conv=conv_pool[idx].float(), recurrent=rec_pool[idx].float())
-    o, new = kda_recurrent_step(projected.cpu().float(), g_raw.cpu().float(), w, state, d)
+    used = projected.cpu().float()[:, : d.in_proj_rows]
+    g_raw = split_in_proj(used, d)[2] @ w.f_b.float().T
+    o, new = kda_recurrent_step(used, g_raw, w, state, d)
     conv_pool[idx] = new.conv.to(conv_pool.dtype)
     rec_pool[idx] = new.recurrent
     return o, conv_pool, rec_pool
@@ -67,18 +70,18 @@ def test_pool_oracle_is_the_decode_step_on_its_slots():
     conv_pool[others], rec_pool[others] = float("nan"), float("nan")
     x = torch.randn(3, d.hidden, generator=gen)
     projected = (x @ w.in_proj.T).to(torch.bfloat16)
-    g_raw = (split_in_proj(projected.float(), d)[2] @ w.f_b.T).to(torch.bfloat16)
-    o, conv_new, rec_new = reference_step(projected, g_raw, w, conv_pool, rec_pool, slots, d)
+    o, conv_new, rec_new = reference_step(projected, w, conv_pool, rec_pool, slots, d)
     # The batch's slots are the middle on the gathered states; the other slots are left as they were.
     state = KdaState(conv=conv_pool[slots.long()].float(), recurrent=rec_pool[slots.long()])
-    want_o, want = kda_recurrent_step(projected.float(), g_raw.float(), w, state, d)
+    g_raw = split_in_proj(projected.float(), d)[2] @ w.f_b.T
+    want_o, want = kda_recurrent_step(projected.float(), g_raw, w, state, d)
     assert torch.equal(o, want_o) and torch.equal(rec_new[slots.long()], want.recurrent)
     assert torch.equal(conv_new[slots.long()], want.conv.to(torch.bfloat16))
     assert torch.equal(bits(conv_new[others]), bits(conv_pool[others]))
     assert torch.equal(bits(rec_new[others]), bits(rec_pool[others]))
     # The same middle inside the full step, fp32 projections (no bf16 rounding in between): equal to the decode step.
     p32 = x @ w.in_proj.T
-    o32, _, rec32 = reference_step(p32, split_in_proj(p32, d)[2] @ w.f_b.T, w, pool.conv, pool.recurrent, slots, d)
+    o32, _, rec32 = reference_step(p32, w, pool.conv, pool.recurrent, slots, d)
     out, ref_state = kda_decode_step(x, w, KdaState(pool.conv[slots.long()], pool.recurrent[slots.long()]), d)
     assert torch.equal(o32 @ w.o_proj.T, out)
     assert torch.equal(rec32[slots.long()], ref_state.recurrent)
@@ -111,7 +114,7 @@ def make_case(tp: int, m: int, gen) -> Case:
     # The middle reads no hidden-sized weight: build the rest at hidden=1.
     ref = random_kda_weights(dataclasses.replace(d, hidden=1), gen)
     kw = prepare_kda_weights(ref, d, "cuda")
-    w = dataclasses.replace(ref, conv=kw.conv.float().cpu())
+    w = dataclasses.replace(ref, conv=kw.conv.float().cpu(), f_b=kw.f_b.float().cpu())
     pool = 2 * m + 3
     state = random_kda_state(d, pool, gen)
     order = torch.randperm(pool, generator=gen)
@@ -122,21 +125,23 @@ def make_case(tp: int, m: int, gen) -> Case:
 
 
 def inputs(case: Case, m: int, gen):
-    """in_proj's output row and f_b's output per sequence, bf16 (standard normal: the scale of a projection of a
-    normed input)."""
+    """in_proj's output row per sequence, bf16 (standard normal: the scale of a projection of a normed input), its
+    alignment padding (the columns past in_proj_rows) NaN: the launch must not read it."""
+    from kimi_k3_path.kernels.kda_recurrent import aligned_columns
+
     d = case.d
-    projected = torch.randn(m, d.in_proj_rows, generator=gen).to(torch.bfloat16)
-    g_raw = torch.randn(m, d.proj, generator=gen).to(torch.bfloat16)
-    return projected, g_raw
+    projected = torch.full((m, aligned_columns(d.heads, d.head_dim)), float("nan")).to(torch.bfloat16)
+    projected[:, : d.in_proj_rows] = torch.randn(m, d.in_proj_rows, generator=gen)
+    return projected
 
 
-def run_kernel(case: Case, projected, g_raw, check_slots: bool = True):
+def run_kernel(case: Case, projected, check_slots: bool = True):
     """One launch on fresh GPU copies of the inputs, the output poisoned first; returns the output."""
     from kimi_k3_path.kernels.kda_recurrent import kda_recurrent_decode
 
     m = projected.shape[0]
     out = torch.full((m, case.d.proj), float("nan"), device="cuda", dtype=torch.bfloat16)
-    kda_recurrent_decode(projected.cuda(), g_raw.cuda(), case.kw, case.slots, case.conv_pool, case.rec_pool, out,
+    kda_recurrent_decode(projected.cuda(), case.kw, case.slots, case.conv_pool, case.rec_pool, out,
                          torch.cuda.current_stream(), check_slots=check_slots)
     torch.cuda.synchronize()
     return out
@@ -161,9 +166,9 @@ def assert_step_matches(case: Case, out, ref_o, ref_conv, ref_rec, rows=None):
 def test_kda_recurrent_matches_reference(tp, m, seed):
     gen = torch.Generator().manual_seed(seed)
     case = make_case(tp, m, gen)
-    projected, g_raw = inputs(case, m, gen)
-    ref = reference_step(projected, g_raw, case.w, case.conv_pool, case.rec_pool, case.slots, case.d)
-    out = run_kernel(case, projected, g_raw)
+    projected = inputs(case, m, gen)
+    ref = reference_step(projected, case.w, case.conv_pool, case.rec_pool, case.slots, case.d)
+    out = run_kernel(case, projected)
     assert_step_matches(case, out, *ref)
 
 
@@ -177,9 +182,9 @@ def test_sixteen_steps_carried_through_the_state_do_not_drift(tp, m, seed):
     case = make_case(tp, m, gen)
     ref_conv, ref_rec = case.conv_pool.cpu(), case.rec_pool.cpu()
     for step in range(STEPS):
-        projected, g_raw = inputs(case, m, gen)
-        ref_o, ref_conv, ref_rec = reference_step(projected, g_raw, case.w, ref_conv, ref_rec, case.slots, case.d)
-        out = run_kernel(case, projected, g_raw)
+        projected = inputs(case, m, gen)
+        ref_o, ref_conv, ref_rec = reference_step(projected, case.w, ref_conv, ref_rec, case.slots, case.d)
+        out = run_kernel(case, projected)
         try:
             assert_step_matches(case, out, ref_o, ref_conv, ref_rec)
         except AssertionError as e:
@@ -195,11 +200,11 @@ def test_nan_and_inf_stay_in_their_sequence(tp, seed):
     gen = torch.Generator().manual_seed(seed)
     case = make_case(tp, m, gen)
     d = case.d
-    projected, g_raw = inputs(case, m, gen)
+    projected = inputs(case, m, gen)
     projected[nan_seq, d.proj + 3] = float("nan")  # k, head 0
     projected[inf_seq, 2 * d.proj + d.head_dim + 5] = float("inf")  # v, head 1
-    ref = reference_step(projected, g_raw, case.w, case.conv_pool, case.rec_pool, case.slots, case.d)
-    out = run_kernel(case, projected, g_raw)
+    ref = reference_step(projected, case.w, case.conv_pool, case.rec_pool, case.slots, case.d)
+    out = run_kernel(case, projected)
     clean = [t for t in range(m) if t not in (nan_seq, inf_seq)]
     assert_step_matches(case, out, *ref, rows=clean)
     rec = case.rec_pool.cpu()
@@ -217,11 +222,11 @@ def test_a_slot_outside_the_pool_touches_nothing(seed):
     m, kept = 4, [0, 2, 3]
     gen = torch.Generator().manual_seed(seed)
     case = make_case(16, m, gen)
-    projected, g_raw = inputs(case, m, gen)
+    projected = inputs(case, m, gen)
     skipped = case.slots[1:2].cpu().long()
-    ref = reference_step(projected[kept], g_raw[kept], case.w, case.conv_pool, case.rec_pool, case.slots[kept], case.d)
+    ref = reference_step(projected[kept], case.w, case.conv_pool, case.rec_pool, case.slots[kept], case.d)
     case.slots[1] = -1
-    out = run_kernel(case, projected, g_raw, check_slots=False)
+    out = run_kernel(case, projected, check_slots=False)
     assert (out[1] == 0).all()
     # Against the oracle of the other three: the padded sequence's own slot is one the launch must leave alone.
     three = dataclasses.replace(case, slots=case.slots[kept], others=torch.cat([case.others, skipped]))
@@ -232,8 +237,8 @@ def test_a_slot_outside_the_pool_touches_nothing(seed):
 def test_wrapper_reads_the_slots_and_rejects_shared_or_out_of_range_ones(seed):
     gen = torch.Generator().manual_seed(seed)
     case = make_case(16, 3, gen)
-    projected, g_raw = inputs(case, 3, gen)
+    projected = inputs(case, 3, gen)
     for bad, message in (([0, 4, 0], "used by more than one sequence"), ([0, 9, 2], "outside the pool")):
         case.slots = torch.tensor(bad, dtype=torch.int32, device="cuda")
         with pytest.raises(ValueError, match=message):
-            run_kernel(case, projected, g_raw)
+            run_kernel(case, projected)
