@@ -144,6 +144,7 @@ class AttnResMix:
         norm_words = load(res_norm.iterator.toint(), fresh=False)
         proj_words = load(res_proj.iterator.toint(), fresh=False)
         gamma_words = load(out_norm.iterator.toint(), fresh=False)
+        cute.arch.griddepcontrol_launch_dependents()  # the next launch (e.g. in_proj, dense.py) waits for us
         cute.arch.griddepcontrol_wait()  # the stream and the input are the previous launches' outputs
 
         token = Int64(m) * row_bytes

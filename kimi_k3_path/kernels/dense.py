@@ -15,7 +15,11 @@ rotated copies; a pure read of the same weight in the same run as the yardstick)
 N must be a multiple of 16 for the tensor-core form (a caller pads the weight with zero rows: KDA's in_proj has 6284
 rows at TP8 and 3206 at TP16) and of 2 at one token; K a multiple of 32.
 
-No programmatic dependent launch: its neighbours are torch and cuBLAS launches, which neither trigger early nor wait.
+Programmatic dependent launch on both sides: launched early behind the launch before (in the KDA layer: AttnRes,
+or the recurrent middle before o_proj), it lets the next launch in at once (griddepcontrol.launch_dependents, which
+takes effect when the last of its CTAs has started) and waits (griddepcontrol.wait) before its first load of x and
+its first store; x is then read by plain loads (ld_fresh_v4), as data a launch still running at this one's start
+wrote. Behind a torch or cuBLAS launch, which never triggers early, it starts as any launch would.
 """
 
 from __future__ import annotations
@@ -68,19 +72,21 @@ class DenseDecode:
     @cute.jit
     def __call__(self, x, w, y, stream: cuda.CUstream):
         self.kernel(x, w, y, x.shape[0]).launch(grid=[self.ctas(), 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1],
-                                                smem=self.smem_bytes(), stream=stream)
+                                                smem=self.smem_bytes(), stream=stream, use_pdl=True)
 
     @cute.kernel
     def kernel(self, x, w, y, m_count: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         smem = cutlass.memory.SmemAllocator()
+        cute.arch.griddepcontrol_launch_dependents()
+        cute.arch.griddepcontrol_wait()  # x is the launch before's output; y may be what it still reads
         if cutlass.const_expr(uses_tensor_cores(self.mt)):
             mma_rows_part(x, w, y, alloc_tile_scratch(smem, self.mt), bidx, tidx, m_count, self.k, self.mt,
-                          DEFAULT_WEIGHT_LOAD, chunks_in_flight(self.mt))
+                          DEFAULT_WEIGHT_LOAD, chunks_in_flight(self.mt), True)
         else:
             gemv_part(x, w, y, alloc_scratch(smem), bidx, tidx // WARP, tidx % WARP, m_count, self.k, FRONT_DOWN_SPLIT,
-                      self.mt, DEFAULT_WEIGHT_LOAD)
+                      self.mt, DEFAULT_WEIGHT_LOAD, True)
 
 
 def fake_args(n: int, k: int, m=None) -> tuple:

@@ -206,15 +206,18 @@ def gemv_part(
     split: cutlass.Constexpr,
     mt: cutlass.Constexpr,
     hint: cutlass.Constexpr,
+    fresh: cutlass.Constexpr = False,
 ):
-    """CTA `cta` of y = x @ w^T: rows cta*(8/split) .. +8/split."""
+    """CTA `cta` of y = x @ w^T: rows cta*(8/split) .. +8/split (fresh: x was written by a launch still running when
+    this one started, as dot_slice says)."""
     part = warp % split
     row = cta * (WARPS_PER_CTA // split) + warp // split
     n_vec: cutlass.Constexpr = k // BF16_PER_VEC // split
     row_addr = w.iterator.toint() + Int64(row) * (k * 2)
     for m_first in cutlass.range(0, m_count, mt, unroll=1):
         acc = zero_acc(1, mt)
-        dot_slice(acc, [row_addr], x.iterator.toint(), part * n_vec, lane, m_first, m_count, 0, k, n_vec, mt, hint)
+        dot_slice(acc, [row_addr], x.iterator.toint(), part * n_vec, lane, m_first, m_count, 0, k, n_vec, mt, hint,
+                  fresh)
         split_k_reduce(acc, scratch, warp, lane, split, 1, mt)
         if lane == 0 and part == 0:
             for mi in cutlass.range_constexpr(mt):

@@ -247,6 +247,7 @@ class KdaRecurrent:
         channel = tidx - GATE_WARP * WARP  # of the gate warps' threads
         row_smem = gate_rows.iterator.toint() + channel * (self.d * 2)
         slot = slots[m]
+        cute.arch.griddepcontrol_launch_dependents()  # o_proj's launch (dense.py) takes its places and waits for us
         if slot >= 0 and slot < pool:
             rows = self.load_rows(state, slot, head, warp, lane)
             if warp >= GATE_WARP:

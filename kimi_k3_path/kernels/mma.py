@@ -184,16 +184,17 @@ def mma_rows_part(
     mt: cutlass.Constexpr,
     hint: cutlass.Constexpr,
     in_flight: cutlass.Constexpr = 0,
+    fresh: cutlass.Constexpr = False,
 ):
-    """CTA `cta` of y = x @ w^T on the tensor cores: rows 16*cta .. 16*cta + 15 for every token (in_flight: as
-    mma_segment)."""
+    """CTA `cta` of y = x @ w^T on the tensor cores: rows 16*cta .. 16*cta + 15 for every token (in_flight and
+    fresh: as mma_segment)."""
     tiles: cutlass.Constexpr = mt // TILE_TOKENS
     lane = tidx % WARP
     row0 = cta * MMA_ROWS
     row_addr = w.iterator.toint() + Int64(row0 + lane // 4) * (k * 2)
     acc = zero_tiles(tiles)
     mma_segment(acc, row_addr, row_addr + Int64(8 * k * 2), x.iterator.toint(), tidx // WARP, lane, m_count, k, tiles,
-                hint, False, in_flight)
+                hint, fresh, in_flight)
     reduce_tiles(acc, scratch, tidx, tiles)
     store_rows(scratch, y, row0, tidx, m_count, mt)
 
