@@ -173,11 +173,30 @@ class ChangedPathTestsSettings(_Strict):
     exclude_paths: tuple[Glob, ...] = ("tests/**", "**/tests/**", "**/test_*.py", "**/conftest.py")
 
 
+class AxisExemption(_Strict):
+    """Required rows whose axes match `where` (each named axis at one of its listed values) need one row at any value
+    of the `ignore` axes instead of one at each: a layer whose cost an axis does not move (a KDA layer reads no KV
+    cache, so the context length does not change it). `reason` is shown in the report."""
+
+    where: dict[str, tuple[Any, ...]] = Field(min_length=1)
+    ignore: tuple[str, ...] = Field(min_length=1)
+    reason: str = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AxisExemption:
+        if empty := [axis for axis, values in self.where.items() if not values]:
+            raise ValueError(f"where lists no value for {empty}: such an exemption matches no row")
+        if both := sorted(set(self.where) & set(self.ignore)):
+            raise ValueError(f"{both} both select the rows (where) and are ignored in them (ignore)")
+        return self
+
+
 class PerfMatrixSettings(_Strict):
     enabled: bool = True
     evidence_globs: tuple[Glob, ...] = ()     # files in the PR holding perf evidence
     body_fence: str = "gatekeeper-perf"      # ```gatekeeper-perf fenced JSON in the PR body
     extra_axes: dict[str, tuple[Any, ...]] = Field(default_factory=dict)  # e.g. layer: [kda_moe, mla_moe]
+    axis_exemptions: tuple[AxisExemption, ...] = ()  # rows needed at one value of an axis, not each (AxisExemption)
     metric: str = "latency"
     min_runs: int = Field(default=10, ge=1)
     max_spread_pct: float = Field(default=10.0, gt=0)

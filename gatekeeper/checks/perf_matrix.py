@@ -1,7 +1,8 @@
 """perf_matrix: performance evidence covers every deployment the support matrix admits, and shows no regression.
 
 Required rows are the product of the support matrix axes (recorded by the collector) and the policy's
-`extra_axes`. Evidence comes from the collector's artifact (trusted), files in the PR matching
+`extra_axes`, less the axes an `axis_exemptions` entry ignores in the rows it selects (one row at any value of
+them). Evidence comes from the collector's artifact (trusted), files in the PR matching
 `evidence_globs` and fenced blocks in the PR body (self-reported). For every required row the check demands a
 baseline from the same run, enough runs, a bounded spread and no regression beyond the policy's threshold; the
 evidence must be measured at the PR head or an ancestor within `commit_window`.
@@ -18,7 +19,7 @@ from gatekeeper.checks import CheckContext
 from gatekeeper.errors import InputError
 from gatekeeper.evidence import AxisValue, Origin, PerfRow, PerfSubmission, parse_perf_evidence
 from gatekeeper.paths import matches_any
-from gatekeeper.policy import PerfMatrixSettings
+from gatekeeper.policy import AxisExemption, PerfMatrixSettings
 from gatekeeper.verdict import CheckResult, Finding, Severity, Status
 
 CHECK_ID = "perf_matrix"
@@ -48,6 +49,9 @@ def run(ctx: CheckContext) -> CheckResult:
     axes, axes_problem = required_axes(ctx, settings)
     if axes_problem is not None:
         findings.append(Finding(message=axes_problem))
+    exemptions = settings.axis_exemptions
+    if axes is not None:
+        findings += [Finding(message=problem) for problem in exemption_problems(axes, exemptions)]
     parse_errors = [f for f in findings if f.severity is Severity.error]
     if axes is None or not submissions:
         details = {}
@@ -55,8 +59,9 @@ def run(ctx: CheckContext) -> CheckResult:
             why = "the support matrix axes are unknown (not recorded by `gatekeeper collect`, and no extra_axes)"
         else:
             # Show the author every row to measure.
-            gaps = [v for combo in required_rows(axes) for v in row_verdicts(combo, [], settings)]
-            details = {"axes": {n: list(vs) for n, vs in axes.items()}, "rows": [_row_detail(v) for v in gaps]}
+            gaps = [v for combo in required_rows(axes, exemptions) for v in row_verdicts(combo, [], settings)]
+            details = {"axes": {n: list(vs) for n, vs in axes.items()}, "rows": [_row_detail(v) for v in gaps],
+                       **_exemption_details(exemptions)}
             why = f"no performance evidence (collector artifact, PR file or PR body block) for the {len(gaps)} required row(s)"
         status = Status.failed if parse_errors else Status.neutral
         return _result(status, ("Failed" if parse_errors else "Not decided") + f": {why}.", findings, details)
@@ -65,7 +70,7 @@ def run(ctx: CheckContext) -> CheckResult:
     allowed = _allowed_commits(ctx, head, settings)
     used: set[int] = set()
     verdicts = []
-    for combo in required_rows(axes):
+    for combo in required_rows(axes, exemptions):
         for verdict in row_verdicts(combo, submissions, settings):
             if verdict.source is not None:
                 used.add(id(verdict.source))
@@ -97,6 +102,7 @@ def run(ctx: CheckContext) -> CheckResult:
     details = {
         "axes": {name: list(values) for name, values in axes.items()},
         "rows": [_row_detail(v) for v in verdicts],
+        **_exemption_details(exemptions),
     }
     errors = [f for f in findings if f.severity is Severity.error]
     if errors:
@@ -192,9 +198,48 @@ def required_axes(ctx: CheckContext, settings: PerfMatrixSettings) -> tuple[dict
     return (extra or None), None
 
 
-def required_rows(axes: dict[str, tuple[Any, ...]]) -> list[dict[str, Any]]:
+def required_rows(axes: dict[str, tuple[Any, ...]], exemptions: tuple[AxisExemption, ...] = ()) -> list[dict[str, Any]]:
+    """Every combination of the axes' values, less the axes the first exemption selecting it ignores (the
+    combinations that then coincide are one row)."""
     names = list(axes)
-    return [dict(zip(names, values)) for values in itertools.product(*(axes[n] for n in names))]
+    rows: list[dict[str, Any]] = []
+    for values in itertools.product(*(axes[n] for n in names)):
+        combo = dict(zip(names, values))
+        exemption = next((e for e in exemptions if _selects(e, combo)), None)
+        if exemption is not None:
+            combo = {name: value for name, value in combo.items() if name not in exemption.ignore}
+        if combo not in rows:
+            rows.append(combo)
+    return rows
+
+
+def _selects(exemption: AxisExemption, combo: dict[str, Any]) -> bool:
+    return all(str(combo.get(axis)) in {str(v) for v in values} for axis, values in exemption.where.items())
+
+
+def exemption_problems(axes: dict[str, tuple[Any, ...]], exemptions: tuple[AxisExemption, ...]) -> list[str]:
+    """What in `axis_exemptions` cannot apply to these axes: an exemption naming an axis or a value the required
+    rows do not have would silently exempt nothing (a typo), so each is an error."""
+    problems = []
+    for index, exemption in enumerate(exemptions):
+        where = f"axis_exemptions[{index}]"
+        for axis in [*exemption.where, *exemption.ignore]:
+            if axis not in axes:
+                problems.append(f"{where} names the axis {axis!r}, which the required rows do not have "
+                                f"(they have {', '.join(axes)})")
+        for axis, values in exemption.where.items():
+            known = {str(v) for v in axes.get(axis, ())}
+            if axis in axes and (unknown := [v for v in values if str(v) not in known]):
+                problems.append(f"{where} selects {axis} {unknown}, which no required row has "
+                                f"({axis}: {', '.join(map(str, axes[axis]))})")
+    return problems
+
+
+def _exemption_details(exemptions: tuple[AxisExemption, ...]) -> dict[str, Any]:
+    if not exemptions:
+        return {}
+    return {"exemptions": [{"where": {a: list(vs) for a, vs in e.where.items()}, "ignore": list(e.ignore),
+                            "reason": e.reason} for e in exemptions]}
 
 
 def row_verdicts(combo: dict[str, Any], submissions: list[PerfSubmission], settings: PerfMatrixSettings) -> list[RowVerdict]:

@@ -51,7 +51,8 @@ def _perf_table(details: dict[str, Any]) -> str:
     header = [*axis_names, *more_names, "baseline", "candidate", "speedup", "floor", "runs", "spread", ""]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for d in rows:
-        cells = [str(d["axes"][name]) for name in axis_names] + [str(d["axes"].get(name, "–")) for name in more_names]
+        # A required axis is absent only where an axis exemption lets any of its values stand for the row.
+        cells = [str(d["axes"].get(name, "any")) for name in axis_names] + [str(d["axes"].get(name, "–")) for name in more_names]
         if d["candidate"] is None:  # no evidence measured this row
             cells += ["–", "–", "–", "–", "–", "–", "❌ gap"]
         else:
@@ -66,6 +67,9 @@ def _perf_table(details: dict[str, Any]) -> str:
                 "✅" if not d["problems"] else "❌ " + "; ".join(d["problems"]).replace("|", "/"),
             ]
         lines.append("| " + " | ".join(cells) + " |")
+    for e in details.get("exemptions", ()):
+        selected = "; ".join(f"{axis} {', '.join(map(str, values))}" for axis, values in e["where"].items())
+        lines.append(f"\nRows with {selected}: one row at any {', '.join(e['ignore'])} stands for all ({e['reason']}).")
     return "\n".join(lines)
 
 

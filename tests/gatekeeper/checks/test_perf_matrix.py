@@ -233,3 +233,80 @@ def test_support_matrix_that_could_not_be_read_fails():
 def test_fenced_blocks():
     body = "a\n~~~gatekeeper-perf\n{}\n~~~\n```python\nx\n```\n```gatekeeper-perf\n[1]\n```"
     assert fenced_blocks(body, "gatekeeper-perf") == [(2, "{}"), (8, "[1]")]
+
+
+EXEMPT = """    axis_exemptions:
+      - where: {layer: [kda]}
+        ignore: [context]
+        reason: KDA reads no KV cache
+"""
+
+
+def exempt_check(doc, exemptions=EXEMPT, axes=None):
+    text = POLICY.format(trusted="[]", window=0, counts="all") + exemptions
+    policy = load_policy_text(text.replace("extra_axes: {layer: [kda]}", "extra_axes: {layer: [kda, mla]}"), "policy.yaml")
+    support = SupportAxes(origin=TRUSTED, source="tiny.support:MATRIX", axes=axes or {"tp": (8,), "context": (4096, 32768)})
+    evidence = Evidence(head=HeadInfo(sha=HEAD, ancestors=()), support_axes=support,
+                        perf=(PerfSubmission(origin=TRUSTED, evidence=PerfEvidence.model_validate(doc)),))
+    return run(CheckContext(policy, ChangeSet(source="git", files=(), head_sha=HEAD), Provenance(), Mode.strict, evidence))
+
+
+def layer_row(layer, context, candidate=10.0):
+    r = row(8, 1, candidate=candidate)
+    r["axes"] = {"tp": 8, "context": context, "layer": layer}
+    return r
+
+
+def test_an_axis_exemption_needs_one_row_at_any_value_of_the_ignored_axis():
+    # mla needs both contexts; kda one row at either.
+    rows = [layer_row("kda", 4096), layer_row("mla", 4096), layer_row("mla", 32768)]
+    result = exempt_check(perf(rows))
+    assert result.status is Status.passed, errors(result)
+    assert [r["axes"] for r in result.details["rows"]] == [
+        {"tp": 8, "layer": "kda", "context": 4096}, {"tp": 8, "context": 4096, "layer": "mla"},
+        {"tp": 8, "context": 32768, "layer": "mla"}]
+    assert result.details["exemptions"] == [{"where": {"layer": ["kda"]}, "ignore": ["context"],
+                                              "reason": "KDA reads no KV cache"}]
+    table = details_table(result)
+    assert "Rows with layer kda: one row at any context stands for all (KDA reads no KV cache)." in table
+    # Without the exemption the same evidence misses kda at 32768; mla at 32768 is never exempt.
+    plain = exempt_check(perf(rows), exemptions="")
+    assert errors(plain) == ["tp=8, context=32768, layer=kda: missing: no evidence measured this row"]
+    gap = exempt_check(perf(rows[:2]))
+    assert errors(gap) == ["tp=8, context=32768, layer=mla: missing: no evidence measured this row"]
+    # A missing exempt row shows `any` for the ignored axis.
+    missing = exempt_check(perf(rows[1:]))
+    assert errors(missing) == ["tp=8, layer=kda: missing: no evidence measured this row"]
+    assert "| 8 | any | kda | – | – |" in details_table(missing)
+
+
+def test_every_row_measured_at_an_ignored_axis_is_judged():
+    rows = [layer_row("kda", 4096), layer_row("kda", 32768, candidate=20.0), layer_row("mla", 4096),
+            layer_row("mla", 32768)]
+    assert errors(exempt_check(perf(rows))) == [
+        "tp=8, layer=kda, context=32768: regression: the candidate is 66.7% slower than the baseline (allowed 2%)"]
+
+
+def test_an_exemption_that_cannot_apply_is_an_error_not_a_silent_no_op():
+    rows = [layer_row(layer, c) for layer in ("kda", "mla") for c in (4096, 32768)]
+    typo = EXEMPT.replace("ignore: [context]", "ignore: [contxt]").replace("[kda]", "[kda, gdn]")
+    result = exempt_check(perf(rows), exemptions=typo)
+    assert result.status is Status.failed
+    assert errors(result) == [
+        "axis_exemptions[0] names the axis 'contxt', which the required rows do not have (they have tp, context, layer)",
+        "axis_exemptions[0] selects layer ['gdn'], which no required row has (layer: kda, mla)"]
+
+
+def test_an_exemption_must_select_rows_and_ignore_other_axes():
+    import pytest
+
+    from gatekeeper.errors import InputError
+
+    base = POLICY.format(trusted="[]", window=0, counts="all")
+    for bad, message in [
+        ("      - where: {layer: [kda]}\n        ignore: [layer]\n        reason: r\n", "both select the rows"),
+        ("      - where: {layer: []}\n        ignore: [context]\n        reason: r\n", "where lists no value"),
+        ("      - where: {layer: [kda]}\n        ignore: [context]\n", "reason"),
+    ]:
+        with pytest.raises(InputError, match=message):
+            load_policy_text(base + "    axis_exemptions:\n" + bad, "policy.yaml")
