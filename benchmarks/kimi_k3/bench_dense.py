@@ -20,22 +20,17 @@ reads as "how close to a pure read" (target 1/1.15), candidate/floor as "how clo
 from __future__ import annotations
 
 import argparse
-import secrets
 import sys
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
+from benchmarks.kimi_k3 import kernel_bench
 from benchmarks.kimi_k3.bench_ceiling import fastest_read, rotation, timing
+from benchmarks.kimi_k3.kernel_bench import BenchError
 
 PROJECTIONS = ("in_proj", "o_proj", "f_b")
 TARGET = 1.15  # the issue's bound on candidate / (reading the same bytes once)
 TOLERANCE = 1e-2  # per token row, as tests/kimi_k3_path/kernels/test_dense_gpu.py's OUT_TOL (reasons there)
-
-
-class BenchError(RuntimeError):
-    """A run that cannot give trustworthy numbers (a failed correctness check)."""
 
 
 def shape(tp: int, projection: str) -> tuple[int, int]:
@@ -48,29 +43,13 @@ def shape(tp: int, projection: str) -> tuple[int, int]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from benchmarks.kimi_k3.bench import _choice_list, _int_list
-    from kimi_k3_path.support import SUPPORT_MATRIX
+    from benchmarks.kimi_k3.bench import _choice_list
 
     p = argparse.ArgumentParser(prog="python -m benchmarks.kimi_k3.bench_dense", description=__doc__.split("\n\n")[0])
-    p.add_argument("--tp", type=_int_list, default=(8, 16), help="comma list; the support matrix's TPs")
-    p.add_argument("--batch", type=_int_list, default=(1, 8, 64), help="decode batches M (comma list)")
+    kernel_bench.add_arguments(p)
     p.add_argument("--projection", type=_choice_list(PROJECTIONS, "projection(s)"), default=PROJECTIONS,
                    help=f"comma list of {', '.join(PROJECTIONS)}")
-    p.add_argument("--replays", type=int, default=100, help="timed CUDA graph replays per variant")
-    p.add_argument("--out", type=Path, required=True, help="write the PerfEvidence JSON here")
-    p.add_argument("--commit", help="the commit measured (default: git rev-parse HEAD)")
-    p.add_argument("--seed", type=int, help="random inputs' seed (default: a fresh one, printed and noted)")
-    args = p.parse_args(argv)
-    if bad := [tp for tp in args.tp if tp not in SUPPORT_MATRIX.tp]:
-        p.error(f"--tp {bad}: the support matrix admits {', '.join(map(str, SUPPORT_MATRIX.tp))}")
-    if bad := [m for m in args.batch if not 1 <= m <= SUPPORT_MATRIX.max_batch]:
-        p.error(f"--batch {bad}: the decode path takes 1..{SUPPORT_MATRIX.max_batch} sequences")
-    if args.replays < 1:
-        p.error(f"--replays {args.replays} must be at least 1")
-    if args.seed is None:
-        args.seed = secrets.randbits(31)
-    args.command = " ".join(["python -m benchmarks.kimi_k3.bench_dense", *(sys.argv[1:] if argv is None else argv)])
-    return args
+    return kernel_bench.parse(p, argv)
 
 
 @dataclass
@@ -119,7 +98,7 @@ def max_token_error(y, want, where: str) -> float:
     return worst
 
 
-def measure(m: int, n: int, k: int, replays: int, gen) -> dict:
+def measure_projection(m: int, n: int, k: int, replays: int, gen) -> dict:
     """Check dense_decode, then time it and cuBLAS over the same rotated copies."""
     import torch
 
@@ -174,17 +153,10 @@ def print_row(row: dict, got: dict, n: int, k: int) -> None:
           f"{dense / read:>10.3f} {dense / row['floor']:>11.3f} {cublas / dense:>12.3f}", flush=True)
 
 
-def run(args: argparse.Namespace) -> Any:
-    import cutlass
+def measure(args: argparse.Namespace, arch: str, gen) -> list:
+    """Every configuration of args, checked then timed: the rows, printed as they come."""
     import torch
 
-    from benchmarks.kimi_k3.bench import current_commit, hardware, software
-    from gatekeeper.evidence import PerfEvidence
-
-    hw = hardware("cuda")
-    commit, created = current_commit(args.commit), datetime.now(timezone.utc)
-    print(f"seed {args.seed} (replay with --seed {args.seed})", flush=True)
-    gen = torch.Generator(device="cuda").manual_seed(args.seed)
     print(HEADER, flush=True)
     reads: dict[int, dict] = {}
     rows = []
@@ -192,34 +164,17 @@ def run(args: argparse.Namespace) -> Any:
         for projection in args.projection:
             n, k = shape(tp, projection)
             for m in args.batch:
-                got = measure(m, n, k, args.replays, gen)
+                got = measure_projection(m, n, k, args.replays, gen)
                 torch.cuda.empty_cache()
                 if n * k * 2 not in reads:
                     reads[n * k * 2] = fastest_read(n * k * 2, args.replays, gen)
-                rows.append(perf_row(hw["arch"], tp, projection, m, n, k, got, reads[n * k * 2], args.seed))
+                rows.append(perf_row(arch, tp, projection, m, n, k, got, reads[n * k * 2], args.seed))
                 print_row(rows[-1], got, n, k)
-    return PerfEvidence(commit=commit, command=args.command, created=created, hardware=hw,
-                        software={**software(), "nvidia-cutlass-dsl": cutlass.__version__}, rows=tuple(rows))
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    import torch
-
-    from benchmarks.kimi_k3.bench import BenchError as HarnessError
-
-    if not torch.cuda.is_available():
-        print("bench_dense: no CUDA GPU here; this benchmark runs on the H200", file=sys.stderr)
-        return 2
-    try:
-        evidence = run(args)
-    except (BenchError, HarnessError) as exc:
-        print(f"bench_dense: error: {exc}", file=sys.stderr)
-        return 1
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(evidence.model_dump_json(indent=2) + "\n")
-    print(f"wrote {len(evidence.rows)} rows to {args.out}")
-    return 0
+    return kernel_bench.main("bench_dense", parse_args(argv), measure)
 
 
 if __name__ == "__main__":

@@ -25,14 +25,13 @@ baseline/candidate then reads as "how close to a pure read", candidate/floor as 
 from __future__ import annotations
 
 import argparse
-import secrets
 import sys
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
+from benchmarks.kimi_k3 import kernel_bench
 from benchmarks.kimi_k3.bench_ceiling import fastest_read, rotation, timing
+from benchmarks.kimi_k3.kernel_bench import BenchError
 
 LAYER = "mla_attention"
 TARGET = 1.2  # the issue's bound on candidate / (reading the cache once)
@@ -40,10 +39,6 @@ TOLERANCE = 1e-2  # per output row, as tests/kimi_k3_path/kernels/test_mla_atten
 CHECKED_SEQUENCES = 8  # the fp32 oracle reads every row of a checked sequence on the host: bound its cost
 SPARE_PAGES = 1  # a NaN page in each pool that no sequence uses
 MAX_DEVICE_BYTES = 40e9  # per configuration, of the H200's 139 GiB
-
-
-class BenchError(RuntimeError):
-    """A run that cannot give trustworthy numbers (a failed correctness check)."""
 
 
 # --- shapes and bytes (host only) --------------------------------------------------------------------------------
@@ -92,24 +87,12 @@ def checked_sequences(m: int, limit: int = CHECKED_SEQUENCES) -> list[int]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from benchmarks.kimi_k3.bench import _int_list
-    from kimi_k3_path.support import SUPPORT_MATRIX
 
     p = argparse.ArgumentParser(prog="python -m benchmarks.kimi_k3.bench_mla", description=__doc__.split("\n\n")[0])
-    p.add_argument("--tp", type=_int_list, default=(8, 16), help="comma list; the support matrix's TPs")
-    p.add_argument("--batch", type=_int_list, default=(1, 8, 64), help="decode batches M (comma list)")
+    kernel_bench.add_arguments(p)
     p.add_argument("--context", type=_int_list, default=(4096, 32768),
                    help="tokens in each sequence's cache before this step (comma list)")
-    p.add_argument("--replays", type=int, default=100, help="timed CUDA graph replays per variant")
-    p.add_argument("--out", type=Path, required=True, help="write the PerfEvidence JSON here")
-    p.add_argument("--commit", help="the commit measured (default: git rev-parse HEAD)")
-    p.add_argument("--seed", type=int, help="random inputs' seed (default: a fresh one, printed and noted)")
-    args = p.parse_args(argv)
-    if bad := [tp for tp in args.tp if tp not in SUPPORT_MATRIX.tp]:
-        p.error(f"--tp {bad}: the support matrix admits {', '.join(map(str, SUPPORT_MATRIX.tp))}")
-    if bad := [m for m in args.batch if m > SUPPORT_MATRIX.max_batch]:
-        p.error(f"--batch {bad}: the decode path takes 1..{SUPPORT_MATRIX.max_batch} sequences")
-    if args.replays < 1:
-        p.error(f"--replays {args.replays} must be at least 1")
+    args = kernel_bench.parse(p, argv)
     for m in args.batch:
         for context in args.context:
             need = peak_device_bytes(m, context)
@@ -117,9 +100,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 p.error(f"--batch {m} --context {context} needs about {need / 1e9:.1f} GB of GPU memory "
                         f"({rotation(cache_bytes(m, context))} copies), over the {MAX_DEVICE_BYTES / 1e9:.0f} "
                         "GB this bench allows itself")
-    if args.seed is None:
-        args.seed = secrets.randbits(31)
-    args.command = " ".join(["python -m benchmarks.kimi_k3.bench_mla", *(sys.argv[1:] if argv is None else argv)])
     return args
 
 
@@ -266,17 +246,10 @@ def print_row(row: dict, kernel: dict) -> None:
           flush=True)
 
 
-def run(args: argparse.Namespace) -> Any:
-    import cutlass
+def measure(args: argparse.Namespace, arch: str, gen) -> list:
+    """Every configuration of args, checked then timed: the rows, printed as they come."""
     import torch
 
-    from benchmarks.kimi_k3.bench import current_commit, hardware, software
-    from gatekeeper.evidence import PerfEvidence
-
-    hw = hardware("cuda")
-    commit, created = current_commit(args.commit), datetime.now(timezone.utc)
-    print(f"seed {args.seed} (replay with --seed {args.seed})", flush=True)
-    gen = torch.Generator(device="cuda").manual_seed(args.seed)
     print(HEADER, flush=True)
     reads: dict[int, dict] = {}  # the yardstick depends on the bytes only, which every TP shares
     rows = []
@@ -289,30 +262,13 @@ def run(args: argparse.Namespace) -> Any:
                 nbytes = cache_bytes(m, context)
                 if nbytes not in reads:
                     reads[nbytes] = fastest_read(nbytes, args.replays, gen)
-                rows.append(perf_row(hw["arch"], tp, m, context, d.heads, kernel, reads[nbytes], args.seed))
+                rows.append(perf_row(arch, tp, m, context, d.heads, kernel, reads[nbytes], args.seed))
                 print_row(rows[-1], kernel)
-    return PerfEvidence(commit=commit, command=args.command, created=created, hardware=hw,
-                        software={**software(), "nvidia-cutlass-dsl": cutlass.__version__}, rows=tuple(rows))
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    import torch
-
-    from benchmarks.kimi_k3.bench import BenchError as HarnessError  # e.g. no git to name the commit
-
-    if not torch.cuda.is_available():
-        print("bench_mla: no CUDA GPU here; this benchmark runs on the H200", file=sys.stderr)
-        return 2
-    try:
-        evidence = run(args)
-    except (BenchError, HarnessError) as exc:
-        print(f"bench_mla: error: {exc}", file=sys.stderr)
-        return 1
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(evidence.model_dump_json(indent=2) + "\n")
-    print(f"wrote {len(evidence.rows)} rows to {args.out}")
-    return 0
+    return kernel_bench.main("bench_mla", parse_args(argv), measure)
 
 
 if __name__ == "__main__":
