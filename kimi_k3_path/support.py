@@ -220,10 +220,11 @@ SUPPORT_MATRIX = SupportMatrix(
     # Decode at <= 64 sequences is the latency-bound regime this path targets; larger batches run stock.
     max_batch=64,
     perf_batches=(1, 2, 4, 8, 16, 32, 64),
-    # The MLA decode's cost grows with the context; the perf evidence measured it at 4096 cached tokens only, so
-    # longer sequences (vLLM's --max-model-len) are refused. Widen with evidence measured at the longer contexts.
-    max_context=4096,
-    perf_contexts=(4096,),
+    # The MLA decode's cost grows with the context; the perf evidence measured the MLA layer at 4096 and 32768 cached
+    # tokens (the KDA layers and the MoE block read no cache: the policy needs them at one context), so longer
+    # sequences (vLLM's --max-model-len) are refused. Widen with evidence measured at the longer contexts.
+    max_context=32768,
+    perf_contexts=(4096, 32768),
     # No speculative-decode (multi-token verify) kernels yet.
     spec_method=(None,),
     spec_tokens=(0,),

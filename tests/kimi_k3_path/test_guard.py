@@ -17,6 +17,7 @@ def test_every_deployment_of_the_matrix_is_admitted(d):
 
 def test_the_interface_example_is_admitted():
     assert check_deployment(Deployment(arch="sm_90", tp=8, max_batch=64, max_context=4096)) is None
+    assert check_deployment(Deployment(arch="sm_90", tp=8, max_batch=64, max_context=32768)) is None
     assert check_deployment(Deployment(arch="sm_90", tp=16, max_batch=1, max_context=4096)) is None
 
 
@@ -36,8 +37,8 @@ def test_blackwell_is_rejected_for_lack_of_evidence(arch):
         ("tp", 4, "8, 16"),
         ("tp", 1, "8, 16"),
         ("max_batch", 65, "1..64"),
-        ("max_context", 4097, "1..4096"),
-        ("max_context", 131072, "1..4096"),
+        ("max_context", 32769, "1..32768"),
+        ("max_context", 131072, "1..32768"),
         ("kv_dtype", "fp8_e4m3", "bfloat16"),
         ("act_dtype", "float16", "bfloat16"),
         ("expert_quant", "nvfp4", "mxfp4"),
@@ -60,7 +61,7 @@ def test_a_context_longer_than_measured_is_rejected_with_the_reason():
     with pytest.raises(UnsupportedDeployment) as caught:
         check_deployment(Deployment(arch="sm_90", tp=8, max_batch=64, max_context=131072))
     assert caught.value.fields == ("max_context",)
-    assert "max_context=131072: longer contexts are not measured (supported: 1..4096)" in str(caught.value)
+    assert "max_context=131072: longer contexts are not measured (supported: 1..32768)" in str(caught.value)
 
 
 def test_spec_decode_and_dcp_are_not_admitted_yet():

@@ -122,7 +122,7 @@ def test_a_context_longer_than_measured_fails_at_startup(tiny_model, guarded, on
         build(tiny_model, SPECIALIZED, max_model_len=131072)
     message = str(caught.value)
     assert "does not support this deployment (max_context)" in message
-    assert "max_context=131072: longer contexts are not measured (supported: 1..4096)" in message
+    assert "max_context=131072: longer contexts are not measured (supported: 1..32768)" in message
     assert vllm_plugin.check_vllm_config(build(tiny_model, SPECIALIZED, max_model_len=2048)).max_context == 2048
 
 
