@@ -144,7 +144,7 @@ def test_prefill_mixed_and_oversized_batches_take_the_stock_path(batch, reason):
 
 
 def test_the_measured_contexts_take_the_specialized_path_and_longer_ones_the_stock_path():
-    executor = recording_executor(H200_TP8)
+    executor = recording_executor(H200_TP8.model_copy(update={"max_context": SUPPORT_MATRIX.max_context}))
     for context in (1, *SUPPORT_MATRIX.perf_contexts):
         assert run_step(executor, StepBatch.decode([context, 1]), "mla_moe") == SPECIALIZED
     longer = SUPPORT_MATRIX.max_context + 1

@@ -110,16 +110,16 @@ def test_a_matrix_whose_perf_batches_miss_the_bound_is_refused():
     fields = SUPPORT_MATRIX.model_dump()
     with pytest.raises(ValidationError, match="must lie in 1..max_batch and reach 64"):
         SupportMatrix(**{**fields, "perf_batches": (1, 2, 4, 8, 16, 32)})
-    with pytest.raises(ValidationError, match=r"perf_contexts \(1024,\) must lie in 1..max_context and reach 4096"):
+    with pytest.raises(ValidationError, match=r"perf_contexts \(1024,\) must lie in 1..max_context and reach 32768"):
         SupportMatrix(**{**fields, "perf_contexts": (1024,)})
-    with pytest.raises(ValidationError, match="must lie in 1..max_context and reach 4096"):
+    with pytest.raises(ValidationError, match="must lie in 1..max_context and reach 32768"):
         SupportMatrix(**{**fields, "perf_contexts": ()})
     with pytest.raises(ValidationError, match="must lie in 1..max_context and reach 8192"):
         SupportMatrix(**{**fields, "max_context": 8192})
     with pytest.raises(ValidationError, match="must lie in 1..max_context"):
         SupportMatrix(**{**fields, "perf_contexts": (0, 4096)})
-    assert SupportMatrix(**{**fields, "max_context": 32768, "perf_contexts": (4096, 32768)}).perf_axes()["context"] == (
-        4096, 32768)
+    wider = SupportMatrix(**{**fields, "max_context": 65536, "perf_contexts": (4096, 32768, 65536)})
+    assert wider.perf_axes()["context"] == (4096, 32768, 65536)
     with pytest.raises(ValidationError, match="both admitted and unvalidated"):
         SupportMatrix(**{**fields, "unvalidated_arch": {"sm_90": "x"}})
 
