@@ -21,7 +21,7 @@ fi
 for f in gpu/junit.xml gpu/.coverage gpu/nodeids.txt tests.log; do
   [ -f "$run/$f" ] || { echo "gpu-evidence-import: $run/$f is missing (did the run finish? a run of more than 8 files comes back as gpu-evidence.tgz: unpack it there first)" >&2; exit 1; }
 done
-for f in "$bench"/perf/h200.json "$bench"/kernels/*.json; do
+for f in "$bench"/perf/*.json "$bench"/kernels/*.json; do
   [ -f "$f" ] || continue
   measured=$(python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); print(isinstance(d, dict) and d.get("commit") or "")' "$f")
   if [ -n "$measured" ] && [ "$measured" != "$sha" ]; then
@@ -33,9 +33,10 @@ gatekeeper=${GATEKEEPER:-.venv/bin/gatekeeper}
 mkdir -p kimi_k3_path/evidence/gpu kimi_k3_path/evidence/perf
 "$gatekeeper" gpu-report --junit "$run/gpu/junit.xml" --coverage "$run/gpu/.coverage" \
   --nodeids "$run/gpu/nodeids.txt" --commit "$sha" --repo . --out kimi_k3_path/evidence/gpu/gpu-evidence.json
-if [ -f "$bench/perf/h200.json" ]; then
-  cp "$bench/perf/h200.json" kimi_k3_path/evidence/perf/h200.json
-fi
+perf=$(cd "$bench" && ls perf/h200.json perf/h200-context*.json 2>/dev/null || true)
+for f in $perf; do
+  cp "$bench/$f" "kimi_k3_path/evidence/$f"
+done
 chmod -R u+w kimi_k3_path/evidence
 echo "imported the run at ${sha:0:7}: kimi_k3_path/evidence/gpu/gpu-evidence.json" \
-  "$([ -f "$bench/perf/h200.json" ] && echo "and perf/h200.json");" "logs and kernel JSON stay in $run ${2:+and $bench}"
+  "${perf:+and $(echo $perf)};" "logs and kernel JSON stay in $run ${2:+and $bench}"

@@ -12,6 +12,9 @@
 #                                               (-> the policy's gpu_report_globs; commit only that JSON)
 #   $OUT/perf/h200.json                         per-layer bench, CuTe DSL kernels vs the stock-like path
 #                                               (-> kimi_k3_path/evidence/perf/, the policy's evidence_globs)
+#   $OUT/perf/h200-context<N>-tp<T>.json        the MLA+MoE layer at each longer context N of the support
+#                                               matrix's perf_contexts (CONTEXTS, default 32768; CONTEXTS= skips
+#                                               them), one file per TP: ~115 s at 100 replays for 32768
 #   $OUT/kernels/*.json                         with KERNEL_BENCH=1: the MoE block and each kernel alone at M=1;
 #                                               with MLA_BENCH=1: the MLA split-KV attention alone (bench_mla);
 #                                               with DENSE_BENCH=1: the KDA GEMVs alone vs cuBLAS (bench_dense)
@@ -58,6 +61,16 @@ if [ "${BENCH:-1}" = 1 ]; then
     --candidate kernels ${KERNEL_OPS:+--kernel-ops "$KERNEL_OPS"} --replays "${REPLAYS:-200}" --commit "$SHA" \
     --out "$OUT/perf/h200.json" 2>&1 | tee -a "$OUT/bench.log"
   bench_rc=${PIPESTATUS[0]}
+  # The longer contexts: only the MLA layer reads the KV cache (the policy's axis_exemptions ask the others at one
+  # context). One process per TP, so that a run cut short still returns the TPs that finished.
+  for context in ${CONTEXTS:-32768}; do
+    for tp in 8 16; do
+      python3 -m benchmarks.kimi_k3.bench --layer mla_moe --tp "$tp" --batch 1,2,4,8,16,32,64 --context "$context" \
+        --candidate kernels ${KERNEL_OPS:+--kernel-ops "$KERNEL_OPS"} --replays "${REPLAYS:-200}" --commit "$SHA" \
+        --out "$OUT/perf/h200-context$context-tp$tp.json" 2>&1 | tee -a "$OUT/bench.log"
+      [ "${PIPESTATUS[0]}" = 0 ] || bench_rc=1
+    done
+  done
 fi
 [ "${KERNEL_BENCH:-0}" = 1 ] && python3 -m benchmarks.kimi_k3.bench_moe --tp 8,16 --batch 1 --replays 50 --commit "$SHA" \
   --out "$OUT/kernels/moe_block_m1.json" --kernels-out "$OUT/kernels/moe_kernels_m1.json" 2>&1 | tee -a "$OUT/bench.log"
