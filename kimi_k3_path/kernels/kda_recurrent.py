@@ -13,12 +13,13 @@ kimi_k3_path.reference.kda.kda_recurrent_step computes it:
   5 out     gated RMSNorm over the head's D_v: o * rsqrt(mean o^2 + eps) * o_norm * sigmoid(g_out), bf16 [M, proj].
 
 The in_proj and o_proj GEMVs are not in this launch: it reads in_proj's output row as the reference splits it
-(q|k|v|g_out|f_a|beta_raw) and writes o_proj's input. f_b (1536 x 128 at TP8, 393 KB) is: each CTA copies its head's
-128 rows (32 KB) into shared memory by cp.async before griddepcontrol.wait (the weights do not depend on the launch
-before), and warps 4-7, idle while warps 0-2 run the conv, take one channel's 128-long dot each. That removes a cuBLAS
-launch (3.0 us at TP8, M=1, in bench_dense) from the layer's chain, and lets in_proj's launch hand over to this one by
-programmatic dependent launch. Each thread reads only the row it copied (no barrier), its 16-byte vectors in an order
-rotated by its channel so that the 8 threads of a shared-memory phase hit distinct banks.
+(q|k|v|g_out|f_a|beta_raw) and writes o_proj's input. f_b (1536 x 128 at TP8, 393 KB) is folded in: each CTA
+copies its head's 128 rows (32 KB) into shared memory by cp.async before griddepcontrol.wait (the weights do not
+depend on the launch before), and warps 4-7, idle while warps 0-2 run the conv, take one channel's 128-long dot
+each. That removes a cuBLAS launch (3.0 us at TP8, M=1, in bench_dense) from the layer's chain, and lets in_proj's
+launch hand over to this one by programmatic dependent launch. Each thread reads only the row it copied (no
+barrier), its 16-byte vectors in an order rotated by its channel so that the 8 threads of a shared-memory phase hit
+distinct banks.
 
 State addressing: as vLLM's mamba cache, an int32 slot per sequence into a pool of states, any order; a slot outside
 [0, pool) (vLLM pads with -1) touches no state and gets a zero output row. The host wrapper rejects out-of-range and
@@ -37,9 +38,9 @@ once in 64 registers per thread (16 vectors) and never leaves them between its l
   over CTAs would need that sum across CTAs (a cluster, or a second pass), for the sake of M=1 only.
 - The 32 row sums a warp needs (S k and S q of its 16 rows) are one reduce-scatter (common.lane_reduce_scatter: 31
   shuffles, lane l gets sum l) instead of 32 butterflies (160 shuffles); v' is then broadcast back row by row.
-- The state loads are issued first, before griddepcontrol.wait (the launch may start early behind f_b: the state
-  does not depend on it), as weak loads so that they stay ahead of the wait and the barrier; conv, norms and gates
-  (warps 0-3, 4 channels per lane, shared memory) run while they are in flight.
+- The state loads are issued first, before griddepcontrol.wait (the launch may start early behind in_proj: the
+  state does not depend on it), as weak loads so that they stay ahead of the wait and the barrier; conv and norms
+  (warps 0-2, 4 channels per lane) and the gates (warps 4-7, a channel per thread) run while they are in flight.
 - 64 KB per CTA in flight and ~2 CTAs per SM (<= 128 registers) keep ~128 KB per SM outstanding at M=64 (768 CTAs at
   TP8, 384 at TP16), well above what DRAM's rate times its latency needs (~35 KB per SM).
 - M=1 has only 12 (TP8) or 6 (TP16) CTAs: latency-bound, a load round trip + the chain + a store round trip, a few
