@@ -7,8 +7,8 @@ from __future__ import annotations
 import argparse
 import secrets
 import sys
-from pathlib import Path
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, Callable
 
 

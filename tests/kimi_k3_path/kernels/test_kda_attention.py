@@ -25,6 +25,12 @@ from kimi_k3_path.reference.kda import split_in_proj  # noqa: E402
 DIMS = KdaDims(hidden=256, heads=2, head_dim=32)
 
 
+def bf16_rounded(w):
+    """Reference KdaWeights as the kernels hold them: the GEMM weights and conv taps rounded to bf16."""
+    return type(w)(**{f: getattr(w, f).bfloat16().float() if f in ("in_proj", "f_b", "o_proj", "conv")
+                      else getattr(w, f) for f in w.__dataclass_fields__})
+
+
 def _reference_middle(calls):
     def launch(projected, w, slots, conv_state, state, out, stream, check_slots=True):
         calls.append(("middle", tuple(projected.shape), tuple(slots.tolist()), check_slots))
@@ -81,10 +87,8 @@ def test_the_attention_composes_the_gemms_around_the_middle_and_updates_only_its
 
     assert calls == gemvs[:1] + [("middle", (m, 304), tuple(slots), False)] + gemvs[1:]
     # The reference on the same bf16 weights and state: only the GEMMs' bf16 outputs differ.
-    rounded = type(ref_w)(**{f: getattr(ref_w, f).bfloat16().float() if f in ("in_proj", "f_b", "o_proj", "conv")
-                             else getattr(ref_w, f) for f in ref_w.__dataclass_fields__})
     state = KdaState(before[0][slots].float(), before[1][slots])
-    ref_out, ref_state = kda_decode_step(x.float(), rounded, state, DIMS)
+    ref_out, ref_state = kda_decode_step(x.float(), bf16_rounded(ref_w), state, DIMS)
     assert rel_err(out, ref_out) < 2e-2  # bf16 GEMM outputs (in_proj, o_proj) against fp32
     assert rel_err(recurrent[slots], ref_state.recurrent) < 2e-2
     untouched = [s for s in range(5) if s not in slots]

@@ -17,14 +17,10 @@ from kimi_k3_path.config import named_config  # noqa: E402
 from kimi_k3_path.reference import KdaState, kda_decode_step, random_kda_state, random_kda_weights, rel_err  # noqa: E402
 from kimi_k3_path.reference.dims import layer_dims  # noqa: E402
 
+from test_kda_attention import bf16_rounded  # noqa: E402
+
 TOL = 2e-2
 SPARE_SLOTS = 3
-
-
-def bf16_rounded(w):
-    """The reference weights as the kernels hold them: the GEMM weights and conv taps rounded to bf16."""
-    return type(w)(**{f: getattr(w, f).bfloat16().float() if f in ("in_proj", "f_b", "o_proj", "conv")
-                      else getattr(w, f) for f in w.__dataclass_fields__})
 
 
 @pytest.mark.gpu
