@@ -1,7 +1,8 @@
 """`dense_decode`: a dense bf16 projection of a decode batch, y[M, N] = x[M, K] @ W[N, K]^T (fp32 accumulate), in one
 launch, on the row dots the MoE block's front already runs: `gemv.gemv_part` on the CUDA cores at one token (split-K
-over FRONT_DOWN_SPLIT warps per row, 2 rows per CTA: the front's down-projection streams its 64 MB at 3.6 TB/s this
-way) and `mma.mma_rows_part` on the tensor cores from 2 to 64 tokens (16 rows per CTA).
+over `gemv_split(K)` warps per row: 4 warps and 2 rows per CTA for in_proj's K = 7168, as the front's down-projection
+streams its 64 MB at 3.6 TB/s; one warp a row, 8 rows per CTA, for o_proj's 1536 / 768) and `mma.mma_rows_part` on the
+tensor cores from 2 to 64 tokens (16 rows per CTA).
 
 Written for the KDA attention's GEMVs (`kda.project`), which ran on cuBLAS. Checked on the H200 by
 tests/kimi_k3_path/kernels/test_dense_gpu.py and timed by benchmarks/kimi_k3/bench_dense.py (50 graph replays,
@@ -19,7 +20,12 @@ Programmatic dependent launch on both sides: launched early behind the launch be
 or the recurrent middle before o_proj), it lets the next launch in at once (griddepcontrol.launch_dependents, which
 takes effect when the last of its CTAs has started) and waits (griddepcontrol.wait) before its first load of x and
 its first store; x is then read by plain loads (ld_fresh_v4), as data a launch still running at this one's start
-wrote. Behind a torch or cuBLAS launch, which never triggers early, it starts as any launch would.
+wrote. Behind a torch or cuBLAS launch, which never triggers early, it starts as any launch would. At one token each
+lane's whole weight slice is loaded before the wait (gemv.dot_slice's `wait`), so the resident CTAs stream their rows
+while the launch before finishes. On an H100 (the H200 was not to be had; alternating processes, 200 replays, two
+rounds): the KDA+MoE layer at M=1 3.1 us faster at TP8 (119.2 against 122.3) and 3.9 at TP16 (91.4 against 95.3),
+of which one warp per o_proj row gave TP16 0.8 us; o_proj alone at TP16 4.9 us against 6.6 (0.87x of a pure read,
+was 1.16x).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Int32
 
-from .common import DEFAULT_WEIGHT_LOAD, WARP
+from .common import BF16_PER_VEC, DEFAULT_WEIGHT_LOAD, WARP
 from .front import FRONT_DOWN_SPLIT
 from .gemv import SCRATCH_BYTES, WARPS_PER_CTA, alloc_scratch, check_k, gemv_part, token_tile
 from .mma import (
@@ -43,7 +49,24 @@ from .mma import (
 )
 from .router import MAX_TOKENS
 
-ROWS_PER_GEMV_CTA = WARPS_PER_CTA // FRONT_DOWN_SPLIT
+MAX_STEPS = 8  # 16-byte steps of a warp's K slice that gemv.dot_slice keeps in flight at once (WORDS_IN_FLIGHT / 4)
+
+
+def gemv_split(k: int) -> int:
+    """Warps sharing a row in the one-token form: the fewest whose K slices are whole 32-lane steps, at most MAX_STEPS
+    of them, so that a lane's whole slice is loaded at once (before griddepcontrol.wait); FRONT_DOWN_SPLIT where none
+    is. in_proj (K = 7168): 4 warps of 7 steps, 2 rows per CTA. o_proj (K = 1536 at TP8, 768 at TP16): one warp per
+    row (6 or 3 steps), 8 rows per CTA; with 4, half or three quarters of the lanes idled on its last step, and each
+    CTA held a quarter of the bytes across the wait."""
+    for split in (1, 2, FRONT_DOWN_SPLIT):
+        vectors = k // BF16_PER_VEC
+        if k % (BF16_PER_VEC * WARP * split) == 0 and vectors // split // WARP <= MAX_STEPS:
+            return split
+    return FRONT_DOWN_SPLIT
+
+
+def rows_per_gemv_cta(k: int) -> int:
+    return WARPS_PER_CTA // gemv_split(k)
 
 
 def dense_bytes(m: int, n: int, k: int) -> dict[str, int]:
@@ -58,13 +81,13 @@ class DenseDecode:
         if uses_tensor_cores(mt):
             check_mma(n, k, "dense_decode")
         else:
-            check_k(k, FRONT_DOWN_SPLIT, "dense_decode")
-            if n % ROWS_PER_GEMV_CTA:
-                raise ValueError(f"dense_decode: {n} rows is not a multiple of {ROWS_PER_GEMV_CTA} (rows per CTA)")
+            check_k(k, gemv_split(k), "dense_decode")
+            if n % rows_per_gemv_cta(k):
+                raise ValueError(f"dense_decode: {n} rows is not a multiple of {rows_per_gemv_cta(k)} (rows per CTA)")
         self.n, self.k, self.mt = n, k, mt
 
     def ctas(self) -> int:
-        return self.n // (MMA_ROWS if uses_tensor_cores(self.mt) else ROWS_PER_GEMV_CTA)
+        return self.n // (MMA_ROWS if uses_tensor_cores(self.mt) else rows_per_gemv_cta(self.k))
 
     def smem_bytes(self) -> int:
         return scratch_bytes(self.mt) if uses_tensor_cores(self.mt) else SCRATCH_BYTES
@@ -80,13 +103,14 @@ class DenseDecode:
         bidx, _, _ = cute.arch.block_idx()
         smem = cutlass.memory.SmemAllocator()
         cute.arch.griddepcontrol_launch_dependents()
-        cute.arch.griddepcontrol_wait()  # x is the launch before's output; y may be what it still reads
+        # x is the launch before's output; y may be what it still reads: both after griddepcontrol.wait
         if cutlass.const_expr(uses_tensor_cores(self.mt)):
+            cute.arch.griddepcontrol_wait()
             mma_rows_part(x, w, y, alloc_tile_scratch(smem, self.mt), bidx, tidx, m_count, self.k, self.mt,
                           DEFAULT_WEIGHT_LOAD, chunks_in_flight(self.mt), True)
-        else:
-            gemv_part(x, w, y, alloc_scratch(smem), bidx, tidx // WARP, tidx % WARP, m_count, self.k, FRONT_DOWN_SPLIT,
-                      self.mt, DEFAULT_WEIGHT_LOAD, True)
+        else:  # the weight slice's loads before the wait (gemv.dot_slice)
+            gemv_part(x, w, y, alloc_scratch(smem), bidx, tidx // WARP, tidx % WARP, m_count, self.k,
+                      gemv_split(self.k), self.mt, DEFAULT_WEIGHT_LOAD, wait=True)
 
 
 def fake_args(n: int, k: int, m=None) -> tuple:

@@ -5,7 +5,11 @@
   shared CTAs     a_sh = situ_glu(x @ W_sh13^T) (one token: in GEMM2's grid instead, gemm2_one_token.py)
 
 Router CTAs come first so that the top-k tail overlaps the other streams. From 2 tokens (token tile >= 16) the
-down-projection and shared CTAs run on the tensor cores (16 rows each, mma.py)."""
+down-projection and shared CTAs run on the tensor cores (16 rows each, mma.py).
+
+One token: launched early (programmatic dependent launch) behind a launch that lets it in (in the layer, AttnRes), each
+CTA issues its weight slice's loads, then waits (griddepcontrol.wait) for x (gemv.dot_slice); nothing it writes or
+polls is touched before the wait."""
 
 from __future__ import annotations
 
@@ -111,7 +115,7 @@ class FrontKernel:
         self.kernel(x, w_router, bias, logits, sync, ids, weights, n_active, slot_expert, slot_count, slot_pairs,
                     w_down, x_lat, w_sh13, a_sh, x.shape[0]).launch(
             grid=[self.ctas(), 1, 1], block=[WARPS_PER_CTA * WARP, 1, 1],
-            smem=self.smem_bytes(), stream=stream, **self.occupancy_bound(),
+            smem=self.smem_bytes(), stream=stream, use_pdl=self.one_token(), **self.occupancy_bound(),
         )
 
     @cute.kernel
@@ -137,7 +141,7 @@ class FrontKernel:
                               self.h, self.mt, DEFAULT_WEIGHT_LOAD, self.in_flight)
             else:
                 gemv_part(x, w_down, x_lat, scratch, bidx - first_down, warp, lane, m_count, self.h, FRONT_DOWN_SPLIT,
-                          self.mt, DEFAULT_WEIGHT_LOAD)
+                          self.mt, DEFAULT_WEIGHT_LOAD, wait=self.one_token())
         else:
             if cutlass.const_expr(uses_tensor_cores(self.mt)):
                 mma_shared_part(x, w_sh13, a_sh, tiles_scratch, bidx - first_shared,

@@ -117,7 +117,8 @@ def in_tile(addr: Int64, m_first) -> Int64:
 
 
 def dot_slice(acc, row_addrs: list, x_addr: Int64, first_vec: Int32, lane: Int32, m_first, m_count, acc_row: int,
-              x_elems: int, n_vec: int, mt: int, hint: str, fresh: bool = False, pinned: bool | None = None) -> None:
+              x_elems: int, n_vec: int, mt: int, hint: str, fresh: bool = False, pinned: bool | None = None,
+              wait: bool = False) -> None:
     """acc[acc_row + r, mi] += this lane's share of the dot of weight row r (at byte address row_addrs[r]) with bf16
     token m_first + mi (rows of x_elems values), over the n_vec 16-byte vectors starting at first_vec. The caller
     reduces across lanes and warps. Up to WORDS_IN_FLIGHT weight words are loaded at once. pinned (default: one
@@ -125,21 +126,31 @@ def dot_slice(acc, row_addrs: list, x_addr: Int64, first_vec: Int32, lane: Int32
     ptxas sank loads next to their uses, one DRAM round trip per step (the shared experts' SASS); unpinned: weak
     loads ahead of the warp's own barrier, which holds them there while each FMA waits for its own words (faster
     from 4 tokens and in the shared gate_up, slower in the one-token front). At one token the weight loads stay
-    in the caller's tile loop (in_tile) and x's loads go out beside them."""
+    in the caller's tile loop (in_tile) and x's loads go out beside them.
+
+    wait: the launch was started early (programmatic dependent launch) and x is its predecessor's output: the first
+    batch's weight loads go out before griddepcontrol.wait, as weak loads (ptxas keeps those on their side of it,
+    common.WEIGHT_LOADS["ordered"]), so that they stream while the predecessor finishes; x is read after it, fresh."""
     steps = -(-n_vec // WARP)
+    fresh = fresh or wait
     in_flight = max(1, WORDS_IN_FLIGHT // (4 * len(row_addrs)))
     if mt == 1:
         row_addrs = [in_tile(addr, m_first) for addr in row_addrs]
     for first in range(0, steps, in_flight):
         batch = range(first, min(first + in_flight, steps))
+        early = wait and first == 0
         if (mt == 1) if pinned is None else pinned:
-            held = load_slice(row_addrs, first_vec, lane, n_vec, batch, hint)
+            held = load_slice(row_addrs, first_vec, lane, n_vec, batch, "ordered" if early else hint)
+            if early:
+                cute.arch.griddepcontrol_wait()
             pin_first_words(held, after_all_loads(Int32(0), loaded_words(held), batch_zero(m_count)))
             slice_dot(acc, acc_row, held, batch, x_addr, first_vec, lane, m_first, m_count, x_elems, n_vec, mt, fresh)
         else:
             # Weak weight loads ahead of the warp's own barrier, each FMA waiting for its own words only; x by
             # weak loads after it (a .nc load, like the FMAs it feeds, could move above the barrier)
             held = load_slice(row_addrs, first_vec, lane, n_vec, batch, "ordered")
+            if early:
+                cute.arch.griddepcontrol_wait()
             warp_barrier()
             slice_dot(acc, acc_row, held, batch, x_addr, first_vec, lane, m_first, m_count, x_elems, n_vec, mt, True)
 
@@ -207,9 +218,11 @@ def gemv_part(
     mt: cutlass.Constexpr,
     hint: cutlass.Constexpr,
     fresh: cutlass.Constexpr = False,
+    wait: cutlass.Constexpr = False,
 ):
     """CTA `cta` of y = x @ w^T: rows cta*(8/split) .. +8/split (fresh: x was written by a launch still running when
-    this one started, as dot_slice says)."""
+    this one started; wait: this part waits for the launch before between its first weight loads and x's, as
+    dot_slice says)."""
     part = warp % split
     row = cta * (WARPS_PER_CTA // split) + warp // split
     n_vec: cutlass.Constexpr = k // BF16_PER_VEC // split
@@ -217,7 +230,7 @@ def gemv_part(
     for m_first in cutlass.range(0, m_count, mt, unroll=1):
         acc = zero_acc(1, mt)
         dot_slice(acc, [row_addr], x.iterator.toint(), part * n_vec, lane, m_first, m_count, 0, k, n_vec, mt, hint,
-                  fresh)
+                  fresh, wait=wait)
         split_k_reduce(acc, scratch, warp, lane, split, 1, mt)
         if lane == 0 and part == 0:
             for mi in cutlass.range_constexpr(mt):

@@ -245,7 +245,7 @@ def router_part(x: cute.Tensor, w: cute.Tensor, bias: cute.Tensor, out: RouterOu
         for m_first in cutlass.range(0, m_count, mt, unroll=1):
             acc = zero_acc(1, mt)
             dot_slice(acc, [row_addr], x.iterator.toint(), (warp % split) * n_vec, lane, m_first, m_count, 0, hidden,
-                      n_vec, mt, DEFAULT_WEIGHT_LOAD)
+                      n_vec, mt, DEFAULT_WEIGHT_LOAD, wait=shape.one_token)
             split_k_reduce(acc, scratch, warp, lane, split, 1, mt)
             if lane == 0 and warp % split == 0:
                 for mi in cutlass.range_constexpr(mt):

@@ -28,12 +28,12 @@ from kimi_k3_path.kernels.finalize_streamed import (  # noqa: E402
     streamed_ctas,
 )
 from kimi_k3_path.kernels.fp4_mma import GEMM2_GROUPS_IN_FLIGHT  # noqa: E402
-from kimi_k3_path.kernels.front import FRONT_DOWN_SPLIT, FrontKernel  # noqa: E402
+from kimi_k3_path.kernels.front import FRONT_DOWN_SPLIT, ONE_TOKEN_FRONT_CTAS_PER_SM, FrontKernel  # noqa: E402
 from kimi_k3_path.kernels.gemm1_held import ONE_TOKEN_CTAS_PER_SM, ExpertsGemm1Held  # noqa: E402
 from kimi_k3_path.kernels.gemm1_mma import ExpertsGemm1SituMma  # noqa: E402
 from kimi_k3_path.kernels.gemm2_mma import ExpertsGemm2CombineMma  # noqa: E402
 from kimi_k3_path.kernels.gemm2_one_token import ONE_TOKEN_ROWS, ExpertsGemm2OneToken  # noqa: E402
-from kimi_k3_path.kernels.common import DEFAULT_WEIGHT_LOAD  # noqa: E402
+from kimi_k3_path.kernels.common import DEFAULT_WEIGHT_LOAD, ctas_per_sm_bound  # noqa: E402
 from kimi_k3_path.kernels.gemv import WARPS_PER_CTA, alloc_scratch, gemv_part, token_tile  # noqa: E402
 from kimi_k3_path.kernels.router import (  # noqa: E402
     ExpertPlan,
@@ -239,7 +239,8 @@ class _FrontPart:
         self.kernel(x, w_router, bias, logits, sync, ids, weights, n_active, slot_expert, slot_count, slot_pairs,
                     w_down, x_lat, x.shape[0]).launch(
             grid=[self.ctas(), 1, 1], block=[CTA_THREADS, 1, 1],
-            smem=router_smem_bytes(self.d.experts, self.d.top_k, one_token=True), stream=stream)
+            smem=router_smem_bytes(self.d.experts, self.d.top_k, one_token=True), stream=stream,
+            **ctas_per_sm_bound(ONE_TOKEN_FRONT_CTAS_PER_SM))
 
     @cute.kernel
     def kernel(self, x, w_router, bias, logits, sync, ids, weights, n_active, slot_expert, slot_count, slot_pairs,
@@ -255,7 +256,7 @@ class _FrontPart:
                         m_count, self.router)
         else:
             gemv_part(x, w_down, x_lat, scratch, bidx, tidx // 32, tidx % 32, m_count, self.d.hidden,
-                      FRONT_DOWN_SPLIT, 1, DEFAULT_WEIGHT_LOAD)
+                      FRONT_DOWN_SPLIT, 1, DEFAULT_WEIGHT_LOAD, wait=True)
 
 
 @pytest.mark.parametrize(("part", "loads"), [("router", 7), ("down_projection", 7)])
@@ -264,13 +265,20 @@ def test_one_token_front_weight_loads_all_precede_the_first_fma(part, loads, dim
     sunk the rest next to their uses, a DRAM round trip each. One token: the router's 7 steps of one row (a row over
     4 warps), the down-projection's 7. And the words stay packed until their FMAs, in 64 registers or fewer (4 CTAs
     of 256 threads per SM): LLVM had hoisted the loads out of the one-pass tile loop with their bf16 -> fp32
-    conversions, two registers per word held across it (the router 109 registers, the down-projection 94)."""
+    conversions, two registers per word held across it (the router 109 registers, the down-projection 94); each part
+    is compiled with the front's bound, and spilling (stack) is what would show it. Launched early behind AttnRes,
+    the front issues those loads before griddepcontrol.wait (ACQBULK) and reads x only after it."""
     d = dims(8)
     op, args = _FrontPart(d, part), _front_args(d)
     lines = _sass(op, args, tmp_path / "sass")
     first_fma = next(n for n, line in enumerate(lines) if "FFMA" in line)
     assert sum(1 for line in lines[:first_fma] if "LDG" in line and ".NA" in line) == loads
-    assert _registers(op, args, tmp_path / "res") <= SM_REGISTERS // (4 * CTA_THREADS)
+    wait = next(n for n, line in enumerate(lines) if "ACQBULK" in line)
+    before_wait = [".NA" in line for line in lines[:wait] if re.search(r"\bLDG\.", line)]
+    assert before_wait == [True] * loads
+    usage = _cubin_dump(op, args, tmp_path / "res", "-res-usage")
+    assert int(re.search(r"REG:(\d+)", usage).group(1)) <= SM_REGISTERS // (4 * CTA_THREADS)
+    assert "STACK:0 " in usage and "LOCAL:0 " in usage, usage
 
 
 def _streamed_finalize(d, trace_addr: int = 0) -> FinalizeStreamed:

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed (the [kernel
 import cutlass.cute as cute  # noqa: E402
 
 from kimi_k3_path.config import named_config  # noqa: E402
-from kimi_k3_path.kernels.dense import ROWS_PER_GEMV_CTA, DenseDecode, dense_bytes, dense_decode, fake_args  # noqa: E402
+from kimi_k3_path.kernels.dense import DenseDecode, dense_bytes, dense_decode, fake_args, gemv_split  # noqa: E402
 from kimi_k3_path.kernels.kda import projection_shapes  # noqa: E402
 from kimi_k3_path.reference.dims import layer_dims  # noqa: E402
 
@@ -37,10 +37,12 @@ def test_compiles_for_the_kda_projections(tp, mt):
 
 def test_shapes_and_grids_of_record():
     """TP8's in_proj is 6284 x 7168 (q, k, v and the output gate of 12 heads, f_a, beta), 6288 padded: 3144 CTAs of 2
-    rows at one token, 393 of 16 on the tensor cores."""
+    rows (4 warps a row) at one token, 393 of 16 on the tensor cores; o_proj's 7168 x 1536 rows one warp each, 896 CTAs
+    of 8."""
     n, k = kda_projections(8)["in_proj"]
     assert (n, k) == (6288, 7168)
-    assert DenseDecode(n, k, 1).ctas() == n // ROWS_PER_GEMV_CTA == 3144
+    assert gemv_split(k) == 4 and DenseDecode(n, k, 1).ctas() == 3144
+    assert gemv_split(1536) == gemv_split(768) == 1 and DenseDecode(7168, 1536, 1).ctas() == 896
     assert DenseDecode(n, k, 64).ctas() == 393
     assert dense_bytes(1, n, k) == {"weight": 6288 * 7168 * 2, "x": 7168 * 2, "y": 6288 * 2}
 
@@ -52,6 +54,19 @@ def test_one_token_form_fits_four_ctas_per_sm_without_local_memory(projection, t
     usage = _cubin_dump(DenseDecode(n, k, 1), fake_args(n, k), tmp_path, "-res-usage")
     assert "LOCAL:0" in usage, usage
     assert int(re.search(r"REG:(\d+)", usage).group(1)) * CTA_THREADS * 4 <= SM_REGISTERS
+
+
+@pytest.mark.parametrize(("projection", "steps"), [("in_proj", 7), ("o_proj", 6)])
+def test_one_token_form_issues_its_weight_slice_before_it_waits_and_reads_x_after(projection, steps, tmp_path):
+    """Launched early behind AttnRes (in_proj) or the recurrent middle (o_proj), a lane's weight loads (LDG...NA: 7
+    steps of in_proj's 7168-wide rows over 4 warps, 6 of o_proj's 1536-wide rows, a warp each) go out before
+    griddepcontrol.wait (ACQBULK), x's after it: the weights stream while the launch before finishes."""
+    n, k = kda_projections(8)[projection]
+    sass = _cubin_dump(DenseDecode(n, k, 1), fake_args(n, k), tmp_path, "-sass").splitlines()
+    wait = next(i for i, line in enumerate(sass) if "ACQBULK" in line)
+    loads = [(i, ".NA" in line) for i, line in enumerate(sass) if re.search(r"\bLDG\.", line)]
+    assert [weight for i, weight in loads if i < wait] == [True] * steps
+    assert [weight for i, weight in loads if i > wait] == [False] * len(loads[steps:])
 
 
 def test_rejects_shapes_its_forms_cannot_tile():
