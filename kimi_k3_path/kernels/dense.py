@@ -4,7 +4,8 @@ over `gemv_split(K)` warps per row: 4 warps and 2 rows per CTA for in_proj's K =
 streams its 64 MB at 3.6 TB/s; one warp a row, 8 rows per CTA, for o_proj's 1536 / 768) and `mma.mma_rows_part` on the
 tensor cores from 2 to 64 tokens (16 rows per CTA).
 
-Written for the KDA attention's GEMVs (`kda.project`), which ran on cuBLAS. Checked on the H200 by
+Written for the KDA attention's GEMVs, which ran on cuBLAS; `project` is what the attention calls (this GEMV at one
+token, cuBLAS from two) for its in_proj and o_proj. Checked on the H200 by
 tests/kimi_k3_path/kernels/test_dense_gpu.py and timed by benchmarks/kimi_k3/bench_dense.py (50 graph replays,
 rotated copies; a pure read of the same weight in the same run as the yardstick):
 - one token, TP8: in_proj (6288 x 7168, 90 MB) 22.7 us, cuBLAS 26.9, pure read 21.9 (1.04x of it); o_proj 7.6 us,
@@ -33,6 +34,7 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
+import torch
 from cutlass import BFloat16, Int32
 
 from .common import BF16_PER_VEC, DEFAULT_WEIGHT_LOAD, WARP
@@ -135,3 +137,15 @@ def dense_decode(x, w, y, stream) -> None:
     expect_all([("x", x, (m, k), "bfloat16"), ("w", w, (n, k), "bfloat16"), ("y", y, (m, n), "bfloat16")])
     fn = compile_cached(("dense", n, k, mt), lambda: (op, fake_args(n, k)))
     fn(to_cute(x, True), to_cute(w), to_cute(y, True), cu_stream(stream))
+
+
+DENSE_MAX_TOKENS = 1  # this GEMV beats cuBLAS up to here (module docstring)
+
+
+def project(x, w, y, stream) -> None:
+    """y [M, N] = x [M, K] @ w [N, K]^T in bf16 on `stream` (the caller's current stream): dense_decode for
+    M <= DENSE_MAX_TOKENS, cuBLAS above."""
+    if x.shape[0] <= DENSE_MAX_TOKENS:
+        dense_decode(x, w, y, stream)
+    else:
+        torch.mm(x, w.t(), out=y)

@@ -7,8 +7,8 @@ stream, as `reference.kda_decode_step` computes it:
             gated RMSNorm
   o_proj    out = core @ W_o^T                                               `project`
 
-Three launches where the stock path has six (its f_b, conv, recurrent step and gated norm are four). `project` runs
-dense.py's GEMV at one token and cuBLAS from two: on the H200 (bench_dense, TP8, 50 graph replays) dense.py's
+Three launches where the stock path has six (its f_b, conv, recurrent step and gated norm are four). dense.project
+runs dense.py's GEMV at one token and cuBLAS from two: on the H200 (bench_dense, TP8, 50 graph replays) dense.py's
 one-token form read in_proj's 90 MB in 22.7 us against cuBLAS's 26.9 (a pure read of the same bytes: 21.9), while its
 tensor-core form rereads x in every 16-row CTA and lost from 2 tokens on (in_proj at M=64: 68.0 us, cuBLAS 26.2).
 in_proj's weight is held padded with zero rows to dense.py's tile (6284 -> 6288 rows at TP8, 3206 -> 3216 at TP16);
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .dense import dense_decode
+from .dense import project
 from .kda_recurrent import KdaKernelWeights, kda_recurrent_decode, prepare_kda_weights
 from .mma import MMA_ROWS
 
@@ -29,18 +29,6 @@ from .mma import MMA_ROWS
 def padded_rows(rows: int) -> int:
     """A projection's rows rounded up to dense_decode's tensor-core tile (zero rows, whose outputs nobody reads)."""
     return -(-rows // MMA_ROWS) * MMA_ROWS
-
-
-DENSE_MAX_TOKENS = 1  # dense.py's GEMV beats cuBLAS up to here (module docstring)
-
-
-def project(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, stream) -> None:
-    """y [M, N] = x [M, K] @ w [N, K]^T in bf16 on `stream` (the caller's current stream): dense.py's GEMV for
-    M <= DENSE_MAX_TOKENS, cuBLAS above."""
-    if x.shape[0] <= DENSE_MAX_TOKENS:
-        dense_decode(x, w, y, stream)
-    else:
-        torch.mm(x, w.t(), out=y)
 
 
 def projection_shapes(d) -> dict[str, tuple[int, int]]:

@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed (the [kernels] extra)")
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed (the [kernels] extra)")
 
-from kimi_k3_path.kernels import kda  # noqa: E402
+from kimi_k3_path.kernels import dense, kda  # noqa: E402
 from kimi_k3_path.reference import (  # noqa: E402
     KdaDims,
     KdaState,
@@ -47,7 +47,9 @@ def _reference_middle(calls):
     return launch
 
 
-def _bf16_matmul(calls):
+def bf16_matmul(calls):
+    """A stand-in for dense.dense_decode that records ("dense", the weight's shape) in `calls`."""
+
     def launch(x, w, y, stream):
         calls.append(("dense", tuple(w.shape)))
         assert x.is_contiguous() and y.is_contiguous()  # as runtime.expect demands of the kernel's arguments
@@ -65,7 +67,7 @@ def test_in_proj_is_padded_with_zero_rows_to_the_tensor_core_tile():
 
 
 @pytest.mark.parametrize("slots, gemvs", [
-    ([3], [("dense", (304, 256)), ("dense", (256, 64))]),  # one token: dense.py's GEMV (kda.DENSE_MAX_TOKENS)
+    ([3], [("dense", (304, 256)), ("dense", (256, 64))]),  # one token: dense.py's GEMV (dense.DENSE_MAX_TOKENS)
     ([3, 0], []),  # from two tokens: cuBLAS
 ])
 def test_the_attention_composes_the_gemms_around_the_middle_and_updates_only_its_slots(monkeypatch, slots, gemvs):
@@ -75,7 +77,7 @@ def test_the_attention_composes_the_gemms_around_the_middle_and_updates_only_its
     assert w.in_proj.dtype == torch.bfloat16 and w.middle.conv.dtype == torch.bfloat16
     calls = []
     monkeypatch.setattr(kda, "kda_recurrent_decode", _reference_middle(calls))
-    monkeypatch.setattr(kda, "dense_decode", _bf16_matmul(calls))
+    monkeypatch.setattr(dense, "dense_decode", bf16_matmul(calls))
     pool = random_kda_state(DIMS, 5, gen)
     conv, recurrent = pool.conv.bfloat16(), pool.recurrent.clone()
     before = (conv.clone(), recurrent.clone())
@@ -98,7 +100,7 @@ def test_the_attention_composes_the_gemms_around_the_middle_and_updates_only_its
 def test_a_bad_input_is_refused_before_any_launch(monkeypatch):
     w = kda.prepare_attention_weights(random_kda_weights(DIMS, torch.Generator().manual_seed(1)), DIMS, "cpu")
     monkeypatch.setattr(kda, "kda_recurrent_decode", lambda *a, **k: pytest.fail("launched"))
-    monkeypatch.setattr(kda, "dense_decode", lambda *a, **k: pytest.fail("launched"))
+    monkeypatch.setattr(dense, "dense_decode", lambda *a, **k: pytest.fail("launched"))
     x = torch.zeros(2, DIMS.hidden)  # fp32
     with pytest.raises(ValueError, match=r"x must be \[M, 256\] bf16, got \(2, 256\) torch.float32"):
         kda.kda_attention_decode(x, w, None, None, None, None, None)
