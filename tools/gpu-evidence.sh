@@ -17,7 +17,7 @@
 #                                               them), one file per TP: ~115 s at 100 replays for 32768
 #   $OUT/kernels/*.json                         with KERNEL_BENCH=1: the MoE block and each kernel alone at M=1;
 #                                               with MLA_BENCH=1: the MLA split-KV attention alone (bench_mla);
-#                                               with DENSE_BENCH=1: the KDA GEMVs alone vs cuBLAS (bench_dense)
+#                                               with DENSE_BENCH=1: the attentions' GEMVs alone vs cuBLAS (bench_dense)
 #   $OUT/tests.log, $OUT/bench.log              everything printed, bench.log ending with a `gpu state:` line
 #                                               (clocks, temperature, power, clock-event reasons). At most 8
 #                                               files come back from a run: these are 8 with KERNEL_BENCH=1;
@@ -79,7 +79,7 @@ fi
 [ "${MLA_BENCH:-0}" = 1 ] && python3 -m benchmarks.kimi_k3.bench_mla --tp "${MLA_TP:-8,16}" --batch 1,8,64 \
   --context 4096,32768 --replays "${MLA_REPLAYS:-50}" --commit "$SHA" --out "$OUT/kernels/mla_attention.json" 2>&1 \
   | tee -a "$OUT/bench.log"
-# DENSE_BENCH=1: the KDA attention's GEMVs alone, dense.py against cuBLAS and a pure read (issue 35's 1.15x).
+# DENSE_BENCH=1: the KDA and MLA attentions' GEMVs alone, dense.py against cuBLAS and a pure read (issue 35's 1.15x).
 [ "${DENSE_BENCH:-0}" = 1 ] && python3 -m benchmarks.kimi_k3.bench_dense --tp 8,16 --batch 1,2,8,64 --replays 50 \
   --commit "$SHA" --out "$OUT/kernels/dense.json" 2>&1 | tee -a "$OUT/bench.log"
 kill "$state_pid" 2>/dev/null

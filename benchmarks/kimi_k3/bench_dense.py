@@ -1,8 +1,8 @@
-"""Benchmark of the KDA attention's GEMVs alone (kimi_k3_path.kernels.dense.dense_decode at kda.projection_shapes)
-against cuBLAS (torch.mm) and a launch that only reads the same weight: issue 35's "each GEMV-class kernel within 1.15x
+"""Benchmark of the attentions' GEMVs alone (kimi_k3_path.kernels.dense.dense_decode at kda.projection_shapes and
+mla.projection_shapes: KDA's in_proj, o_proj, f_b and MLA's qkv_a, whose o_proj is KDA's shape) against cuBLAS (torch.mm) and a launch that only reads the same weight: issue 35's "each GEMV-class kernel within 1.15x
 of a launch that only reads the same bytes".
 
-    python -m benchmarks.kimi_k3.bench_dense --tp 8,16 --batch 1,8,64 --projection in_proj,o_proj,f_b --out FILE
+    python -m benchmarks.kimi_k3.bench_dense --tp 8,16 --batch 1,8,64 --projection kda_in_proj,mla_qkv_a --out FILE
 
 Per (tp, projection, M), in one process:
 - Inputs: bench_ceiling.rotation(weight bytes) random copies of (x, W, y) (together at least 3x the 50 MiB L2),
@@ -13,7 +13,7 @@ Per (tp, projection, M), in one process:
   the same y, same copies, same harness, right after (a same-run ratio, stated in the note and printed).
 - Floor: weight + x + y bytes (dense.dense_bytes) at runtime.COPY_BANDWIDTH (4.3e12 B/s).
 - Baseline: the fastest read-only launch over the weight's bytes (bench_ceiling.fastest_read), once per byte count.
-Rows: gatekeeper.evidence.PerfEvidence, axes arch/tp/dcp/batch/spec/layer, layer "kda_<projection>"; baseline/candidate
+Rows: gatekeeper.evidence.PerfEvidence, axes arch/tp/dcp/batch/spec/layer, layer the projection's name; baseline/candidate
 reads as "how close to a pure read" (target 1/1.15), candidate/floor as "how close to the byte floor".
 """
 
@@ -28,18 +28,22 @@ from benchmarks.kimi_k3 import kernel_bench
 from benchmarks.kimi_k3.bench_ceiling import fastest_read, rotation, timing
 from benchmarks.kimi_k3.kernel_bench import BenchError
 
-PROJECTIONS = ("in_proj", "o_proj", "f_b")
+PROJECTIONS = ("kda_in_proj", "kda_o_proj", "kda_f_b", "mla_qkv_a")  # <attention>_<projection>
 TARGET = 1.15  # the issue's bound on candidate / (reading the same bytes once)
 TOLERANCE = 1e-2  # per token row, as tests/kimi_k3_path/kernels/test_dense_gpu.py's OUT_TOL (reasons there)
 
 
 def shape(tp: int, projection: str) -> tuple[int, int]:
-    """(N, K) of one KDA projection at one rank, as kernels.kda holds the weight (in_proj padded)."""
+    """(N, K) of one projection (a PROJECTIONS name) at one rank, as kernels.kda and kernels.mla hold the weight
+    (KDA's in_proj padded)."""
     from kimi_k3_path.config import named_config
-    from kimi_k3_path.kernels.kda import projection_shapes
+    from kimi_k3_path.kernels import kda, mla
     from kimi_k3_path.reference.dims import layer_dims
 
-    return projection_shapes(layer_dims(named_config("kimi_k3"), tp).kda)[projection]
+    attention, name = projection.split("_", 1)
+    dims = layer_dims(named_config("kimi_k3"), tp)
+    shapes = kda.projection_shapes(dims.kda) if attention == "kda" else mla.projection_shapes(dims.mla)
+    return shapes[name]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -127,7 +131,8 @@ def perf_row(arch: str, tp: int, projection: str, m: int, n: int, k: int, got: d
     nbytes = dense_bytes(m, n, k)
     floor = floor_us(sum(nbytes.values()))
     dense, cublas = got["dense"]["median"], got["cublas"]["median"]
-    note = (f"KDA {projection} alone, {n} x {k} bf16 at TP{tp}, M={m}: dense_decode {dense:.2f} us, cuBLAS (torch.mm) "
+    attention, name = projection.split("_", 1)
+    note = (f"{attention.upper()} {name} alone, {n} x {k} bf16 at TP{tp}, M={m}: dense_decode {dense:.2f} us, cuBLAS (torch.mm) "
             f"{cublas:.2f} us (spread {got['cublas']['spread_pct']:.1f}%), cuBLAS/dense {cublas / dense:.3f}; floor = "
             f"weight {nbytes['weight']} + x {nbytes['x']} + y {nbytes['y']} B at {COPY_BANDWIDTH:.2g} B/s, "
             f"candidate/floor {dense / floor:.3f}, candidate/baseline {dense / read['median']:.3f} (target {TARGET}x); "
@@ -135,7 +140,7 @@ def perf_row(arch: str, tp: int, projection: str, m: int, n: int, k: int, got: d
             f"{read['layout']}, {read['ctas']} CTAs x {read['in_flight']} loads in flight; {got['copies']} rotated "
             f"copies; max rel err per token {got['rel_err']:.1e} (tolerance {TOLERANCE:g}); seed {seed}")
     return {
-        "axes": {"arch": arch, "tp": tp, "dcp": 1, "batch": m, "spec": spec_label(None, 0), "layer": f"kda_{projection}"},
+        "axes": {"arch": arch, "tp": tp, "dcp": 1, "batch": m, "spec": spec_label(None, 0), "layer": projection},
         "metric": "latency", "unit": "us", "candidate": timing(got["dense"]), "baseline": timing(read),
         "floor": floor, "note": note,
     }

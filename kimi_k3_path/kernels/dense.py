@@ -4,8 +4,8 @@ over `gemv_split(K)` warps per row: 4 warps and 2 rows per CTA for in_proj's K =
 streams its 64 MB at 3.6 TB/s; one warp a row, 8 rows per CTA, for o_proj's 1536 / 768) and `mma.mma_rows_part` on the
 tensor cores from 2 to 64 tokens (16 rows per CTA).
 
-Written for the KDA attention's GEMVs, which ran on cuBLAS; `project` is what the attention calls (this GEMV at one
-token, cuBLAS from two) for its in_proj and o_proj. Checked on the H200 by
+Written for the KDA attention's GEMVs, which ran on cuBLAS; `project` is what the attentions call (this GEMV at one
+token, cuBLAS from two), for KDA's in_proj and o_proj and MLA's qkv_a and o_proj. Checked on the H200 by
 tests/kimi_k3_path/kernels/test_dense_gpu.py and timed by benchmarks/kimi_k3/bench_dense.py (50 graph replays,
 rotated copies; a pure read of the same weight in the same run as the yardstick):
 - one token, TP8: in_proj (6288 x 7168, 90 MB) 22.7 us, cuBLAS 26.9, pure read 21.9 (1.04x of it); o_proj 7.6 us,

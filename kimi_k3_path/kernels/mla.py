@@ -1,7 +1,7 @@
 """`mla_decode`: the attention of an MLA layer for one TP rank and a decode batch (M <= 64), on the caller's stream,
 as `reference.mla_decode` computes it (absorbed: MQA over vLLM's paged latent cache):
 
-  qkv_a     projected = x @ W_qkv_a^T = [q_c | kv_c | k_pe | gate]                    cuBLAS (bf16)
+  qkv_a     projected = x @ W_qkv_a^T = [q_c | kv_c | k_pe | gate]                    dense.project (bf16)
   norms     q_c = rms_norm(q_c), kv_c = rms_norm(kv_c)                                torch (F.rms_norm, bf16 out)
   insert    the decoded token's row [kv_c | k_pe] into pages at its slot               torch (cat, index_copy_)
   q_b       q = q_c @ W_q_b^T, per head [q_nope (128) | q_pe (64)]                     cuBLAS (bf16)
@@ -9,7 +9,11 @@ as `reference.mla_decode` computes it (absorbed: MQA over vLLM's paged latent ca
   attend    latent = softmax(q . row * scale) @ row[:512] over the sequence's rows      mla_attention.py (2 launches)
   W_UV      v = latent @ W_UV^T per head                                              cuBLAS (one bmm)
   gate      attn = v * sigmoid(gate)                                                  torch (2 launches)
-  o_proj    out = attn @ W_o^T                                                        cuBLAS (bf16)
+  o_proj    out = attn @ W_o^T                                                        dense.project (bf16)
+
+dense.project runs dense.py's GEMV at one token (its weight slices loaded before griddepcontrol.wait, so behind
+AttnRes qkv_a's first wave streams early) and cuBLAS from two. qkv_a is 3648 x 7168 at TP8 and 2880 x 7168 at TP16, on
+dense.py's in_proj form (4 warps a row); o_proj 7168 x 1536 / 768 is KDA's o_proj shape at both TPs.
 
 The absorb bmm writes ql = q_nope @ W_UK and copies q_pe in the same product (its identity block is exact in fp32
 accumulation): one launch instead of a bmm and a copy (the stock path's concat kernel). 13 launches in all if
@@ -28,6 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .dense import project
 from .mla_attention import MlaWorkspace, check_cache_inputs, mla_attention_decode
 from .runtime import expect
 
@@ -42,6 +47,11 @@ class MlaAttentionWeights:
     absorb: torch.Tensor  # [heads, nope+rope, kv_lora+rope] bf16: [[W_UK, 0], [0, I]] per head
     w_uv: torch.Tensor  # [heads, kv_lora, v] bf16
     o_proj: torch.Tensor  # [hidden, heads*v] bf16
+
+
+def projection_shapes(d) -> dict[str, tuple[int, int]]:
+    """(N, K) of the GEMVs dense.project runs for an MLA layer with reference MlaDims d."""
+    return {"qkv_a": (d.qkv_a_rows, d.hidden), "o_proj": (d.hidden, d.heads * d.v_head)}
 
 
 def prepare_mla_weights(ref, d, device) -> MlaAttentionWeights:
@@ -92,7 +102,8 @@ def mla_decode(x: torch.Tensor, w: MlaAttentionWeights, pages: torch.Tensor, blo
         check_slots(slots.tolist(), table, lens, pages.shape[1])
     q_end, kv_end, pe_end = d.q_lora, d.q_lora + d.kv_lora, d.q_lora + d.kv_lora + d.qk_rope
     with torch.cuda.stream(stream):  # the torch ops on the stream the CuTe launches take
-        projected = x @ w.qkv_a.t()
+        projected = torch.empty(m, w.qkv_a.shape[0], device=x.device, dtype=torch.bfloat16)
+        project(x, w.qkv_a, projected, stream)
         q_c = F.rms_norm(projected[:, :q_end], (d.q_lora,), w.q_a_norm, d.eps)
         kv_c = F.rms_norm(projected[:, q_end:kv_end], (d.kv_lora,), w.kv_a_norm, d.eps)
         pages.view(-1, row).index_copy_(0, slots, torch.cat([kv_c, projected[:, kv_end:pe_end]], dim=1))
@@ -105,4 +116,4 @@ def mla_decode(x: torch.Tensor, w: MlaAttentionWeights, pages: torch.Tensor, blo
         v = torch.empty(m, d.heads, d.v_head, device=x.device, dtype=torch.bfloat16)
         torch.bmm(latent.transpose(0, 1), w.w_uv, out=v.transpose(0, 1))
         gated = torch.sigmoid(projected[:, pe_end:]).mul_(v.view(m, -1))
-        torch.mm(gated, w.o_proj.t(), out=out)
+        project(gated, w.o_proj, out, stream)

@@ -1,4 +1,4 @@
-"""The dense-projection benchmark's host side on CPU: arguments, the projections' shapes as kda.py holds them, the
+"""The dense-projection benchmark's host side on CPU: arguments, the projections' shapes as kda.py and mla.py hold them, the
 correctness check that guards its timings, and its rows as PerfEvidence. The run itself: test_bench_dense_gpu.py."""
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ def test_importing_the_bench_does_not_import_cutlass():
 
 
 def test_arguments_parse_into_lists_and_a_fresh_seed():
-    args = bench_dense.parse_args(["--tp", "16", "--batch", "1,8", "--projection", "o_proj,in_proj", "--replays", "7",
+    args = bench_dense.parse_args(["--tp", "16", "--batch", "1,8", "--projection", "kda_o_proj,mla_qkv_a", "--replays", "7",
                                    "--out", "x.json"])
-    assert (args.tp, args.batch, args.projection, args.replays) == ((16,), (1, 8), ("o_proj", "in_proj"), 7)
+    assert (args.tp, args.batch, args.projection, args.replays) == ((16,), (1, 8), ("kda_o_proj", "mla_qkv_a"), 7)
     assert isinstance(args.seed, int)
     assert args.command.startswith("python -m benchmarks.kimi_k3.bench_dense --tp 16")
     defaults = bench_dense.parse_args(["--out", "x.json", "--seed", "5"])
-    assert (defaults.tp, defaults.batch, defaults.projection) == ((8, 16), (1, 8, 64), ("in_proj", "o_proj", "f_b"))
+    assert (defaults.tp, defaults.batch, defaults.projection) == ((8, 16), (1, 8, 64), ("kda_in_proj", "kda_o_proj", "kda_f_b", "mla_qkv_a"))
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -50,9 +50,11 @@ def test_without_a_gpu_the_bench_says_so_and_exits_2(capsys, tmp_path):
     assert "no CUDA GPU here" in capsys.readouterr().err
 
 
-def test_shapes_are_kda_s_padded_projections():
-    assert [bench_dense.shape(8, p) for p in bench_dense.PROJECTIONS] == [(6288, 7168), (7168, 1536), (1536, 128)]
-    assert [bench_dense.shape(16, p) for p in bench_dense.PROJECTIONS] == [(3216, 7168), (7168, 768), (768, 128)]
+def test_shapes_are_kda_s_padded_projections_and_mla_s_qkv_a():
+    assert [bench_dense.shape(8, p) for p in bench_dense.PROJECTIONS] == [(6288, 7168), (7168, 1536), (1536, 128),
+                                                                          (3648, 7168)]
+    assert [bench_dense.shape(16, p) for p in bench_dense.PROJECTIONS] == [(3216, 7168), (7168, 768), (768, 128),
+                                                                           (2880, 7168)]
 
 
 def test_the_check_passes_a_rounded_product_and_names_a_wrong_or_unwritten_token():
@@ -75,7 +77,7 @@ def test_rows_are_perf_evidence_with_cublas_in_the_note():
            "runs": 50}, "copies": 3, "rel_err": 2e-3}
     read = {"median": 21.0, "spread_pct": 1.0, "runs": 50, "layout": "grid-stride", "ctas": 264, "in_flight": 4,
             "swept": 21, "bytes": 1}
-    row = bench_dense.perf_row("sm_90", 8, "in_proj", 1, 6288, 7168, got, read, seed=7)
+    row = bench_dense.perf_row("sm_90", 8, "kda_in_proj", 1, 6288, 7168, got, read, seed=7)
     evidence = PerfEvidence(commit="0123abc", command="python -m benchmarks.kimi_k3.bench_dense",
                             created=datetime.now(timezone.utc),
                             hardware={"gpu": "NVIDIA H200", "count": 1, "driver": "1", "arch": "sm_90"}, rows=[row])
@@ -83,6 +85,6 @@ def test_rows_are_perf_evidence_with_cublas_in_the_note():
     assert row.axes == {"arch": "sm_90", "tp": 8, "dcp": 1, "batch": 1, "spec": "none", "layer": "kda_in_proj"}
     assert row.candidate.median == 22.0 and row.baseline.median == 21.0
     assert row.floor == pytest.approx((6288 * 7168 + 7168 + 6288) * 2 / 4.3e12 * 1e6)
-    for part in ("cuBLAS (torch.mm) 26.40 us", "cuBLAS/dense 1.200", "candidate/baseline 1.048 (target 1.15x)",
+    for part in ("KDA in_proj alone, 6288 x 7168", "cuBLAS (torch.mm) 26.40 us", "cuBLAS/dense 1.200", "candidate/baseline 1.048 (target 1.15x)",
                  "3 rotated copies", "264 CTAs x 4", "best of 21 layouts", "seed 7"):
         assert part in row.note

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.gpu
 
 def test_a_small_run_checks_times_and_writes_plausible_rows(tmp_path, seed):
     out = tmp_path / "dense.json"
-    rc = bench_dense.main(["--tp", "16", "--batch", "1,2", "--projection", "f_b", "--replays", "5", "--commit",
+    rc = bench_dense.main(["--tp", "16", "--batch", "1,2", "--projection", "kda_f_b", "--replays", "5", "--commit",
                            "0123abc", "--seed", str(seed), "--out", str(out)])
     assert rc == 0
     rows = PerfEvidence.model_validate_json(out.read_text()).rows

@@ -1,5 +1,6 @@
 """CPU checks of the dense decode projection (kernels/dense.py): it compiles for sm_90a at the KDA attention's
-projections (in_proj, o_proj, f_b at TP8 and TP16) for every token tile a decode batch takes, its one-token form
+projections (in_proj, o_proj, f_b at TP8 and TP16) and the MLA attention's (qkv_a; its o_proj is KDA's shape) for every
+token tile a decode batch takes, its one-token form
 keeps the front's down-projection register budget with no local memory, and its host side rejects what it does not
 support. Runs in CI without a GPU."""
 
@@ -15,11 +16,23 @@ torch = pytest.importorskip("torch", reason="torch is not installed (the [kernel
 import cutlass.cute as cute  # noqa: E402
 
 from kimi_k3_path.config import named_config  # noqa: E402
+from kimi_k3_path.kernels import mla  # noqa: E402
 from kimi_k3_path.kernels.dense import DenseDecode, dense_bytes, dense_decode, fake_args, gemv_split  # noqa: E402
 from kimi_k3_path.kernels.kda import projection_shapes  # noqa: E402
 from kimi_k3_path.reference.dims import layer_dims  # noqa: E402
 
 from test_compile import CTA_THREADS, SM_REGISTERS, _cubin_dump  # noqa: E402
+
+
+def mla_projections(tp: int) -> dict[str, tuple[int, int]]:
+    """(N, K) of the MLA attention's two projections on dense.project at one rank (qkv_a replicated q_a / kv_a rows
+    and this rank's output gate)."""
+    return mla.projection_shapes(layer_dims(named_config("kimi_k3"), tp).mla)
+
+
+def dense_projections(tp: int) -> dict[str, tuple[int, int]]:
+    """Every shape dense_decode serves at one rank: KDA's three and MLA's qkv_a (as "mla_qkv_a")."""
+    return {**kda_projections(tp), "mla_qkv_a": mla_projections(tp)["qkv_a"]}
 
 
 def kda_projections(tp: int) -> dict[str, tuple[int, int]]:
@@ -30,8 +43,9 @@ def kda_projections(tp: int) -> dict[str, tuple[int, int]]:
 
 @pytest.mark.parametrize("tp", [8, 16])
 @pytest.mark.parametrize("mt", [1, 16, 32, 64])
-def test_compiles_for_the_kda_projections(tp, mt):
-    for n, k in kda_projections(tp).values():
+def test_compiles_for_the_kda_and_mla_projections(tp, mt):
+    assert mla_projections(tp)["o_proj"] == kda_projections(tp)["o_proj"]  # one shape: 7168 x 1536 / 768
+    for n, k in dense_projections(tp).values():
         assert callable(cute.compile(DenseDecode(n, k, mt), *fake_args(n, k)))
 
 

@@ -1,5 +1,6 @@
 """GPU correctness of the dense decode projection (kernels/dense.py) against an fp32 matmul of
-the same bf16 inputs, at the KDA attention's projections (in_proj, o_proj, f_b at TP8 and TP16), for batches that take
+the same bf16 inputs, at the KDA attention's projections (in_proj, o_proj, f_b at TP8 and TP16) and the MLA attention's
+qkv_a (its o_proj is KDA's shape), for batches that take
 each form (1 token on the CUDA cores; 2, 16, 17, 33, 64 on the tensor cores, partial tiles included). Outputs are
 poisoned with NaN before each launch; fresh random inputs each run (seed printed).
 
@@ -14,7 +15,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed (the [kernel
 
 from kimi_k3_path.reference import rel_err  # noqa: E402
 
-from test_compile_dense import kda_projections  # noqa: E402
+from test_compile_dense import dense_projections, kda_projections  # noqa: E402
 
 OUT_TOL = 1e-2
 
@@ -33,9 +34,9 @@ def run(n: int, k: int, m: int, gen: torch.Generator) -> tuple[torch.Tensor, tor
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 2, 16, 17, 33, 64])
 @pytest.mark.parametrize("tp", [8, 16])
-@pytest.mark.parametrize("projection", ["in_proj", "o_proj", "f_b"])
+@pytest.mark.parametrize("projection", ["in_proj", "o_proj", "f_b", "mla_qkv_a"])
 def test_matches_an_fp32_matmul(projection, tp, m, seed):
-    n, k = kda_projections(tp)[projection]
+    n, k = dense_projections(tp)[projection]
     got, want = run(n, k, m, torch.Generator().manual_seed(seed))
     for t in range(m):
         assert rel_err(got[t], want[t]) < OUT_TOL, f"{projection} tp={tp} M={m}: token {t}"

@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed (the [kernels] extra)")
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed (the [kernels] extra)")
 
-from kimi_k3_path.kernels import mla  # noqa: E402
+from kimi_k3_path.kernels import dense, mla  # noqa: E402
 from kimi_k3_path.reference import (  # noqa: E402
     MlaDims,
     PagedLatentCache,
@@ -23,6 +23,8 @@ from kimi_k3_path.reference import (  # noqa: E402
     rel_err,
 )
 from kimi_k3_path.reference.mla import mla_query  # noqa: E402
+
+from test_kda_attention import bf16_matmul  # noqa: E402
 
 DIMS = MlaDims(hidden=96, heads=3, q_lora=48, kv_lora=32, qk_nope=16, qk_rope=8, v_head=16)
 PAGE = 64
@@ -65,14 +67,19 @@ def test_the_layer_composes_the_attention_and_writes_only_the_new_rows(monkeypat
     gen = torch.Generator().manual_seed(11 + len(lens))
     w, cache, x = case(gen, lens)
     kw = mla.prepare_mla_weights(w, DIMS, "cpu")
-    calls = []
+    calls, gemvs = [], []
     monkeypatch.setattr(mla, "mla_attention_decode", standin_attention(calls))
+    monkeypatch.setattr(dense, "dense_decode", bf16_matmul(gemvs))
     pages = cache.pages.bfloat16()
     slots = slots_of(cache)
     out = torch.full((len(lens), DIMS.hidden), float("nan"), dtype=torch.bfloat16)
     workspace = object()
     mla.mla_decode(x, kw, pages, cache.block_table, cache.seq_lens, slots, out, None, workspace)
 
+    # One token: qkv_a and o_proj on dense.py's GEMV (dense.project); from two, cuBLAS.
+    shapes = mla.projection_shapes(DIMS)
+    assert shapes == {"qkv_a": (48 + 32 + 8 + 3 * 16, 96), "o_proj": (96, 3 * 16)}
+    assert gemvs == ([("dense", shapes["qkv_a"]), ("dense", shapes["o_proj"])] if len(lens) == 1 else [])
     (call,) = calls
     assert call["workspace"] is workspace and call["check_inputs"] and call["scale"] == DIMS.scale
     ref_out, ref_cache = mla_decode(x.float(), w, cache, DIMS)
