@@ -29,6 +29,17 @@ for f in "$bench"/perf/*.json "$bench"/kernels/*.json; do
     exit 1
   fi
 done
+# The matrix of record is the H200's: its floors are the H200's measured copy rate (runtime.COPY_BANDWIDTH). A run the
+# device placed on another card (it lends H100s under the same kind) stays a probe: quote its ratios, not its rows.
+for f in "$bench"/perf/h200*.json; do
+  [ -f "$f" ] || continue
+  gpu=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get("hardware", {}).get("gpu", ""))' "$f")
+  case "$gpu" in
+    *H200*) ;;
+    *) echo "gpu-evidence-import: $f was measured on '$gpu', not an H200: not imported as evidence of record" >&2
+       exit 1 ;;
+  esac
+done
 gatekeeper=${GATEKEEPER:-.venv/bin/gatekeeper}
 mkdir -p kimi_k3_path/evidence/gpu kimi_k3_path/evidence/perf
 "$gatekeeper" gpu-report --junit "$run/gpu/junit.xml" --coverage "$run/gpu/.coverage" \
