@@ -11,6 +11,9 @@ as `reference.mla_decode` computes it (absorbed: MQA over vLLM's paged latent ca
   gate      attn = v * sigmoid(gate)                                                  torch (2 launches)
   o_proj    out = attn @ W_o^T                                                        dense.project (bf16)
 
+mla_norms.py holds the one-launch form of the norms and the insert (4-6 launches here), compiled but not yet run on a
+GPU: it replaces them once tests/kimi_k3_path/kernels/test_mla_norms_gpu.py has passed on one.
+
 dense.project runs dense.py's GEMV at one token (its weight slices loaded before griddepcontrol.wait, so behind
 AttnRes qkv_a's first wave streams early) and cuBLAS from two. qkv_a is 3648 x 7168 at TP8 and 2880 x 7168 at TP16, on
 dense.py's in_proj form (4 warps a row); o_proj 7168 x 1536 / 768 is KDA's o_proj shape at both TPs.
