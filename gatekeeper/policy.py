@@ -198,6 +198,9 @@ class PerfMatrixSettings(_Strict):
     extra_axes: dict[str, tuple[Any, ...]] = Field(default_factory=dict)  # e.g. layer: [kda_moe, mla_moe]
     axis_exemptions: tuple[AxisExemption, ...] = ()  # rows needed at one value of an axis, not each (AxisExemption)
     metric: str = "latency"
+    # GPU models the evidence must come from (hardware.gpu contains one of them, case-insensitive), e.g. [H200]: the
+    # arch axis names a family (sm_90: H100 and H200), not the card whose bandwidth the floors and timings are of.
+    gpus: tuple[str, ...] = ()
     min_runs: int = Field(default=10, ge=1)
     max_spread_pct: float = Field(default=10.0, gt=0)
     max_regression_pct: float = Field(default=2.0, ge=0)
@@ -208,6 +211,13 @@ class PerfMatrixSettings(_Strict):
     # With "owned", the paths whose changes count, when not all the owned paths can change what was measured
     # (the contribution's code, say, without its notes and evidence files).
     commit_window_paths: tuple[Glob, ...] = ()
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpu_names(cls, gpus: tuple[str, ...]) -> tuple[str, ...]:
+        if blank := [g for g in gpus if not g.strip()]:
+            raise ValueError(f"gpus holds {len(blank)} blank name(s): a blank name matches every GPU")
+        return gpus
 
     @model_validator(mode="after")
     def _window_paths_only_when_counting_owned(self) -> PerfMatrixSettings:

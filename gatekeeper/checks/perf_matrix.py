@@ -276,6 +276,9 @@ def row_problems(row: PerfRow, sub: PerfSubmission, settings: PerfMatrixSettings
     measured_arch = sub.evidence.hardware.arch
     if "arch" in row.axes and measured_arch is not None and str(row.axes["arch"]) != measured_arch:
         problems.append(f"the row claims arch {row.axes['arch']} but was measured on {measured_arch}")
+    gpu = sub.evidence.hardware.gpu
+    if settings.gpus and not any(name.lower() in gpu.lower() for name in settings.gpus):
+        problems.append(f"measured on {gpu}; the policy takes evidence from {', '.join(settings.gpus)} only")
     return problems
 
 

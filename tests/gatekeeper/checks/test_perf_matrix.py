@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from gatekeeper.changes import ChangeSet
 from gatekeeper.checks import CheckContext
 from gatekeeper.checks.perf_matrix import fenced_blocks, run
+from gatekeeper.errors import InputError
 from gatekeeper.evidence import Evidence, HeadInfo, Origin, PerfEvidence, PerfSubmission, SupportAxes
 from gatekeeper.policy import Mode, load_policy_text
 from gatekeeper.provenance import Provenance, PullRequestInfo
@@ -53,10 +56,12 @@ def perf(rows=None, commit=HEAD) -> dict:
 
 
 def check(doc=None, window=0, trusted="[]", files=None, body="", axes=AXES, origin=TRUSTED, head=HEAD, counts="all",
-          owned_changes=None, window_paths=None):
+          owned_changes=None, window_paths=None, gpus=None):
     text = POLICY.format(trusted=trusted, window=window, counts=counts)
     if window_paths is not None:
         text += f"    commit_window_paths: {window_paths}\n"
+    if gpus is not None:
+        text += f"    gpus: {gpus}\n"
     policy = load_policy_text(text, "policy.yaml")
     submissions = () if doc is None else (PerfSubmission(origin=origin, evidence=PerfEvidence.model_validate(doc)),)
     support = None if axes is None else SupportAxes(origin=TRUSTED, source="tiny.support:MATRIX", axes=axes)
@@ -165,6 +170,24 @@ def test_rows_must_be_measured_on_the_arch_they_claim():
         r["axes"]["arch"] = "sm_100"
     result = check(perf(rows), axes={**AXES, "arch": ("sm_100",)})
     assert "claims arch sm_100 but was measured on sm_90" in errors(result)[0]
+
+
+def test_rows_must_come_from_a_gpu_the_policy_names():
+    """sm_90 is the H100's arch as well as the H200's: a policy naming its GPU keeps an H100 run out of the matrix."""
+    on_h100 = perf()
+    on_h100["hardware"]["gpu"] = "NVIDIA H100 80GB HBM3"
+    assert check(on_h100).status is Status.passed  # no gpus in the policy: any card of the arch
+    result = check(on_h100, gpus="[H200]")
+    assert result.status is Status.failed
+    assert errors(result)[0] == ("tp=8, batch=1, layer=kda: measured on NVIDIA H100 80GB HBM3; the policy takes "
+                                 "evidence from H200 only")
+    assert check(perf(), gpus="[h200, B200]").status is Status.passed  # case-insensitive, any of them
+
+
+def test_a_blank_gpu_name_is_refused():
+    with pytest.raises(InputError, match="blank name\\(s\\): a blank name matches every GPU") as error:
+        check(perf(), gpus='["H200", " "]')
+    assert error.value.line is not None  # the policy's line, as every policy error names it
 
 
 def test_pr_file_and_body_block_are_self_reported_evidence():

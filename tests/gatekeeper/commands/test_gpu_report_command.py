@@ -286,24 +286,24 @@ def test_the_report_is_the_same_whatever_the_hash_seed(gpu_run, tmp_path):
 IMPORT_SCRIPT = Path(__file__).resolve().parents[3] / "tools" / "gpu-evidence-import.sh"
 
 
-def _device_run(gpu_run: GpuRun, folder: Path, measured_at: str) -> Path:
-    """The files tools/gpu-evidence.sh hands back, in its layout, its bench JSON stamped `measured_at`."""
+def _device_run(gpu_run: GpuRun, folder: Path, measured_at: str, gpu: str = "NVIDIA H200") -> Path:
+    """The files tools/gpu-evidence.sh hands back, in its layout, its bench JSON stamped `measured_at` on `gpu`."""
     (folder / "gpu").mkdir(parents=True)
     (folder / "perf").mkdir()
     for name in ("junit.xml", ".coverage", "nodeids.txt"):
         shutil.copy(gpu_run.out / name, folder / "gpu" / name)
     (folder / "tests.log").write_text("4 tests\n")
     (folder / "bench.log").write_text("rows\n")
-    (folder / "perf" / "h200.json").write_text(f'{{"commit": "{measured_at}", "rows": []}}')
+    (folder / "perf" / "h200.json").write_text(f'{{"commit": "{measured_at}", "hardware": {{"gpu": "{gpu}"}}, "rows": []}}')
     return folder
 
 
-def _import(gpu_run: GpuRun, tmp_path: Path, measured_at: str, split: bool = False
+def _import(gpu_run: GpuRun, tmp_path: Path, measured_at: str, split: bool = False, gpu: str = "NVIDIA H200"
             ) -> tuple[subprocess.CompletedProcess, Path]:
     """Import a device run into a fresh clone; split: as a BENCH=0 folder (the tests) and a TESTS=0 one (the bench)."""
     checkout = tmp_path / "checkout"
     subprocess.run(["git", "clone", "-q", str(gpu_run.checkout), str(checkout)], check=True, timeout=60)
-    run = _device_run(gpu_run, tmp_path / "run", measured_at)
+    run = _device_run(gpu_run, tmp_path / "run", measured_at, gpu)
     folders = [run]
     if split:
         bench = tmp_path / "bench"
@@ -339,6 +339,14 @@ def test_the_import_script_takes_a_run_split_into_a_tests_call_and_a_bench_call(
     assert sorted(str(p.relative_to(evidence)) for p in evidence.rglob("*") if p.is_file()) == [
         "gpu/gpu-evidence.json", "perf/h200.json"]
     assert "logs and kernel JSON stay in" in done.stdout
+
+
+def test_the_import_script_refuses_a_matrix_measured_on_another_card(gpu_run, tmp_path):
+    """The device lends H100s under the H200's kind; the floors are the H200's copy rate."""
+    done, checkout = _import(gpu_run, tmp_path, gpu_run.sha, gpu="NVIDIA H100 80GB HBM3")
+    assert done.returncode == 1
+    assert "was measured on 'NVIDIA H100 80GB HBM3', not an H200: not imported as evidence of record" in done.stderr
+    assert not (checkout / "kimi_k3_path").exists()  # nothing written
 
 
 @pytest.mark.parametrize("split", [False, True])
