@@ -112,7 +112,9 @@ def run(ctx: CheckContext) -> CheckResult:
     if undecided:
         return _result(Status.neutral, "Not decided: " + "; ".join(sorted(set(undecided))) + ".", findings, details)
     trust = sorted({s.origin.trust.replace("_", "-") for s in submissions if id(s) in used})
-    summary = f"All {len(verdicts)} row(s) covering the support matrix measured, no regression ({'/'.join(trust)} evidence)."
+    gpus = sorted({s.evidence.hardware.gpu for s in submissions if id(s) in used})
+    summary = (f"All {len(verdicts)} row(s) covering the support matrix measured on {', '.join(gpus)}, no regression "
+               f"({'/'.join(trust)} evidence).")
     return _result(Status.passed, summary, findings, details)
 
 

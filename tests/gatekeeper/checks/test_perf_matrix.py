@@ -181,7 +181,8 @@ def test_rows_must_come_from_a_gpu_the_policy_names():
     assert result.status is Status.failed
     assert errors(result)[0] == ("tp=8, batch=1, layer=kda: measured on NVIDIA H100 80GB HBM3; the policy takes "
                                  "evidence from H200 only")
-    assert check(perf(), gpus="[h200, B200]").status is Status.passed  # case-insensitive, any of them
+    passed = check(perf(), gpus="[h200, B200]")  # case-insensitive, any of them
+    assert passed.status is Status.passed and "measured on NVIDIA H200, no regression" in passed.summary
 
 
 def test_a_blank_gpu_name_is_refused():
