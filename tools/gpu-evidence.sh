@@ -15,7 +15,8 @@
 #   $OUT/perf/h200-context<N>-tp<T>.json        the MLA+MoE layer at each longer context N of the support
 #                                               matrix's perf_contexts (CONTEXTS, default 32768; CONTEXTS= skips
 #                                               them), one file per TP: ~115 s at 100 replays for 32768
-#   $OUT/kernels/*.json                         with KERNEL_BENCH=1: the MoE block and each kernel alone at M=1;
+#   $OUT/kernels/*.json                         with KERNEL_BENCH=1: the MoE block and each kernel alone at M=1
+#                                               (KERNEL_BATCHES=1,2,8,64: at those batches);
 #                                               with MLA_BENCH=1: the MLA split-KV attention alone (bench_mla);
 #                                               with DENSE_BENCH=1: the attentions' GEMVs alone vs cuBLAS (bench_dense)
 #   $OUT/tests.log, $OUT/bench.log              everything printed, bench.log ending with a `gpu state:` line
@@ -72,8 +73,10 @@ if [ "${BENCH:-1}" = 1 ]; then
     done
   done
 fi
-[ "${KERNEL_BENCH:-0}" = 1 ] && python3 -m benchmarks.kimi_k3.bench_moe --tp 8,16 --batch 1 --replays 50 --commit "$SHA" \
-  --out "$OUT/kernels/moe_block_m1.json" --kernels-out "$OUT/kernels/moe_kernels_m1.json" 2>&1 | tee -a "$OUT/bench.log"
+# KERNEL_BATCHES (default 1) picks the batches, e.g. 1,2,8,64 for the block's per-launch times above one token.
+[ "${KERNEL_BENCH:-0}" = 1 ] && python3 -m benchmarks.kimi_k3.bench_moe --tp 8,16 --batch "${KERNEL_BATCHES:-1}" \
+  --steps-at "${KERNEL_BATCHES:-1}" --replays 50 --commit "$SHA" --out "$OUT/kernels/moe_block.json" \
+  --kernels-out "$OUT/kernels/moe_kernels.json" 2>&1 | tee -a "$OUT/bench.log"
 # MLA_BENCH=1: the MLA split-KV attention alone at the contexts of issue 36 (its rows stay outside the matrix of
 # record: quote them in the commit message or the issue note). MLA_TP picks the TPs (default both).
 [ "${MLA_BENCH:-0}" = 1 ] && python3 -m benchmarks.kimi_k3.bench_mla --tp "${MLA_TP:-8,16}" --batch 1,8,64 \
