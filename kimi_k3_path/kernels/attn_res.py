@@ -39,13 +39,13 @@ from .common import (
     VEC_BYTES,
     WARP,
     after_all_loads,
-    bf16x2_to_f32,
+    bf16_words_to_f32,
+    f32_to_bf16_words,
     lane_butterfly,
     lane_group_sum,
     lane_reduce_scatter,
     ld_act_v4,
     ld_fresh_v4,
-    pack_bf16x2,
     select_f32,
     st_global_v4_b32,
 )
@@ -106,16 +106,6 @@ class AttnResMix:
             smem=(self.warps * 2 * MAX_SOURCES + self.warps) * 4 + 64, stream=stream, use_pdl=True,
         )
 
-    def floats(self, words) -> list:
-        values = []
-        for w in words:
-            lo, hi = bf16x2_to_f32(w)
-            values += [lo, hi]
-        return values
-
-    def packed(self, values) -> list:
-        return [pack_bf16x2(values[2 * i], values[2 * i + 1]) for i in range(len(values) // 2)]
-
     @cute.kernel
     def kernel(self, prefix, delta, blocks, res_norm, res_proj, out_norm, out):
         tidx, _, _ = cute.arch.thread_idx()
@@ -153,12 +143,12 @@ class AttnResMix:
         if cutlass.const_expr(self.prefix is Prefix.KEEP):
             sources.append(load(prefix.iterator.toint() + token))
         else:
-            given = self.floats(load(delta.iterator.toint() + token))
+            given = bf16_words_to_f32(load(delta.iterator.toint() + token))
             if cutlass.const_expr(self.prefix is Prefix.ADD):
-                old = self.floats(load(prefix.iterator.toint() + token))
+                old = bf16_words_to_f32(load(prefix.iterator.toint() + token))
                 given = [a + b for a, b in zip(old, given)]
             # The stream is bf16: score and mix the prefix as it is stored.
-            words = self.packed(given)
+            words = f32_to_bf16_words(given)
             sources.append(words)
             store(prefix.iterator.toint() + token, words)
             if cutlass.const_expr(self.write_block >= 0):
@@ -166,10 +156,10 @@ class AttnResMix:
         count = len(sources)
 
         # Lane s of the reduce-scatter gets source s's sum of squares, lane MAX_SOURCES + s its dot with the query.
-        query = [a * b for a, b in zip(self.floats(norm_words), self.floats(proj_words))]
+        query = [a * b for a, b in zip(bf16_words_to_f32(norm_words), bf16_words_to_f32(proj_words))]
         sums = [Float32(0.0)] * (2 * MAX_SOURCES)
         for s, words in enumerate(sources):
-            values = self.floats(words)
+            values = bf16_words_to_f32(words)
             for i in cutlass.range_constexpr(self.per_thread):
                 sq, dot = Float32(0.0), Float32(0.0)
                 for j in cutlass.range_constexpr(i * BF16_PER_VEC, (i + 1) * BF16_PER_VEC):
@@ -196,7 +186,7 @@ class AttnResMix:
         mixed = [Float32(0.0)] * (BF16_PER_VEC * self.per_thread)
         for s, words in enumerate(sources):
             p = cute.arch.shuffle_sync(weight, s)
-            mixed = [acc + p * v for acc, v in zip(mixed, self.floats(words))]
+            mixed = [acc + p * v for acc, v in zip(mixed, bf16_words_to_f32(words))]
         sq = Float32(0.0)
         for i in cutlass.range_constexpr(self.per_thread):
             part = Float32(0.0)
@@ -211,7 +201,7 @@ class AttnResMix:
         if lane < self.warps:
             warp_sq = squares[lane]
         rstd = cute.math.rsqrt(lane_group_sum(warp_sq, WARP) * Float32(1.0 / self.hidden) + Float32(self.out_eps))
-        store(out.iterator.toint() + token, self.packed([v * rstd * g for v, g in zip(mixed, self.floats(gamma_words))]))
+        store(out.iterator.toint() + token, f32_to_bf16_words([v * rstd * g for v, g in zip(mixed, bf16_words_to_f32(gamma_words))]))
 
 
 def fake_args(hidden: int, max_blocks: int, m=None) -> tuple:

@@ -249,6 +249,15 @@ def bf16x2_to_f32(word: Int32):
     )
 
 
+def bf16_words_to_f32(words) -> list:
+    """The fp32 values of packed bf16 pairs, in order (bf16x2_to_f32 of each word)."""
+    values = []
+    for word in words:
+        low, high = bf16x2_to_f32(word)
+        values += [low, high]
+    return values
+
+
 def kernel_fp4_bytes(packed):
     """Packed E2M1 bytes (an int or a uint8 tensor) from the reference layout (element 2i in the low nibble of byte i,
     element 2i+1 in the high one; nibbles s|e1|e0|m) to the kernels' (moe.prepare_weights applies it; every kernel
@@ -430,6 +439,11 @@ def pack_bf16x2(low: Float32, high: Float32) -> Int32:
     """Two fp32 values rounded to bf16 (nearest even) in one word, `low` in the low half (bf16x2_to_f32's inverse)."""
     return cute.arch.inline_ptx("cvt.rn.bf16x2.f32 {$w0}, {$r0}, {$r1};", write_only_types=[Int32],
                                 read_only_args=[high, low])
+
+
+def f32_to_bf16_words(values) -> list:
+    """Consecutive fp32 pairs packed as bf16 words (bf16_words_to_f32's inverse, rounding to nearest even)."""
+    return [pack_bf16x2(values[2 * i], values[2 * i + 1]) for i in range(len(values) // 2)]
 
 
 def select_f32(take_first: Int32, first: Float32, second: Float32) -> Float32:

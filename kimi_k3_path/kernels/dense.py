@@ -23,10 +23,7 @@ takes effect when the last of its CTAs has started) and waits (griddepcontrol.wa
 its first store; x is then read by plain loads (ld_fresh_v4), as data a launch still running at this one's start
 wrote. Behind a torch or cuBLAS launch, which never triggers early, it starts as any launch would. At one token each
 lane's whole weight slice is loaded before the wait (gemv.dot_slice's `wait`), so the resident CTAs stream their rows
-while the launch before finishes. On an H100 (the H200 was not to be had; alternating processes, 200 replays, two
-rounds): the KDA+MoE layer at M=1 3.1 us faster at TP8 (119.2 against 122.3) and 3.9 at TP16 (91.4 against 95.3),
-of which one warp per o_proj row gave TP16 0.8 us; o_proj alone at TP16 4.9 us against 6.6 (0.87x of a pure read,
-was 1.16x).
+while the launch before finishes (measured: docs/design/kimi_k3_kernels.md section 10).
 """
 
 from __future__ import annotations
@@ -60,8 +57,8 @@ def gemv_split(k: int) -> int:
     is. in_proj (K = 7168): 4 warps of 7 steps, 2 rows per CTA. o_proj (K = 1536 at TP8, 768 at TP16): one warp per
     row (6 or 3 steps), 8 rows per CTA; with 4, half or three quarters of the lanes idled on its last step, and each
     CTA held a quarter of the bytes across the wait."""
+    vectors = k // BF16_PER_VEC
     for split in (1, 2, FRONT_DOWN_SPLIT):
-        vectors = k // BF16_PER_VEC
         if k % (BF16_PER_VEC * WARP * split) == 0 and vectors // split // WARP <= MAX_STEPS:
             return split
     return FRONT_DOWN_SPLIT

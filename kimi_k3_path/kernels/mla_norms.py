@@ -29,11 +29,11 @@ from .common import (
     BF16_PER_VEC,
     VEC_BYTES,
     WARP,
-    bf16x2_to_f32,
+    bf16_words_to_f32,
+    f32_to_bf16_words,
     lane_group_sum,
     ld_act_v4,
     ld_fresh_v4,
-    pack_bf16x2,
     select_f32,
     st_global_v4_b32,
 )
@@ -93,10 +93,7 @@ class MlaNormsInsert:
 
         token = Int64(m)
         words = list(ld_fresh_v4(projected.iterator.toint() + (token * self.cols + Int64(vec) * BF16_PER_VEC) * 2))
-        values = []
-        for w in words:
-            lo, hi = bf16x2_to_f32(w)
-            values += [lo, hi]
+        values = bf16_words_to_f32(words)
         sq = Float32(0.0)
         for v in values:
             sq = sq + v * v
@@ -112,10 +109,7 @@ class MlaNormsInsert:
             total = total + sums[w * SEGMENTS + segment]
         inv_width = select_f32(in_kv, Float32(1.0 / self.kv_lora), Float32(1.0 / self.q_lora))
         rstd = cute.math.rsqrt(total * inv_width + Float32(self.eps))
-        normed = []
-        for i, w in enumerate(gamma):
-            lo, hi = bf16x2_to_f32(w)
-            normed.append(pack_bf16x2(values[2 * i] * rstd * lo, values[2 * i + 1] * rstd * hi))
+        normed = f32_to_bf16_words([v * rstd * g for v, g in zip(values, bf16_words_to_f32(gamma))])
 
         st_global_v4_b32(in_q, q_c.iterator.toint() + (token * self.q_lora + Int64(vec) * BF16_PER_VEC) * 2, normed)
         row = pages.iterator.toint() + slots[m] * (self.row * 2)
