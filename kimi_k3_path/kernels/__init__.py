@@ -16,8 +16,8 @@
                          split-KV attention, W_UV, gate, o_proj)
   mla_attention.py       its split-KV attention over the paged latent cache + combine (2 launches): correct and
                          timed on the H200 (benchmarks/kimi_k3/bench_mla.py)
-  mla_norms.py           `mla_norms_insert`: the q_a / kv_a RMSNorms and the cache row insert in one launch:
-                         compiled only, not yet run on a GPU nor called by mla.py (its GPU test waits for a device)
+  mla_norms.py           `mla_norms_insert`: the q_a / kv_a RMSNorms and the cache row insert in one launch
+                         (mla.py's; its GPU tests passed on an H100)
   dense.py               `dense_decode`: a dense bf16 projection (y = x W^T) on the MoE front's row dots: the KDA
                          attention's in_proj and o_proj and MLA's qkv_a and o_proj at one token (`project`;
                          benchmarks/kimi_k3/bench_dense.py)

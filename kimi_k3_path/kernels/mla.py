@@ -2,8 +2,8 @@
 as `reference.mla_decode` computes it (absorbed: MQA over vLLM's paged latent cache):
 
   qkv_a     projected = x @ W_qkv_a^T = [q_c | kv_c | k_pe | gate]                    dense.project (bf16)
-  norms     q_c = rms_norm(q_c), kv_c = rms_norm(kv_c)                                torch (F.rms_norm, bf16 out)
-  insert    the decoded token's row [kv_c | k_pe] into pages at its slot               torch (cat, index_copy_)
+  norms     q_c = rms_norm(q_c), kv_c = rms_norm(kv_c), and the decoded token's        mla_norms.py (1 launch)
+  + insert  row [kv_c | k_pe] into pages at its slot
   q_b       q = q_c @ W_q_b^T, per head [q_nope (128) | q_pe (64)]                     cuBLAS (bf16)
   absorb    the kernel's q [M, heads, 576] = q @ [[W_UK, 0], [0, I]] per head          cuBLAS (one bmm)
   attend    latent = softmax(q . row * scale) @ row[:512] over the sequence's rows      mla_attention.py (2 launches)
@@ -11,19 +11,16 @@ as `reference.mla_decode` computes it (absorbed: MQA over vLLM's paged latent ca
   gate      attn = v * sigmoid(gate)                                                  torch (2 launches)
   o_proj    out = attn @ W_o^T                                                        dense.project (bf16)
 
-mla_norms.py holds the one-launch form of the norms and the insert (4-6 launches here), compiled but not yet run on a
-GPU: it replaces them once tests/kimi_k3_path/kernels/test_mla_norms_gpu.py has passed on one.
-
 dense.project runs dense.py's GEMV at one token (its weight slices loaded before griddepcontrol.wait, so behind
 AttnRes qkv_a's first wave streams early) and cuBLAS from two. qkv_a is 3648 x 7168 at TP8 and 2880 x 7168 at TP16, on
 dense.py's in_proj form (4 warps a row); o_proj 7168 x 1536 / 768 is KDA's o_proj shape at both TPs.
 
 The absorb bmm writes ql = q_nope @ W_UK and copies q_pe in the same product (its identity block is exact in fp32
-accumulation): one launch instead of a bmm and a copy (the stock path's concat kernel). 13 launches in all if
-F.rms_norm is one launch per norm (torch 2.14 on sm_90: a contiguous copy of the column slice, then its fused
-kernel, so possibly 15), against the stock path's 11 (`benchmarks/kimi_k3/stock.py: mla_attention`), whose Triton
-split-KV decode and combine these replace. Rows are addressed by vLLM's slot mapping (page * page_size + offset,
-int64); its padding slot -1 is not supported (index_copy_ would fault), so a batch is passed unpadded. No host
+accumulation): one launch instead of a bmm and a copy (the stock path's concat kernel). 10 launches in all (torch's
+two rms_norm, cat and index_copy_ took 4-6 where mla_norms.py takes one), against the stock path's 11
+(`benchmarks/kimi_k3/stock.py: mla_attention`), whose Triton split-KV decode and combine these replace. Rows are
+addressed by vLLM's slot mapping (page * page_size + offset, int64); its padding slot -1 is not supported (the insert
+would write outside the pages), so a batch is passed unpadded. No host
 synchronization and no allocation outside torch's allocator when check_inputs is False and a workspace is given:
 CUDA-graph capturable.
 """
@@ -33,10 +30,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from .dense import project
 from .mla_attention import MlaWorkspace, check_cache_inputs, mla_attention_decode
+from .mla_norms import mla_norms_insert
 from .runtime import expect
 
 
@@ -103,13 +100,12 @@ def mla_decode(x: torch.Tensor, w: MlaAttentionWeights, pages: torch.Tensor, blo
         lens, table = seq_lens.tolist(), block_table.tolist()
         check_cache_inputs(lens, table, pages.shape[0])
         check_slots(slots.tolist(), table, lens, pages.shape[1])
-    q_end, kv_end, pe_end = d.q_lora, d.q_lora + d.kv_lora, d.q_lora + d.kv_lora + d.qk_rope
+    gate_start = d.q_lora + d.kv_lora + d.qk_rope
     with torch.cuda.stream(stream):  # the torch ops on the stream the CuTe launches take
         projected = torch.empty(m, w.qkv_a.shape[0], device=x.device, dtype=torch.bfloat16)
         project(x, w.qkv_a, projected, stream)
-        q_c = F.rms_norm(projected[:, :q_end], (d.q_lora,), w.q_a_norm, d.eps)
-        kv_c = F.rms_norm(projected[:, q_end:kv_end], (d.kv_lora,), w.kv_a_norm, d.eps)
-        pages.view(-1, row).index_copy_(0, slots, torch.cat([kv_c, projected[:, kv_end:pe_end]], dim=1))
+        q_c = torch.empty(m, d.q_lora, device=x.device, dtype=torch.bfloat16)
+        mla_norms_insert(projected, w.q_a_norm, w.kv_a_norm, d.eps, d.qk_rope, pages, slots, q_c, stream)
         q = (q_c @ w.q_b.t()).view(m, d.heads, d.qk_head)
         mqa_q = torch.empty(m, d.heads, row, device=x.device, dtype=torch.bfloat16)
         torch.bmm(q.transpose(0, 1), w.absorb, out=mqa_q.transpose(0, 1))
@@ -118,5 +114,5 @@ def mla_decode(x: torch.Tensor, w: MlaAttentionWeights, pages: torch.Tensor, blo
                              check_inputs=check_inputs)
         v = torch.empty(m, d.heads, d.v_head, device=x.device, dtype=torch.bfloat16)
         torch.bmm(latent.transpose(0, 1), w.w_uv, out=v.transpose(0, 1))
-        gated = torch.sigmoid(projected[:, pe_end:]).mul_(v.view(m, -1))
+        gated = torch.sigmoid(projected[:, gate_start:]).mul_(v.view(m, -1))
         project(gated, w.o_proj, out, stream)

@@ -54,6 +54,20 @@ def standin_attention(calls):
     return launch
 
 
+def standin_norms(calls):
+    """mla_norms_insert as torch computes it (the kernel against torch's RMSNorm: test_mla_norms_gpu.py)."""
+
+    def launch(projected, q_a_norm, kv_a_norm, eps, rope, pages, slots, q_c, stream):
+        calls.append("norms")
+        q_lora, kv_lora = q_a_norm.shape[0], kv_a_norm.shape[0]
+        q_c.copy_(torch.nn.functional.rms_norm(projected[:, :q_lora], (q_lora,), q_a_norm, eps))
+        kv_c = torch.nn.functional.rms_norm(projected[:, q_lora:q_lora + kv_lora], (kv_lora,), kv_a_norm, eps)
+        k_pe = projected[:, q_lora + kv_lora:q_lora + kv_lora + rope]
+        pages.view(-1, pages.shape[2]).index_copy_(0, slots, torch.cat([kv_c, k_pe], dim=1))
+
+    return launch
+
+
 def case(gen, lens):
     w = rounded(random_mla_weights(DIMS, gen))
     cache = random_paged_cache(DIMS, lens, PAGE, gen, spare_pages=2)
@@ -70,6 +84,8 @@ def test_the_layer_composes_the_attention_and_writes_only_the_new_rows(monkeypat
     calls, gemvs = [], []
     monkeypatch.setattr(mla, "mla_attention_decode", standin_attention(calls))
     monkeypatch.setattr(dense, "dense_decode", bf16_matmul(gemvs))
+    norms = []
+    monkeypatch.setattr(mla, "mla_norms_insert", standin_norms(norms))
     pages = cache.pages.bfloat16()
     slots = slots_of(cache)
     out = torch.full((len(lens), DIMS.hidden), float("nan"), dtype=torch.bfloat16)
@@ -81,6 +97,7 @@ def test_the_layer_composes_the_attention_and_writes_only_the_new_rows(monkeypat
     assert shapes == {"qkv_a": (48 + 32 + 8 + 3 * 16, 96), "o_proj": (96, 3 * 16)}
     assert gemvs == ([("dense", shapes["qkv_a"]), ("dense", shapes["o_proj"])] if len(lens) == 1 else [])
     (call,) = calls
+    assert norms == ["norms"]
     assert call["workspace"] is workspace and call["check_inputs"] and call["scale"] == DIMS.scale
     ref_out, ref_cache = mla_decode(x.float(), w, cache, DIMS)
     assert rel_err(out, ref_out) < 2e-2  # bf16 GEMM and norm outputs against fp32
@@ -116,6 +133,7 @@ def test_unchecked_the_inputs_are_not_read_on_the_host(monkeypatch):
     w, cache, x = case(gen, [5, 70])
     calls = []
     monkeypatch.setattr(mla, "mla_attention_decode", standin_attention(calls))
+    monkeypatch.setattr(mla, "mla_norms_insert", standin_norms([]))
     monkeypatch.setattr(mla, "check_slots", lambda *a: pytest.fail("read on the host"))
     monkeypatch.setattr(mla, "check_cache_inputs", lambda *a: pytest.fail("read on the host"))
     out = torch.empty(2, DIMS.hidden, dtype=torch.bfloat16)
@@ -129,6 +147,7 @@ def test_bad_inputs_are_refused_before_anything_is_written(monkeypatch):
     w, cache, x = case(gen, [5, 70])
     kw = mla.prepare_mla_weights(w, DIMS, "cpu")
     monkeypatch.setattr(mla, "mla_attention_decode", lambda *a, **k: pytest.fail("launched"))
+    monkeypatch.setattr(mla, "mla_norms_insert", lambda *a, **k: pytest.fail("launched"))
     pages = cache.pages.bfloat16()
     before = pages.clone()
     slots = slots_of(cache)
