@@ -165,14 +165,16 @@ def bulk_copy_to_shared(dst: Int32, src: Int64, nbytes, barrier: Int32) -> None:
 
 
 @cute.jit
-def expect_bulk_bytes(barrier: cute.Tensor, tidx: Int32, nbytes: cutlass.Constexpr):
-    """A single-use mbarrier (one Int64 in shared memory) that completes when nbytes of bulk copies have landed.
-    Every thread of the CTA calls this before any thread issues one of those copies (it synchronizes); afterwards
-    wait with cute.arch.mbarrier_wait(barrier.iterator, 0)."""
+def expect_bulk_bytes(barrier: cute.Tensor, tidx: Int32, nbytes: cutlass.Constexpr, stages: cutlass.Constexpr = 1):
+    """Single-use mbarriers (`stages` Int64s in shared memory), each completing when nbytes of bulk copies have landed
+    on it. Every thread of the CTA calls this before any thread issues one of those copies (it synchronizes);
+    afterwards wait on stage j with cute.arch.mbarrier_wait(barrier.iterator + j, 0)."""
     if tidx == 0:
-        cute.arch.mbarrier_init(barrier.iterator, 1)
+        for j in cutlass.range_constexpr(stages):
+            cute.arch.mbarrier_init(barrier.iterator + j, 1)
         cute.arch.mbarrier_init_fence()
-        cute.arch.mbarrier_arrive_and_expect_tx(barrier.iterator, nbytes)
+        for j in cutlass.range_constexpr(stages):
+            cute.arch.mbarrier_arrive_and_expect_tx(barrier.iterator + j, nbytes)
     cute.arch.sync_threads()
 
 

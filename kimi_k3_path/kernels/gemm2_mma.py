@@ -24,10 +24,26 @@ from .norm_tail import NORM_TAIL_CTAS, TAIL_SMEM_BYTES, alloc_tail_smem, norm_ta
 from .router import expect_plan, fake_plan
 
 
+# Bytes of w2 rows and scales a multi-tile GEMM2 CTA stages at once (its tiles' copies all issued before the wait),
+# where one 128-row tile per CTA (26 KB at TP8, 13 KB at TP16) had each of ~17 000 CTAs at 64 tokens copy, wait a round
+# trip, compute and reduce in turn. 56 KB keeps 4 CTAs per SM, as registers allow. Where it runs: dispatch.py.
+GEMM2_STAGED_BYTES = 56 * 1024
+
+
+def gemm2_tiles_per_cta(latent: int, inter: int) -> int:
+    """128-row tiles per GEMM2 CTA: the most whose stages fit GEMM2_STAGED_BYTES and divide the latent rows evenly
+    (2 at TP8, 4 at TP16)."""
+    stage = GEMM2_ROWS * (inter // 2 + inter // FP4_GROUP)
+    tiles = latent // GEMM2_ROWS
+    return max(t for t in range(1, tiles + 1) if tiles % t == 0 and t * stage <= max(GEMM2_STAGED_BYTES, stage))
+
+
 class ExpertsGemm2CombineMma:
     """y_lat[t] += w[p] * (a[p] @ w2[e]^T) for every planned pair p = t*k + slot, then normed = rms_norm(y_lat), on
-    the tensor cores. CTA (slot, tile) computes latent rows 128*tile .. +127 of the slot's pairs, 16 per warp; those
-    rows of w2 and their scales come into shared memory by bulk copies (one round trip), as in ExpertsGemm1SituMma.
+    the tensor cores. CTA (slot, tile) computes `tiles` 128-row tiles of latent rows of the slot's pairs, from
+    128 * tiles * tile, 16 rows per warp and tile; those rows of w2 and their scales come into shared memory by bulk
+    copies, all issued at the start, one barrier per tile so that the first tile's MMAs overlap the later tiles'
+    arrival; the slot's activations are read once into L1 for all of them.
     Each result times the pair's routing weight goes into y_lat with one fp32 reduction, and the last CTAs normalize,
     one token each (norm_tail.norm_tail): the norm needs whole rows, which only exist once every CTA is done.
     Launched early (programmatic dependent launch): GEMM1 lets it start at once, so its CTAs take the room GEMM1's
@@ -39,16 +55,23 @@ class ExpertsGemm2CombineMma:
     normed [M, L] bf16."""
 
     def __init__(self, experts: int, latent: int, inter: int, top_k: int, eps: float,
-                 in_flight: int = GEMM2_GROUPS_IN_FLIGHT, tail_ctas: int = NORM_TAIL_CTAS):
+                 in_flight: int = GEMM2_GROUPS_IN_FLIGHT, tail_ctas: int = NORM_TAIL_CTAS, tiles: int | None = None):
         check_mma_experts(latent, inter)
         groups = inter // FP4_GROUP
         self.in_flight = max(n for n in range(1, in_flight + 1) if groups % n == 0)
         self.e, self.l, self.i, self.k, self.eps, self.tail_ctas = experts, latent, inter, top_k, eps, tail_ctas
+        self.tiles = gemm2_tiles_per_cta(latent, inter) if tiles is None else tiles
+        if self.tiles < 1 or (latent // GEMM2_ROWS) % self.tiles:
+            raise ValueError(f"experts_gemm2_mma: {self.tiles} tiles per CTA do not divide the "
+                             f"{latent // GEMM2_ROWS} tiles of {GEMM2_ROWS} latent rows")
         self.scale_row = inter // FP4_GROUP
         self.stage_bytes = GEMM2_ROWS * (inter // 2 + self.scale_row)
 
+    def ctas_per_slot(self) -> int:
+        return self.l // (GEMM2_ROWS * self.tiles)
+
     def smem_bytes(self) -> int:
-        return TAIL_SMEM_BYTES + self.stage_bytes + SMEM_SLACK
+        return TAIL_SMEM_BYTES + self.tiles * self.stage_bytes + SMEM_SLACK
 
     @cute.jit
     def __call__(self, a, w2, s2, n_active, slot_expert, slot_count, slot_pairs, topk_w, y_lat, counter, gamma,
@@ -57,7 +80,7 @@ class ExpertsGemm2CombineMma:
         slots = cutlass.min(m * self.k, self.e)
         self.kernel(a, w2, s2, n_active, slot_expert, slot_count, slot_pairs, topk_w, y_lat, counter, gamma, normed,
                     m).launch(
-            grid=[slots, self.l // GEMM2_ROWS, 1], block=[WARPS_PER_CTA * WARP, 1, 1],
+            grid=[slots, self.ctas_per_slot(), 1], block=[WARPS_PER_CTA * WARP, 1, 1],
             smem=self.smem_bytes(), stream=stream, use_pdl=True,
         )
 
@@ -70,60 +93,68 @@ class ExpertsGemm2CombineMma:
         cute.arch.griddepcontrol_launch_dependents()  # the finalize (launched early) waits for us before any load
         smem = cutlass.memory.SmemAllocator()
         flag, partial = alloc_tail_smem(smem)
-        stage = smem.allocate_tensor(Uint8, cute.make_layout(self.stage_bytes), byte_alignment=128)
-        barrier = smem.allocate_tensor(Int64, cute.make_layout(1), byte_alignment=8)
+        stage = smem.allocate_tensor(Uint8, cute.make_layout(self.tiles * self.stage_bytes), byte_alignment=128)
+        barrier = smem.allocate_tensor(Int64, cute.make_layout(self.tiles), byte_alignment=8)
         if slot < n_active[0]:
             warp, lane = tidx // WARP, tidx % WARP
             g, q = lane // 4, lane % 4
-            r0 = (tile * WARPS_PER_CTA + warp) * MMA_ROWS
             expert = slot_expert[slot]
             count = slot_count[slot]
             n_tiles = (count + TILE_TOKENS - 1) // TILE_TOKENS
             packed: cutlass.Constexpr = self.i // 2
             groups: cutlass.Constexpr = self.i // FP4_GROUP
+            rows_bytes: cutlass.Constexpr = GEMM2_ROWS * packed  # a stage: its rows, then their scales
             y_addr = y_lat.iterator.toint()
-            expect_bulk_bytes(barrier, tidx, self.stage_bytes)
-            stage_addr = stage.iterator.toint()
-            scales_addr = stage_addr + GEMM2_ROWS * packed
-            first_row = Int64(expert) * self.l + Int64(tile * GEMM2_ROWS)
-            if lane == 0:  # the warp's 16 rows, contiguous in w2
-                bulk_copy_to_shared(stage_addr + warp * MMA_ROWS * packed,
-                                    w2.iterator.toint() + (first_row + Int64(warp * MMA_ROWS)) * packed,
-                                    MMA_ROWS * packed, barrier.iterator.toint())
-            elif lane == 1 and warp == 0:
-                bulk_copy_to_shared(scales_addr, s2.iterator.toint() + first_row * groups, GEMM2_ROWS * groups,
-                                    barrier.iterator.toint())
+            expect_bulk_bytes(barrier, tidx, self.stage_bytes, self.tiles)
+            first_row = Int64(expert) * self.l + Int64(tile * self.tiles * GEMM2_ROWS)
+            # Lane j of each warp copies the warp's 16 rows (contiguous in w2) of stage j; lane tiles + j of warp 0
+            # the stage's scales: the copies go out in parallel.
+            for j in cutlass.range_constexpr(self.tiles):
+                stage_addr = stage.iterator.toint() + j * self.stage_bytes
+                rows = first_row + Int64(j * GEMM2_ROWS)
+                if lane == j:
+                    bulk_copy_to_shared(stage_addr + warp * MMA_ROWS * packed,
+                                        w2.iterator.toint() + (rows + Int64(warp * MMA_ROWS)) * packed,
+                                        MMA_ROWS * packed, (barrier.iterator + j).toint())
+                elif lane == self.tiles + j and warp == 0:
+                    bulk_copy_to_shared(stage_addr + rows_bytes, s2.iterator.toint() + rows * groups,
+                                        GEMM2_ROWS * groups, (barrier.iterator + j).toint())
             cute.arch.griddepcontrol_wait()
             prefetch_activations(token_row(slot_pairs, slot, count, g, self.k, False, a.iterator.toint(),
                                            self.i * 2, q), q, 0, groups)
-            cute.arch.mbarrier_wait(barrier.iterator, 0)
-            local = warp * MMA_ROWS + g  # this lane's MMA row g within the CTA's rows
-            w_g, w_g8 = stage_addr + local * packed, stage_addr + (local + 8) * packed
-            s_g, s_g8 = scales_addr + local * groups, scales_addr + (local + 8) * groups
-            for t in cutlass.range(n_tiles, unroll=1):
-                acc = zero_tiles(1)
-                x_row = token_row(slot_pairs, slot, count, t * TILE_TOKENS + g, self.k, False, a.iterator.toint(),
-                                  self.i * 2, q)
-                group_span_mma(acc, x_row, w_g, w_g8, s_g, s_g8, Int32(0), q, m_count >> 31, groups, self.in_flight,
-                               True)
-                for c in cutlass.range_constexpr(2):
-                    column = t * TILE_TOKENS + 2 * q + c
-                    if column < count:
-                        pair = slot_pairs[slot, column]
-                        token = pair // self.k
-                        weight = topk_w[token, pair % self.k]
-                        out_row = Int64(token) * self.l + Int64(r0 + g)
-                        red_add_f32(y_addr + out_row * 4, acc[0, c] * weight)
-                        red_add_f32(y_addr + (out_row + 8) * 4, acc[0, 2 + c] * weight)
+            local = warp * MMA_ROWS + g  # this lane's MMA row g within a stage's rows
+            for j in cutlass.range(self.tiles, unroll=1):
+                stage_addr = stage.iterator.toint() + j * self.stage_bytes
+                w_g, w_g8 = stage_addr + local * packed, stage_addr + (local + 8) * packed
+                s_g, s_g8 = stage_addr + rows_bytes + local * groups, stage_addr + rows_bytes + (local + 8) * groups
+                r0 = ((tile * self.tiles + j) * WARPS_PER_CTA + warp) * MMA_ROWS
+                cute.arch.mbarrier_wait(barrier.iterator + j, 0)
+                for t in cutlass.range(n_tiles, unroll=1):
+                    acc = zero_tiles(1)
+                    x_row = token_row(slot_pairs, slot, count, t * TILE_TOKENS + g, self.k, False,
+                                      a.iterator.toint(), self.i * 2, q)
+                    group_span_mma(acc, x_row, w_g, w_g8, s_g, s_g8, Int32(0), q, m_count >> 31, groups,
+                                   self.in_flight, True)
+                    for c in cutlass.range_constexpr(2):
+                        column = t * TILE_TOKENS + 2 * q + c
+                        if column < count:
+                            pair = slot_pairs[slot, column]
+                            token = pair // self.k
+                            weight = topk_w[token, pair % self.k]
+                            out_row = Int64(token) * self.l + Int64(r0 + g)
+                            red_add_f32(y_addr + out_row * 4, acc[0, c] * weight)
+                            red_add_f32(y_addr + (out_row + 8) * 4, acc[0, 2 + c] * weight)
 
         cute.arch.griddepcontrol_wait()  # CTAs of empty slots too: the tail reads y_lat, which GEMM1 zeroes
         norm_tail(y_lat, gamma, normed, counter, flag, partial, tidx, m_count, grid_x * grid_y, self.l, self.eps,
                   self.tail_ctas)
 
 
-def experts_gemm2_mma(a, w2, s2, plan, topk_w, y_lat, counter, gamma, normed, eps: float, stream) -> None:
+def experts_gemm2_mma(a, w2, s2, plan, topk_w, y_lat, counter, gamma, normed, eps: float, stream,
+                      multi_tile: bool = True) -> None:
     """ExpertsGemm2CombineMma on `stream`: y_lat[t] += sum over t's pairs of weight * (a[pair] @ w2[e]^T), then
-    normed = rms_norm(y_lat, gamma, eps) in bf16. Launched early: correct after any launch, since it waits for its
+    normed = rms_norm(y_lat, gamma, eps) in bf16; multi_tile: gemm2_tiles_per_cta tiles per CTA, else one
+    (dispatch.MoeForms.gemm2_multi_tile). Launched early: correct after any launch, since it waits for its
     predecessor before reading a or y_lat."""
     from .runtime import compile_cached, cu_stream, dyn, expect, fake, fake_stream, to_cute
 
@@ -141,14 +172,16 @@ def experts_gemm2_mma(a, w2, s2, plan, topk_w, y_lat, counter, gamma, normed, ep
     expect("gamma", gamma, (latent,), "float32")
     expect("normed", normed, (m, latent), "bfloat16")
 
+    tiles = gemm2_tiles_per_cta(latent, inter) if multi_tile else 1
+
     def build():
         md, pd = dyn(), dyn()
         args = (fake(Float16, (pd, inter)), fake(Uint8, (experts, latent, inter // 2)),
                 fake(Uint8, (experts, latent, inter // FP4_GROUP)), *fake_plan(experts), fake(Float32, (md, top_k)),
                 fake(Float32, (md, latent)), fake(Int32, (2,)), fake(Float32, (latent,)),
                 fake(BFloat16, (md, latent)), fake_stream())
-        return ExpertsGemm2CombineMma(experts, latent, inter, top_k, eps), args
+        return ExpertsGemm2CombineMma(experts, latent, inter, top_k, eps, tiles=tiles), args
 
-    fn = compile_cached(("experts_gemm2_mma", experts, latent, inter, top_k, eps), build)
+    fn = compile_cached(("experts_gemm2_mma", experts, latent, inter, top_k, eps, tiles), build)
     fn(to_cute(a, True), to_cute(w2), to_cute(s2), *(to_cute(t) for t in plan), to_cute(topk_w, True),
        to_cute(y_lat, True), to_cute(counter), to_cute(gamma), to_cute(normed, True), cu_stream(stream))

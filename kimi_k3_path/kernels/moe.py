@@ -180,7 +180,8 @@ def decode_steps(x: torch.Tensor, w: MoeKernelWeights, ws: MoeWorkspace, out: to
         Step("gemm1", "experts_gemm1_held" if forms.gemm1_held else "experts_gemm1_mma", gemm1),
         Step("gemm2", "experts_gemm2_mma (combine + norm)",
              lambda st: experts_gemm2_mma(ws.a[: m * k], w.w2_packed, w.w2_scales, ws.plan, ws.weights[:m],
-                                          ws.y_lat[:m], ws.gemm2_counter, w.latent_norm, ws.normed[:m], w.eps, st)),
+                                          ws.y_lat[:m], ws.gemm2_counter, w.latent_norm, ws.normed[:m], w.eps, st,
+                                          multi_tile=forms.gemm2_multi_tile)),
         Step("finalize", "finalize_mma (up_proj + shared down)",
              lambda st: finalize_mma(ws.normed[:m], w.up, ws.a_sh[:m], w.shared2, out, st)),
     ]

@@ -31,7 +31,7 @@ from kimi_k3_path.kernels.fp4_mma import GEMM2_GROUPS_IN_FLIGHT  # noqa: E402
 from kimi_k3_path.kernels.front import FRONT_DOWN_SPLIT, ONE_TOKEN_FRONT_CTAS_PER_SM, FrontKernel  # noqa: E402
 from kimi_k3_path.kernels.gemm1_held import ONE_TOKEN_CTAS_PER_SM, ExpertsGemm1Held  # noqa: E402
 from kimi_k3_path.kernels.gemm1_mma import ExpertsGemm1SituMma  # noqa: E402
-from kimi_k3_path.kernels.gemm2_mma import ExpertsGemm2CombineMma  # noqa: E402
+from kimi_k3_path.kernels.gemm2_mma import ExpertsGemm2CombineMma, gemm2_tiles_per_cta  # noqa: E402
 from kimi_k3_path.kernels.gemm2_one_token import ONE_TOKEN_ROWS, ExpertsGemm2OneToken  # noqa: E402
 from kimi_k3_path.kernels.common import DEFAULT_WEIGHT_LOAD, ctas_per_sm_bound  # noqa: E402
 from kimi_k3_path.kernels.gemv import WARPS_PER_CTA, alloc_scratch, gemv_part, token_tile  # noqa: E402
@@ -51,6 +51,7 @@ from kimi_k3_path.kernels.shared import ONE_TOKEN_SHARED_SPLIT, check_shared  # 
 
 
 SM_REGISTERS = 65536  # per SM on the H200 (sm_90)
+SM_SHARED_BYTES = 228 * 1024  # per SM on sm_90, of which each resident CTA takes 1 KB for the system
 CTA_THREADS = WARPS_PER_CTA * 32  # every latent-MoE kernel launches 8 warps per CTA
 SM_SHARED_BYTES = 228 * 1024  # per SM, of which each resident CTA also takes 1 KB
 SM_L1_AND_SHARED_KB = 256  # one array per SM, split between L1 and shared memory at one of these carveouts (sm_90)
@@ -157,18 +158,20 @@ def test_expert_weight_loads_and_activations_of_a_batch_precede_its_first_mma(tp
     assert sum("LDG.E.128" in line for line in lines[:first_mma]) == op.in_flight
 
 
+@pytest.mark.parametrize("tiles", [1, None])
 @pytest.mark.parametrize("tp", [8, 16])
-def test_early_gemm2_reads_gemm1_results_only_after_it_waits(tp, dims, tmp_path):
-    """GEMM2 launched early: its weight copies (UBLKCP) are issued before griddepcontrol.wait (ACQBULK); every
-    activation load (a, GEMM1's output) comes after the wait and none takes the read-only path (.CONSTANT), which is
-    undefined for data GEMM1 may still be writing; GEMM1 lets it start (PREEXIT) before any load of its own."""
+def test_early_gemm2_reads_gemm1_results_only_after_it_waits(tp, tiles, dims, tmp_path):
+    """GEMM2 launched early: all of its weight copies (UBLKCP: two per tile, the warp's rows and the scales) are issued
+    before griddepcontrol.wait (ACQBULK); every activation load (a, GEMM1's output) comes after the wait and none
+    takes the read-only path (.CONSTANT), which is undefined for data GEMM1 may still be writing; GEMM1 lets it start
+    (PREEXIT) before any load of its own."""
     d = dims(tp)
-    op = ExpertsGemm2CombineMma(d.experts, d.latent, d.intermediate, d.top_k, d.eps)
+    op = ExpertsGemm2CombineMma(d.experts, d.latent, d.intermediate, d.top_k, d.eps, tiles=tiles)
     gemm2 = _sass(op, _gemm2_args(d), tmp_path / "gemm2")
     wait = next(n for n, line in enumerate(gemm2) if "ACQBULK" in line)
     copies = [n for n, line in enumerate(gemm2) if "UBLKCP" in line]
     activations = [n for n, line in enumerate(gemm2) if "LDG.E.128" in line]
-    assert copies and all(n < wait for n in copies)
+    assert len(copies) == 2 * op.tiles and all(n < wait for n in copies)
     assert not any("LDG.E.NA" in line for line in gemm2)
     assert activations and min(activations) > wait
     assert not any("CONSTANT" in gemm2[n] for n in activations)
@@ -178,15 +181,25 @@ def test_early_gemm2_reads_gemm1_results_only_after_it_waits(tp, dims, tmp_path)
     assert trigger < next(n for n, line in enumerate(gemm1) if "LDG" in line)
 
 
+@pytest.mark.parametrize("tiles", [1, None])
 @pytest.mark.parametrize("tp", [8, 16])
-def test_gemm2_keeps_two_ctas_per_sm(tp, dims, tmp_path):
-    """GEMM2's register count (cuobjdump -res-usage) leaves room for 2 CTAs of 256 threads per SM (<= 128): a
-    rewrite of the norm tail with a loop from the CTA's first token in steps of the tail size once took a GEMM2 form
-    to 140 (1 CTA per SM)."""
+def test_gemm2_keeps_four_ctas_per_sm(tp, tiles, dims, tmp_path):
+    """GEMM2's registers (cuobjdump -res-usage; 60-64 when measured) and shared memory leave room for 4 CTAs of 256
+    threads per SM in either form (its A/B on the H100 ran at 4): a rewrite of the norm tail with a loop from the
+    CTA's first token in steps of the tail size once took a GEMM2 form to 140 registers (1 CTA per SM)."""
     d = dims(tp)
-    op = ExpertsGemm2CombineMma(d.experts, d.latent, d.intermediate, d.top_k, d.eps)
+    op = ExpertsGemm2CombineMma(d.experts, d.latent, d.intermediate, d.top_k, d.eps, tiles=tiles)
     registers = _registers(op, _gemm2_args(d), tmp_path)
-    assert registers * CTA_THREADS * 2 <= SM_REGISTERS, f"{registers} registers per thread"
+    assert registers * CTA_THREADS * 4 <= SM_REGISTERS, f"{registers} registers per thread"
+    assert 4 * (op.smem_bytes() + 1024) <= SM_SHARED_BYTES, f"{op.smem_bytes()} bytes of shared memory"
+
+
+def test_gemm2_stages_the_most_tiles_that_fit_56_kb_and_divide_the_latent_rows():
+    assert gemm2_tiles_per_cta(3584, 384) == 2  # 2 x 26 KB at TP8
+    assert gemm2_tiles_per_cta(3584, 192) == 4  # 4 x 13 KB at TP16 (28 tiles: 7 would be 91 KB)
+    assert ExpertsGemm2CombineMma(896, 3584, 192, 16, 1e-5).ctas_per_slot() == 7
+    with pytest.raises(ValueError, match="3 tiles per CTA do not divide the 28 tiles of 128 latent rows"):
+        ExpertsGemm2CombineMma(896, 3584, 384, 16, 1e-5, tiles=3)
 
 
 def test_gemm2_batches_its_groups_equally_at_most_4_at_a_time():

@@ -218,11 +218,13 @@ def test_router_nan_keys_rank_below_every_number_including_minus_infinity(m, gen
     assert_plan_matches(ids, ws, m)
 
 
+@pytest.mark.parametrize("multi_tile", [False, True])
 @pytest.mark.parametrize("tp", [8, 16])
 @pytest.mark.parametrize("m", MULTI_TOKEN)
-def test_experts_match_reference(tp, m, gen, dims):
-    """Both expert launches of a batch as the block runs them (GEMM1 holding its weights up to 4 tokens, on the
-    tensor cores above; GEMM2 on the tensor cores with the latent RMSNorm tail)."""
+def test_experts_match_reference(tp, m, multi_tile, gen, dims):
+    """Both expert launches of a batch (GEMM1 as the block runs it: holding its weights up to 4 tokens, on the
+    tensor cores above; GEMM2 on the tensor cores with the latent RMSNorm tail, one or several tiles per CTA, at
+    every batch whichever the block takes)."""
     from kimi_k3_path.kernels.gemm1_held import experts_gemm1_held
     from kimi_k3_path.kernels.gemm1_mma import experts_gemm1_mma
     from kimi_k3_path.kernels.gemm2_mma import experts_gemm2_mma
@@ -240,7 +242,7 @@ def test_experts_match_reference(tp, m, gen, dims):
     else:
         experts_gemm1_mma(x_lat, kw.w13_packed, kw.w13_scales, ws.plan, d.top_k, a, y_lat, stream())
     experts_gemm2_mma(a, kw.w2_packed, kw.w2_scales, ws.plan, wts, y_lat, ws.gemm2_counter, kw.latent_norm, normed,
-                      d.eps, stream())
+                      d.eps, stream(), multi_tile=multi_tile)
     torch.cuda.synchronize()
     want = routed_experts(x_lat, ids.long(), wts, ref)
     assert rel_err(y_lat, want) < TOL
