@@ -1,42 +1,72 @@
 #!/usr/bin/env bash
-# A/B of the per-layer bench (benchmarks/kimi_k3/bench.py, --candidate kernels) between a base commit and the working
-# tree, in one device run: each variant in processes of its own, the two alternating round after round, so that their
-# ratio is measured on one machine in one run (medians from different runs or cards are not comparable). Two halves:
-#   here, on the CPU machine:  tools/gpu-ab.sh prepare <base rev>   # .ab/base/: <rev>'s kimi_k3_path, benchmarks and
-#                                                                   # gatekeeper (git archive); .ab/ is git-ignored
+# A/B of the benches between commits and the working tree, in one device run: each variant in processes of its own,
+# the variants alternating round after round, so that their ratios are measured on one machine in one run (medians
+# from different runs or cards are not comparable). Two halves:
+#   here, on the CPU machine:  tools/gpu-ab.sh prepare <rev> [<name>]   # .ab/<name>/ (default base): <rev>'s
+#                                                                       # kimi_k3_path, benchmarks and gatekeeper
+#                                                                       # (git archive); .ab/ is git-ignored
+#                              tools/gpu-ab.sh clear                    # forget every prepared variant
 #   on the device, carry [".cute", ".whl", ".ab"]:
-#     [LAYERS=kda_moe,mla_moe] [TPS=8,16] [BATCH=1] [CONTEXT=4096] [ROUNDS=2] [REPLAYS=200] bash tools/gpu-ab.sh run
-# The run writes $OUT/ab-<base|tree>-<round>.json (PerfEvidence, commit 0000000 for base, 1111111 for the tree: they
-# are probes, never evidence of record), $OUT/ab.log (every bench's output) and $OUT/ab-summary.txt
-# (tools/gpu_ab_summary.py: per row the median over rounds, its range, x floor, tree / base). Keep ROUNDS <= 3: the
-# device returns at most 8 files. A 2-round run of 2 layers x 2 TPs at one batch took ~400 s on an H100.
+#     [BENCH=layer|moe] [LAYERS=kda_moe,mla_moe] [TPS=8,16] [BATCH=1] [CONTEXT=4096] [ROUNDS=2] [REPLAYS=200]
+#     bash tools/gpu-ab.sh run
+# Several variants at once: prepare each commit under a name of its own (one of them `base`, the reference of the
+# ratios); the run takes the working tree (`tree`) and every prepared variant in turn, each round.
+# BENCH=layer (default): benchmarks/kimi_k3/bench.py --candidate kernels, the layers of LAYERS at CONTEXT.
+# BENCH=moe: benchmarks/kimi_k3/bench_moe.py, the MoE block (LAYERS and CONTEXT unused), each launch alone at the
+# batches too (--steps-at BATCH: their times are in $OUT/ab.log only).
+# The run writes $OUT/ab-<variant>-<round>.json (PerfEvidence, commit 0000000: probes, never evidence of record),
+# $OUT/ab.log (every bench's output) and $OUT/ab-summary.txt (tools/gpu_ab_summary.py: per row and variant the
+# median over rounds, its range, x floor, x base). At most 8 files come back from the device: keep
+# variants x ROUNDS <= 6. A 2-round run of 2 variants, 2 layers x 2 TPs at one batch took ~400 s on an H100; the
+# MoE block at 3 batches ~70 s per variant and round.
 set -uo pipefail
+NAME_RE='^[a-z0-9_]+$'
 case "${1:-}" in
   prepare)
-    rev=${2:?usage: tools/gpu-ab.sh prepare <base rev>}
+    rev=${2:?usage: tools/gpu-ab.sh prepare <rev> [<name>]}
+    name=${3:-base}
+    [[ "$name" =~ $NAME_RE && "$name" != tree ]] || { echo "gpu-ab: variant name '$name': [a-z0-9_]+, not 'tree'" >&2; exit 2; }
     cd "$(git rev-parse --show-toplevel)"
     git rev-parse --verify -q "$rev^{commit}" >/dev/null || { echo "gpu-ab: $rev is not a commit" >&2; exit 1; }
-    rm -rf .ab/base && mkdir -p .ab/base
-    git archive "$rev" kimi_k3_path benchmarks gatekeeper | tar x -C .ab/base
-    echo "$(git rev-parse "$rev")" > .ab/base/REV
-    echo "gpu-ab: .ab/base holds $(cat .ab/base/REV); on the device: carry [\".cute\", \".whl\", \".ab\"], bash tools/gpu-ab.sh run"
+    rm -rf ".ab/$name" && mkdir -p ".ab/$name"
+    git archive "$rev" kimi_k3_path benchmarks gatekeeper | tar x -C ".ab/$name"
+    git rev-parse "$rev" > ".ab/$name/REV"
+    echo "gpu-ab: .ab/$name holds $(cat ".ab/$name/REV"); variants prepared: $(cd .ab && ls -d */REV | sed 's|/REV||' | tr '\n' ' ')"
+    echo "gpu-ab: on the device: carry [\".cute\", \".whl\", \".ab\"], bash tools/gpu-ab.sh run"
+    ;;
+  clear)
+    cd "$(git rev-parse --show-toplevel)"
+    for rev in .ab/*/REV; do [ -f "$rev" ] && rm -rf "$(dirname "$rev")"; done
+    echo "gpu-ab: no variants prepared"
     ;;
   run)
     : "${OUT:?}"
-    [ -f .ab/base/REV ] || { echo "gpu-ab: no .ab/base (run tools/gpu-ab.sh prepare <rev> first, carry .ab)" >&2; exit 1; }
+    [ -f .ab/base/REV ] || { echo "gpu-ab: no .ab/base (tools/gpu-ab.sh prepare <rev> first, carry .ab)" >&2; exit 1; }
     . tools/gpu-env.sh
     root=$PWD
     tree_path=$PYTHONPATH
-    base_path="$root/.ab/base:${PYTHONPATH#"$root":}"
-    echo "gpu-ab: base $(cat .ab/base/REV) against the working tree" | tee "$OUT/ab.log"
+    variants="tree $(cd .ab && ls -d */REV | sed 's|/REV||' | tr '\n' ' ')"
+    : > "$OUT/ab.log"
+    for variant in $variants; do
+      if [ "$variant" = tree ]; then what="the working tree"; else what=$(cat ".ab/$variant/REV"); fi
+      echo "gpu-ab: $variant = $what" | tee -a "$OUT/ab.log"
+    done
     rc=0
     for round in $(seq 1 "${ROUNDS:-2}"); do
-      for variant in tree base; do
-        if [ "$variant" = base ]; then dir=$root/.ab/base path=$base_path commit=0000000
-        else dir=$root path=$tree_path commit=1111111; fi
-        (cd "$dir" && PYTHONPATH=$path python3 -m benchmarks.kimi_k3.bench --layer "${LAYERS:-kda_moe,mla_moe}" \
-          --tp "${TPS:-8,16}" --batch "${BATCH:-1}" --context "${CONTEXT:-4096}" --candidate kernels \
-          --replays "${REPLAYS:-200}" --commit "$commit" --out "$OUT/ab-$variant-$round.json") >>"$OUT/ab.log" 2>&1
+      for variant in $variants; do
+        if [ "$variant" = tree ]; then dir=$root path=$tree_path
+        else dir=$root/.ab/$variant path="$root/.ab/$variant:${PYTHONPATH#"$root":}"; fi
+        out="$OUT/ab-$variant-$round.json"
+        if [ "${BENCH:-layer}" = moe ]; then
+          cmd=(python3 -m benchmarks.kimi_k3.bench_moe --tp "${TPS:-8,16}" --batch "${BATCH:-1}"
+               --steps-at "${BATCH:-1}" --replays "${REPLAYS:-50}" --commit 0000000 --out "$out")
+        else
+          cmd=(python3 -m benchmarks.kimi_k3.bench --layer "${LAYERS:-kda_moe,mla_moe}" --tp "${TPS:-8,16}"
+               --batch "${BATCH:-1}" --context "${CONTEXT:-4096}" --candidate kernels --replays "${REPLAYS:-200}"
+               --commit 0000000 --out "$out")
+        fi
+        echo "gpu-ab: round $round $variant: ${cmd[*]}" >>"$OUT/ab.log"
+        (cd "$dir" && PYTHONPATH=$path "${cmd[@]}") >>"$OUT/ab.log" 2>&1
         status=$?
         echo "gpu-ab: round $round $variant rc=$status" | tee -a "$OUT/ab.log"
         [ "$status" = 0 ] || rc=1
@@ -46,7 +76,7 @@ case "${1:-}" in
     exit $rc
     ;;
   *)
-    echo "usage: tools/gpu-ab.sh prepare <base rev> | run" >&2
+    echo "usage: tools/gpu-ab.sh prepare <rev> [<name>] | clear | run" >&2
     exit 2
     ;;
 esac

@@ -1,5 +1,5 @@
-"""tools/gpu_ab_summary.py: the table tools/gpu-ab.sh prints at the end of an A/B device run (base commit against the
-working tree, rounds alternating), and its refusals of files it cannot compare."""
+"""tools/gpu_ab_summary.py: the table tools/gpu-ab.sh prints at the end of an A/B device run (a base commit against the
+working tree and any other prepared commits, rounds alternating), and its refusals of files it cannot compare."""
 from __future__ import annotations
 
 import importlib.util
@@ -30,15 +30,35 @@ def test_medians_over_rounds_their_range_and_the_ratio_per_row(tmp_path):
              write(tmp_path, "ab-base-2.json", [row("kda_moe", 16, 95.0), row("kda_moe", 8, 122.4)]),
              write(tmp_path, "ab-tree-1.json", [row("kda_moe", 16, 92.0), row("kda_moe", 8, 119.0)]),
              write(tmp_path, "ab-tree-2.json", [row("kda_moe", 16, 91.0), row("kda_moe", 8, 119.4)])]
-    header, tp8, tp16 = gpu_ab_summary.summarize(gpu_ab_summary.collect(files))
-    assert header.split()[:4] == ["layer", "tp", "M", "context"]
-    assert tp8.split() == ["kda_moe", "8", "1", "4096", "122.20", "122.00-122.40", "119.20", "119.00-119.40", "50.0",
-                           "2.444", "2.384", f"{119.2 / 122.2:.3f}"]
-    assert tp16.split()[4:8] == ["95.50", "95.00-96.00", "91.50", "91.00-92.00"]  # TPs in numeric order
+    header, tp8_base, tp8_tree, tp16_base, tp16_tree = gpu_ab_summary.summarize(gpu_ab_summary.collect(files))
+    assert header.split() == ["layer", "tp", "M", "context", "variant", "us", "range", "floor", "us", "x", "floor",
+                              "x", "base"]
+    assert tp8_base.split() == ["kda_moe", "8", "1", "4096", "base", "122.20", "122.00-122.40", "50.0", "2.444",
+                                "1.000"]
+    assert tp8_tree.split() == ["kda_moe", "8", "1", "4096", "tree", "119.20", "119.00-119.40", "50.0", "2.384",
+                                f"{119.2 / 122.2:.3f}"]
+    assert tp16_base.split()[1] == "16" and tp16_tree.split()[4:7] == ["tree", "91.50", "91.00-92.00"]  # TP order
+
+
+def test_every_prepared_variant_gets_its_line_and_ratio_to_the_base(tmp_path):
+    files = [write(tmp_path, f"ab-{variant}-{r}.json", [row("moe", 8, median + r)])
+             for variant, median in (("q_b_only", 101.0), ("base", 100.0), ("tree", 98.0), ("gate_v2", 97.0))
+             for r in (1, 2)]
+    lines = gpu_ab_summary.summarize(gpu_ab_summary.collect(files))
+    assert [line.split()[4] for line in lines[1:]] == ["base", "tree", "gate_v2", "q_b_only"]
+    assert [line.split()[-1] for line in lines[1:]] == [f"{v / 101.5:.3f}" for v in (101.5, 99.5, 98.5, 102.5)]
+
+
+def test_a_run_without_a_base_has_nothing_to_divide_by(tmp_path):
+    files = [write(tmp_path, "ab-tree-1.json", [row("moe", 8, 50.0)]),
+             write(tmp_path, "ab-other-1.json", [row("moe", 8, 49.0)])]
+    with pytest.raises(gpu_ab_summary.SummaryError, match=r"no base variant among \['other', 'tree'\]"):
+        gpu_ab_summary.collect(files)
 
 
 @pytest.mark.parametrize(("name", "content", "message"), [
     ("base-1.json", {"rows": []}, "not an A/B result"),
+    ("ab-Base-1.json", {"rows": []}, "not an A/B result"),
     ("ab-base-1.json", {"commit": "x"}, "not PerfEvidence"),
     ("ab-base-1.json", {"rows": [row("moe", 8, 1.0), row("moe", 8, 2.0)]}, "appears twice"),
 ])
@@ -54,7 +74,7 @@ def test_a_row_of_one_variant_only_is_an_error_not_a_gap(tmp_path, capsys):
     files = [write(tmp_path, "ab-base-1.json", [row("moe", 8, 50.0), row("moe", 16, 40.0)]),
              write(tmp_path, "ab-tree-1.json", [row("moe", 8, 49.0)])]
     assert gpu_ab_summary.main([str(f) for f in files]) == 1
-    assert "rows measured for one variant only: [('moe', 16, 1, 4096)]" in capsys.readouterr().err
+    assert "rows measured for one of base and tree only: [('moe', 16, 1, 4096)]" in capsys.readouterr().err
 
 
 def test_no_files_no_table(capsys):
