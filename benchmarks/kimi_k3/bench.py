@@ -115,7 +115,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "default all), the rest on the stock-like ops")
     p.add_argument("--commit", help="the commit measured (default: git rev-parse HEAD)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--breakdown", action="store_true", help="print the baseline's and the candidate's time per kernel (torch profiler) per case")
+    p.add_argument("--breakdown", action="store_true", help="print the baseline's and the candidate's launches per case: each one's share of the step, own time and the gap before it (torch profiler, eager; benchmarks/kimi_k3/timeline.py)")
     p.add_argument("--cpu-smoke", action="store_true", help="run the harness on CPU with the tiny config (CI)")
     p.add_argument("--processes", choices=("per-case", "one"),
                    help="per-case: each (layer, tp) in a fresh child process (default on the GPU); one: every case in "
@@ -691,21 +691,16 @@ class Bench:
         return f"{mixed}; candidate {what} attention rel err {err:.2e} vs the fp32 reference"
 
     def kernel_count(self, fn: Callable[[], Any], breakdown_label: str | None = None) -> int | str:
-        """Kernels one step launches; with a label, also print the step's device time per kernel name."""
+        """Kernels one step launches; with a label, also print each launch's share of the step (timeline.py)."""
         if self.device != "cuda":
             return "n/a on CPU"
-        from benchmarks.kimi_k3.stock import kernel_profile
+        from benchmarks.kimi_k3.stock import kernel_spans
+        from benchmarks.kimi_k3.timeline import breakdown_lines
 
-        profile = kernel_profile(fn)
+        spans = kernel_spans(fn)
         if breakdown_label is not None:
-            per_name: dict[str, list[float]] = {}
-            for name, us in profile:
-                per_name.setdefault(name[:70], []).append(us)
-            total = sum(us for _, us in profile)
-            print(f"breakdown {breakdown_label}: {len(profile)} kernels, {total:.1f} us of kernel time (eager)")
-            for name, times in sorted(per_name.items(), key=lambda kv: -sum(kv[1])):
-                print(f"    {sum(times):9.1f} us {len(times):3d}x  {name}")
-        return len(profile)
+            print("\n".join(breakdown_lines(breakdown_label, spans)))
+        return len(spans)
 
 
 def hardware(device: str) -> dict[str, Any]:

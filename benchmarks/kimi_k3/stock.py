@@ -830,22 +830,24 @@ def mla_moe_layer(
     return latent_moe(mla_attention_part(delta, stream, norms, mla, cache, pos, mla_dims), moe, moe_dims)
 
 
-def kernel_profile(fn: Any) -> list[tuple[str, float]]:
-    """(kernel name, device microseconds) of every GPU kernel one call of `fn` launches, in launch order, from the
-    torch profiler (memcpy/memset not included). Call `fn` once before, so compilation and autotuning stay out."""
+def kernel_spans(fn: Any) -> list:
+    """timeline.KernelSpan (name, start and end in microseconds) of every GPU kernel one call of `fn` launches, in
+    start order, from the torch profiler (memcpy/memset not included). Call `fn` once before, so compilation and
+    autotuning stay out."""
     from torch.profiler import ProfilerActivity, profile
+
+    from benchmarks.kimi_k3.timeline import KernelSpan
 
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
     kernel_type = getattr(torch.autograd.DeviceType, "CUDA")
-    return [
-        (e.name, e.time_range.elapsed_us()) for e in prof.events()
-        if e.device_type == kernel_type and not e.name.lower().startswith(("memcpy", "memset"))
-    ]
+    spans = [KernelSpan(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
+             if e.device_type == kernel_type and not e.name.lower().startswith(("memcpy", "memset"))]
+    return sorted(spans, key=lambda span: span.start_us)
 
 
 def count_kernels(fn: Any) -> int:
-    """GPU kernels one call of `fn` launches (see `kernel_profile`)."""
-    return len(kernel_profile(fn))
+    """GPU kernels one call of `fn` launches (see `kernel_spans`)."""
+    return len(kernel_spans(fn))
