@@ -150,8 +150,8 @@ class ExpertsGemm2CombineMma:
                   self.tail_ctas)
 
 
-def experts_gemm2_mma(a, w2, s2, plan, topk_w, y_lat, counter, gamma, normed, eps: float, stream,
-                      multi_tile: bool = True) -> None:
+def experts_gemm2_mma(a, w2, s2, plan, topk_w, y_lat, counter, gamma, normed, eps: float, stream, *,
+                      multi_tile: bool) -> None:
     """ExpertsGemm2CombineMma on `stream`: y_lat[t] += sum over t's pairs of weight * (a[pair] @ w2[e]^T), then
     normed = rms_norm(y_lat, gamma, eps) in bf16; multi_tile: gemm2_tiles_per_cta tiles per CTA, else one
     (dispatch.MoeForms.gemm2_multi_tile). Launched early: correct after any launch, since it waits for its

@@ -136,21 +136,20 @@ def dot_slice(acc, row_addrs: list, x_addr: Int64, first_vec: Int32, lane: Int32
     in_flight = max(1, WORDS_IN_FLIGHT // (4 * len(row_addrs)))
     if mt == 1:
         row_addrs = [in_tile(addr, m_first) for addr in row_addrs]
+    pin = (mt == 1) if pinned is None else pinned
     for first in range(0, steps, in_flight):
         batch = range(first, min(first + in_flight, steps))
         early = wait and first == 0
-        if (mt == 1) if pinned is None else pinned:
-            held = load_slice(row_addrs, first_vec, lane, n_vec, batch, "ordered" if early else hint)
-            if early:
-                cute.arch.griddepcontrol_wait()
+        # Weak loads where a barrier must keep them ahead of it: griddepcontrol.wait, or the unpinned batch's own
+        held = load_slice(row_addrs, first_vec, lane, n_vec, batch, "ordered" if early or not pin else hint)
+        if early:
+            cute.arch.griddepcontrol_wait()
+        if pin:
             pin_first_words(held, after_all_loads(Int32(0), loaded_words(held), batch_zero(m_count)))
             slice_dot(acc, acc_row, held, batch, x_addr, first_vec, lane, m_first, m_count, x_elems, n_vec, mt, fresh)
         else:
-            # Weak weight loads ahead of the warp's own barrier, each FMA waiting for its own words only; x by
-            # weak loads after it (a .nc load, like the FMAs it feeds, could move above the barrier)
-            held = load_slice(row_addrs, first_vec, lane, n_vec, batch, "ordered")
-            if early:
-                cute.arch.griddepcontrol_wait()
+            # Each FMA waits for its own words only (the warp's own barrier holds the loads ahead); x by weak loads
+            # after it (a .nc load, like the FMAs it feeds, could move above the barrier)
             warp_barrier()
             slice_dot(acc, acc_row, held, batch, x_addr, first_vec, lane, m_first, m_count, x_elems, n_vec, mt, True)
 

@@ -127,5 +127,5 @@ def test_gemm2_host_checks_its_tensors_and_compiles_one_kernel_per_tile_count(bl
     assert key[-1] == tiles and op.tiles == tiles and op.ctas_per_slot() == d.latent // 128 // tiles
     assert launched == [13]  # a, w2, s2, the plan's 4 tensors, topk_w, y_lat, counter, gamma, normed, the stream
     with pytest.raises(ValueError, match="gamma: expected dtype float32"):
-        gemm2_mma.experts_gemm2_mma(*args[:7], w.latent_norm.to(torch.bfloat16), *args[8:])
+        gemm2_mma.experts_gemm2_mma(*args[:7], w.latent_norm.to(torch.bfloat16), *args[8:], multi_tile=multi_tile)
 
