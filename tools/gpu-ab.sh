@@ -29,7 +29,8 @@ case "${1:-}" in
     cd "$(git rev-parse --show-toplevel)"
     git rev-parse --verify -q "$rev^{commit}" >/dev/null || { echo "gpu-ab: $rev is not a commit" >&2; exit 1; }
     rm -rf ".ab/$name" && mkdir -p ".ab/$name"
-    git archive "$rev" kimi_k3_path benchmarks gatekeeper | tar x -C ".ab/$name"
+    # The evidence stays behind: the benches do not read it, and the device takes 64 MiB with .cute's 54.
+    git archive "$rev" kimi_k3_path benchmarks gatekeeper | tar x -C ".ab/$name" --exclude kimi_k3_path/evidence
     git rev-parse "$rev" > ".ab/$name/REV"
     echo "gpu-ab: .ab/$name holds $(cat ".ab/$name/REV"); variants prepared: $(cd .ab && ls -d */REV | sed 's|/REV||' | tr '\n' ' ')"
     echo "gpu-ab: on the device: carry [\".cute\", \".whl\", \".ab\"], bash tools/gpu-ab.sh run"
