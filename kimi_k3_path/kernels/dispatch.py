@@ -34,11 +34,11 @@ class MoeForms:
     # (TP16: 16 x 24 on 132 SMs x 4), SMs it leaves idle take them (1.0 us faster); where GEMM1 needs a second wave
     # (TP8: 16 x 48), GEMM2's CTAs should take the places it frees first (0.5 us faster with them last).
     shared_gate_up_first: bool = False
-    # M = 64: each GEMM2 CTA stages several 128-row tiles of w2 (gemm2_mma.gemm2_tiles_per_cta: 2 at TP8, 4 at TP16)
+    # M >= 32: each GEMM2 CTA stages several 128-row tiles of w2 (gemm2_mma.gemm2_tiles_per_cta: 2 at TP8, 4 at TP16)
     # instead of one, their copies all in flight at once. GEMM2 alone 12-21% faster from 8 tokens on (H100, 64 tokens:
-    # 177 -> 151 us TP8, 117 -> 95 TP16), but in the block, where it starts early beside GEMM1's last CTAs and its
-    # 52 KB CTAs fit fewer of them there, only at 64 tokens: block -2.5% / -1.4% (TP8 / TP16) at 64, +0.6-2.2% at 32,
-    # +4.6-4.8% at 16, +8% at 8 (bench_moe, one tile vs several alternating, 2 rounds).
+    # 177 -> 151 us TP8, 117 -> 95 TP16); in the block, where it starts early beside GEMM1's last CTAs, since GEMM2
+    # lets the finalize in only after its MMAs: -3.2% / -6.7% (TP8 / TP16) at 32 tokens, level at 64, but +4.8% /
+    # +3.7% at 16 (and +8% at 8 when measured before; bench_moe, alternating, 2 rounds; 17-31 unmeasured).
     gemm2_multi_tile: bool = False
 
 
@@ -58,8 +58,8 @@ TABLE: tuple[DispatchRow, ...] = (
                                             gemm2_multi_tile=multi_tile))
       for tp in (8, 16)
       for first, last, held, router_mma, multi_tile in ((2, 4, True, False, False), (5, 15, False, False, False),
-                                                        (16, MAX_BATCH - 1, False, True, False),
-                                                        (MAX_BATCH, MAX_BATCH, False, True, True))),
+                                                        (16, 31, False, True, False),
+                                                        (32, MAX_BATCH, False, True, True))),
 )
 
 

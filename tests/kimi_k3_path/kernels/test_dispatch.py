@@ -44,7 +44,7 @@ def test_the_forms_by_batch_size():
         assert [m for m, f in enumerate(forms, 1) if f.gemm1_held] == [1, 2, 3, 4]
         assert [m for m, f in enumerate(forms, 1) if f.router_on_tensor_cores] == list(range(16, MAX_BATCH + 1))
         assert not any(f.shared_gate_up_first for f in forms[1:])  # only the one-token grid holds the gate_up
-        assert [m for m, f in enumerate(forms, 1) if f.gemm2_multi_tile] == [MAX_BATCH]
+        assert [m for m, f in enumerate(forms, 1) if f.gemm2_multi_tile] == list(range(32, MAX_BATCH + 1))
 
 
 def test_the_shared_gate_up_goes_first_exactly_where_gemm1_fits_in_one_wave():
