@@ -13,7 +13,8 @@
 # ratios); the run takes the working tree (`tree`) and every prepared variant in turn, each round.
 # BENCH=layer (default): benchmarks/kimi_k3/bench.py --candidate kernels, the layers of LAYERS at CONTEXT.
 # BENCH=moe: benchmarks/kimi_k3/bench_moe.py, the MoE block (LAYERS and CONTEXT unused), each launch alone at the
-# batches too (--steps-at BATCH: their times are in $OUT/ab.log only).
+# batches too (--steps-at BATCH; the summary's second table; their ab-<variant>-<round>.launches.json files are
+# removed once summarized, to keep within the 8 files that come back).
 # The run writes $OUT/ab-<variant>-<round>.json (PerfEvidence, commit 0000000: probes, never evidence of record),
 # $OUT/ab.log (every bench's output) and $OUT/ab-summary.txt (tools/gpu_ab_summary.py: per row and variant the
 # median over rounds, its range, x floor, x base). At most 8 files come back from the device: keep
@@ -60,7 +61,8 @@ case "${1:-}" in
         out="$OUT/ab-$variant-$round.json"
         if [ "${BENCH:-layer}" = moe ]; then
           cmd=(python3 -m benchmarks.kimi_k3.bench_moe --tp "${TPS:-8,16}" --batch "${BATCH:-1}"
-               --steps-at "${BATCH:-1}" --replays "${REPLAYS:-50}" --commit 0000000 --out "$out")
+               --steps-at "${BATCH:-1}" --replays "${REPLAYS:-50}" --commit 0000000 --out "$out"
+               --kernels-out "${out%.json}.launches.json")
         else
           cmd=(python3 -m benchmarks.kimi_k3.bench --layer "${LAYERS:-kda_moe,mla_moe}" --tp "${TPS:-8,16}"
                --batch "${BATCH:-1}" --context "${CONTEXT:-4096}" --candidate kernels --replays "${REPLAYS:-200}"
@@ -74,6 +76,7 @@ case "${1:-}" in
       done
     done
     python3 tools/gpu_ab_summary.py "$OUT"/ab-*.json | tee "$OUT/ab-summary.txt" || rc=1
+    rm -f "$OUT"/ab-*.launches.json
     exit $rc
     ;;
   *)

@@ -2,12 +2,13 @@
 "tree", the working tree; any other commit prepared under a name of its own) and round, into one table: per row and
 variant the candidate's median (the median over rounds of each round's median), the rounds' range, its ratio to the
 floor, and variant / base. Each variant ran in processes of its own, the variants alternating, on one machine: the
-ratios are the numbers to quote (medians from different machines or runs are not comparable).
+ratios are the numbers to quote (medians from different machines or runs are not comparable). The MoE bench's
+launches alone (bench_moe --kernels-out, files ab-<variant>-<round>.launches.json) get a second table alike.
 
-    python3 tools/gpu_ab_summary.py ab-base-1.json ab-tree-1.json ab-base-2.json ...
+    python3 tools/gpu_ab_summary.py ab-base-1.json ab-tree-1.json ab-base-2.json ... [ab-base-1.launches.json ...]
 
-A file that is not PerfEvidence, a run without a base, a variant missing a row another has, or a row measured twice
-in one file is an error naming the file: no row is compared silently against nothing.
+A file that is not PerfEvidence (or the launches' list), a run without a base, a variant missing a row another has,
+or a row measured twice in one file is an error naming the file: no row is compared silently against nothing.
 """
 from __future__ import annotations
 
@@ -17,9 +18,12 @@ import statistics
 import sys
 from pathlib import Path
 
-NAME = re.compile(r"ab-([a-z0-9_]+)-(\d+)\.json$")
+NAME = re.compile(r"ab-([a-z0-9_]+)-(\d+)(\.launches)?\.json$")
 AXES = ("layer", "tp", "batch", "context")
 REFERENCE = "base"
+LAYERS, LAUNCHES = "layers", "launches"  # the two tables: PerfEvidence rows, and the MoE bench's launches alone
+
+Found = dict[str, dict[str, dict[tuple, list[tuple[float, float]]]]]  # table -> variant -> key -> [(median, floor)]
 
 
 class SummaryError(ValueError):
@@ -30,33 +34,43 @@ def row_key(row: dict) -> tuple:
     return tuple(row["axes"].get(axis) for axis in AXES)
 
 
-def collect(paths: list[Path]) -> dict[str, dict[tuple, list[tuple[float, float]]]]:
-    """variant -> row key -> [(candidate median, floor)] over rounds."""
-    found: dict[str, dict[tuple, list[tuple[float, float]]]] = {}
+def read_rows(path: Path, table: str) -> list[tuple[tuple, float, float]]:
+    """(key, median us, floor us) of each row of one file: PerfEvidence's rows (layer, tp, batch, context), or
+    bench_moe --kernels-out's list (launch, tp, batch)."""
+    data = json.loads(path.read_text())
+    if table == LAUNCHES:
+        return [((r["kernel"], r["tp"], r["batch"]), float(r["median_us"]), float(r["floor_us"])) for r in data]
+    return [(row_key(r), float(r["candidate"]["median"]), float(r["floor"])) for r in data["rows"]]
+
+
+def collect(paths: list[Path]) -> Found:
+    """table -> variant -> row key -> [(median, floor)] over rounds."""
+    found: Found = {}
     for path in paths:
         match = NAME.search(path.name)
         if not match:
-            raise SummaryError(f"{path}: not an A/B result (ab-<variant>-<round>.json)")
-        rows_of_variant = found.setdefault(match.group(1), {})
+            raise SummaryError(f"{path}: not an A/B result (ab-<variant>-<round>.json or .launches.json)")
+        table = LAUNCHES if match.group(3) else LAYERS
+        rows_of_variant = found.setdefault(table, {}).setdefault(match.group(1), {})
         try:
-            rows = json.loads(path.read_text())["rows"]
             seen = set()
-            for row in rows:
-                key = row_key(row)
+            for key, median, floor in read_rows(path, table):
                 if key in seen:
                     raise SummaryError(f"{path}: row {key} appears twice")
                 seen.add(key)
-                rows_of_variant.setdefault(key, []).append((float(row["candidate"]["median"]), float(row["floor"])))
+                rows_of_variant.setdefault(key, []).append((median, floor))
         except (OSError, json.JSONDecodeError, KeyError, TypeError) as error:
-            raise SummaryError(f"{path}: not PerfEvidence ({error})") from None
-    if not any(found.values()):
+            what = "the MoE bench's launches" if table == LAUNCHES else "PerfEvidence"
+            raise SummaryError(f"{path}: not {what} ({error})") from None
+    if not any(rows for variants in found.values() for rows in variants.values()):
         raise SummaryError("no rows: give the ab-<variant>-<round>.json files of a run")
-    if REFERENCE not in found:
-        raise SummaryError(f"no {REFERENCE} variant among {sorted(found)}: the ratios need one")
-    for variant, rows in found.items():
-        if set(rows) != set(found[REFERENCE]):
-            raise SummaryError(f"rows measured for one of {REFERENCE} and {variant} only: "
-                               f"{sorted(set(rows) ^ set(found[REFERENCE]), key=sort_key)}")
+    for variants in found.values():
+        if REFERENCE not in variants:
+            raise SummaryError(f"no {REFERENCE} variant among {sorted(variants)}: the ratios need one")
+        for variant, rows in variants.items():
+            if set(rows) != set(variants[REFERENCE]):
+                raise SummaryError(f"rows measured for one of {REFERENCE} and {variant} only: "
+                                   f"{sorted(set(rows) ^ set(variants[REFERENCE]), key=sort_key)}")
     return found
 
 
@@ -70,18 +84,30 @@ def variant_order(variants) -> list[str]:
     return sorted(variants, key=lambda v: (v != REFERENCE, v != "tree", v))
 
 
-def summarize(found: dict[str, dict[tuple, list[tuple[float, float]]]]) -> list[str]:
-    lines = [f"{'layer':8} {'tp':>3} {'M':>3} {'context':>7}  {'variant':10} {'us':>9} {'range':>15}  {'floor us':>8} "
-             f"{'x floor':>7} {'x base':>7}"]
-    for key in sorted(found[REFERENCE], key=sort_key):
-        layer, tp, batch, context = key
-        base = statistics.median(median for median, _ in found[REFERENCE][key])
-        for variant in variant_order(found):
-            medians = [median for median, _ in found[variant][key]]
-            value, floor = statistics.median(medians), found[variant][key][0][1]
-            lines.append(f"{layer!s:8} {tp!s:>3} {batch!s:>3} {context!s:>7}  {variant:10} {value:9.2f} "
-                         f"{f'{min(medians):.2f}-{max(medians):.2f}':>15}  {floor:8.1f} {value / floor:7.3f} "
-                         f"{value / base:7.3f}")
+def summarize(found: Found) -> list[str]:
+    """The layers' table, then (when given) a blank line and the launches' table."""
+    lines = []
+    if LAYERS in found:
+        lines += table(found[LAYERS], f"{'layer':8} {'tp':>3} {'M':>3} {'context':>7}",
+                       lambda layer, tp, batch, context: f"{layer!s:8} {tp!s:>3} {batch!s:>3} {context!s:>7}",
+                       sort_key)
+    if LAUNCHES in found:
+        # per (TP, M) in the block's order, as the base's first file lists them (a stable sort)
+        lines += [""] * bool(lines) + table(found[LAUNCHES], f"{'launch alone':44} {'tp':>3} {'M':>3}",
+                                            lambda launch, tp, batch: f"{launch:44} {tp!s:>3} {batch!s:>3}",
+                                            lambda key: key[1:])
+    return lines
+
+
+def table(variants: dict[str, dict[tuple, list[tuple[float, float]]]], header: str, label, order) -> list[str]:
+    lines = [f"{header}  {'variant':10} {'us':>9} {'range':>15}  {'floor us':>8} {'x floor':>7} {'x base':>7}"]
+    for key in sorted(variants[REFERENCE], key=order):
+        base = statistics.median(median for median, _ in variants[REFERENCE][key])
+        for variant in variant_order(variants):
+            medians = [median for median, _ in variants[variant][key]]
+            value, floor = statistics.median(medians), variants[variant][key][0][1]
+            lines.append(f"{label(*key)}  {variant:10} {value:9.2f} {f'{min(medians):.2f}-{max(medians):.2f}':>15}  "
+                         f"{floor:8.1f} {value / floor:7.3f} {value / base:7.3f}")
     return lines
 
 

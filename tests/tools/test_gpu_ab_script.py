@@ -23,6 +23,10 @@ if [ "$1" = -m ]; then
   first=${{PYTHONPATH%%:*}}
   case "$first" in *.ab/*) median=90.0 ;; *) median=80.0 ;; esac
   echo '{{"rows": [{{"axes": {{"layer": "moe", "tp": 8, "batch": 1}}, "candidate": {{"median": '$median'}}, "floor": 40.0}}]}}' > "$out"
+  case "$*" in *--kernels-out*)
+    launches=$(echo "$*" | sed 's/.*--kernels-out \\([^ ]*\\).*/\\1/')
+    echo '[{{"kernel": "front", "tp": 8, "batch": 1, "median_us": '$median', "floor_us": 20.0}}]' > "$launches" ;;
+  esac
   exit 0
 fi
 exec {sys.executable} "$@"
@@ -97,10 +101,15 @@ def test_run_alternates_the_tree_and_every_variant_each_round_and_summarizes(rep
     dirs = [line.split()[0] for line in calls.read_text().splitlines()]
     assert dirs == [str(repo), str(repo / ".ab" / "base"), str(repo / ".ab" / "gate_v2")] * 2
     assert all("benchmarks.kimi_k3.bench_moe --tp 8,16 --batch 1,8 --steps-at 1,8" in line
-               for line in calls.read_text().splitlines())
+               and f"--kernels-out {out}/ab-" in line for line in calls.read_text().splitlines())
+    # the launches' files are summarized, then removed (at most 8 files come back from the device)
     assert sorted(p.name for p in out.glob("ab-*.json")) == [f"ab-{v}-{r}.json" for v in ("base", "gate_v2", "tree")
                                                              for r in (1, 2)]
     summary = (out / "ab-summary.txt").read_text().splitlines()
-    assert [line.split()[4:6] + line.split()[-1:] for line in summary[1:]] == [
+    assert [line.split()[4:6] + line.split()[-1:] for line in summary[1:4]] == [
         ["base", "90.00", "1.000"], ["tree", "80.00", f"{80 / 90:.3f}"], ["gate_v2", "90.00", "1.000"]]
+    assert summary[4] == "" and summary[5].split()[:3] == ["launch", "alone", "tp"]
+    assert [line.split()[:4] + line.split()[-1:] for line in summary[6:]] == [
+        ["front", "8", "1", "base", "1.000"], ["front", "8", "1", "tree", f"{80 / 90:.3f}"],
+        ["front", "8", "1", "gate_v2", "1.000"]]
     assert json.loads((out / "ab-tree-1.json").read_text())["rows"][0]["candidate"]["median"] == 80.0

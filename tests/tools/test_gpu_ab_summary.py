@@ -49,6 +49,38 @@ def test_every_prepared_variant_gets_its_line_and_ratio_to_the_base(tmp_path):
     assert [line.split()[-1] for line in lines[1:]] == [f"{v / 101.5:.3f}" for v in (101.5, 99.5, 98.5, 102.5)]
 
 
+def write_launches(tmp_path: Path, name: str, rows: list[tuple[str, int, int, float]]) -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps([{"tp": tp, "batch": m, "kernel": kernel, "median_us": us, "spread_pct": 1.0,
+                                 "weight_bytes": 1, "effective_tb_s": 1.0, "floor_us": 20.0}
+                                for kernel, tp, m, us in rows]))
+    return path
+
+
+def test_the_moe_benchs_launches_alone_get_a_second_table_in_the_blocks_order(tmp_path):
+    block = [("front", 8, 64, 60.0), ("gemm1", 8, 64, 200.0), ("finalize", 8, 64, 50.0), ("front", 8, 16, 40.0)]
+    files = [write(tmp_path, f"ab-{v}-1.json", [row("latent_moe", 8, 500.0)]) for v in ("base", "tree")]
+    files += [write_launches(tmp_path, "ab-base-1.launches.json", block),
+              write_launches(tmp_path, "ab-tree-1.launches.json", [(k, tp, m, us * 0.9) for k, tp, m, us in block])]
+    lines = gpu_ab_summary.summarize(gpu_ab_summary.collect(files))
+    assert lines[3] == "" and lines[4].split()[:5] == ["launch", "alone", "tp", "M", "variant"]
+    assert [line.split()[:4] for line in lines[5::2]] == [
+        ["front", "8", "16", "base"], ["front", "8", "64", "base"], ["gemm1", "8", "64", "base"],
+        ["finalize", "8", "64", "base"]]
+    assert lines[10].split() == ["gemm1", "8", "64", "tree", "180.00", "180.00-180.00", "20.0", "9.000", "0.900"]
+
+
+def test_launches_of_one_variant_only_are_an_error(tmp_path):
+    files = [write_launches(tmp_path, "ab-base-1.launches.json", [("front", 8, 64, 60.0)]),
+             write_launches(tmp_path, "ab-tree-1.launches.json", [("front", 8, 16, 60.0)])]
+    with pytest.raises(gpu_ab_summary.SummaryError, match="rows measured for one of base and tree only"):
+        gpu_ab_summary.collect(files)
+    bad = tmp_path / "ab-base-2.launches.json"
+    bad.write_text(json.dumps({"rows": []}))
+    with pytest.raises(gpu_ab_summary.SummaryError, match="not the MoE bench's launches"):
+        gpu_ab_summary.collect([bad])
+
+
 def test_a_run_without_a_base_has_nothing_to_divide_by(tmp_path):
     files = [write(tmp_path, "ab-tree-1.json", [row("moe", 8, 50.0)]),
              write(tmp_path, "ab-other-1.json", [row("moe", 8, 49.0)])]
