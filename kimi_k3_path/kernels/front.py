@@ -20,7 +20,16 @@ from cutlass import BFloat16, Float16, Float32, Int32
 
 from .common import DEFAULT_WEIGHT_LOAD, WARP, ctas_per_sm_bound, traced
 from .gemv import WARPS_PER_CTA, alloc_scratch, check_k, gemv_part, token_tile
-from .mma import MMA_ROWS, alloc_tile_scratch, check_mma, chunks_in_flight, mma_rows_part, scratch_bytes, uses_tensor_cores
+from .mma import (
+    MMA_ROWS,
+    alloc_tile_scratch,
+    check_mma,
+    chunks_in_flight,
+    k_groups,
+    mma_rows_part,
+    scratch_bytes,
+    uses_tensor_cores,
+)
 from .router import (
     MAX_TOKENS,
     ROUTER_TAIL_CTAS,
@@ -50,6 +59,11 @@ ONE_TOKEN_FRONT_CTAS_PER_SM = 4
 # Warps sharing a down-projection row in the one-token front (2 rows per CTA): 7 full 16-byte steps per warp, and the
 # front alone measured 1.5-2 us faster than with 8 (kimi_k3_kernels.md §6).
 FRONT_DOWN_SPLIT = 4
+# From 2 tokens, tiles of 16 rows per down-projection and shared CTA (mma.py): each CTA reads all of x, M x H, from L2
+# for its rows. Two measured (H100, the front alone, TP8 / TP16): 16 tokens 48.3 -> 45.7 us / 45.3 -> 42.7, 64 tokens
+# 62.0 -> 59.0 / 60.7 -> 55.8; four: 74 / 73 and 98 / 92 (a quarter of the CTAs, too few bytes in flight). The
+# router's CTAs keep one (their count is part of the selection's hand-off).
+FRONT_ROW_TILES = 2
 
 
 def front_chunks_in_flight(mt: int, router_mma: bool) -> int:
@@ -62,21 +76,23 @@ def front_chunks_in_flight(mt: int, router_mma: bool) -> int:
 class FrontKernel:
     """The three consumers of x in one launch: the first CTAs route, the next ones project down, the last ones compute
     the shared experts' activation. Router CTAs come first so the top-k tail overlaps the other streams. From 2
-    tokens (token tile mt >= 16) the down-projection and shared CTAs run on the tensor cores (16 rows each, mma.py).
-    The router's logits (fp32 sums of bf16 products) come from one CTA per expert (two at one token) on the CUDA
+    tokens (token tile mt >= 16) the down-projection and shared CTAs run on the tensor cores (row_tiles tiles of 16
+    rows each, mma.py). The router's logits (fp32 sums of bf16 products) come from one CTA per expert (two at one token) on the CUDA
     cores in a tile of router_mt <= 8 tokens, or with router_mma (dispatch.py: from 16 tokens) from one CTA per 16
     experts on the tensor cores in the front's tile, where every CTA then reads x once for all tokens instead of once
     per 8."""
 
     def __init__(self, experts: int, hidden: int, latent: int, shared_inter: int, top_k: int, scaling: float, mt: int,
                  router_mt: int, router_tail_ctas: int = ROUTER_TAIL_CTAS, router_mma: bool = False,
-                 shared: bool = True, trace_addr: int = 0):
+                 shared: bool = True, trace_addr: int = 0, row_tiles: int = FRONT_ROW_TILES):
+        self.row_tiles = row_tiles if uses_tensor_cores(mt) else 1
         check_router(experts, hidden, top_k)
-        check_shared(shared_inter, hidden, mt)
+        check_shared(shared_inter, hidden, mt, row_tiles=self.row_tiles)
         check_k(hidden, FRONT_DOWN_SPLIT, "FrontKernel (down-projection)")
         if uses_tensor_cores(mt):
             check_mma(latent, hidden, "FrontKernel (down-projection)")
-            rows_per_cta = MMA_ROWS
+            k_groups(self.row_tiles)
+            rows_per_cta = MMA_ROWS * self.row_tiles
         else:
             rows_per_cta = WARPS_PER_CTA // FRONT_DOWN_SPLIT
         if latent % rows_per_cta:
@@ -90,7 +106,7 @@ class FrontKernel:
                                   mt if router_mma else 0, self.in_flight)
         self.router_ctas = self.router.ctas
         self.down_ctas = latent // rows_per_cta
-        self.shared_ctas = shared_ctas(shared_inter, mt) if shared else 0
+        self.shared_ctas = shared_ctas(shared_inter, mt, row_tiles=self.row_tiles) if shared else 0
         self.trace_addr = trace_addr
 
     def ctas(self) -> int:
@@ -138,14 +154,14 @@ class FrontKernel:
         elif bidx < first_shared:
             if cutlass.const_expr(uses_tensor_cores(self.mt)):
                 mma_rows_part(x, w_down, x_lat, tiles_scratch, bidx - first_down, tidx, m_count,
-                              self.h, self.mt, DEFAULT_WEIGHT_LOAD, self.in_flight)
+                              self.h, self.mt, DEFAULT_WEIGHT_LOAD, self.in_flight, False, self.row_tiles)
             else:
                 gemv_part(x, w_down, x_lat, scratch, bidx - first_down, warp, lane, m_count, self.h, FRONT_DOWN_SPLIT,
                           self.mt, DEFAULT_WEIGHT_LOAD, wait=self.one_token())
         else:
             if cutlass.const_expr(uses_tensor_cores(self.mt)):
                 mma_shared_part(x, w_sh13, a_sh, tiles_scratch, bidx - first_shared,
-                                tidx, m_count, self.s, self.h, self.mt, self.in_flight)
+                                tidx, m_count, self.s, self.h, self.mt, self.in_flight, self.row_tiles)
             else:
                 shared_part(x, w_sh13, a_sh, scratch, bidx - first_shared, warp, lane, m_count, self.s,
                             self.h, self.mt)

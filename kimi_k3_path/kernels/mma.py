@@ -15,6 +15,11 @@ staging: each weight is used by one warp only):
 
 The CTA's 8 warps split K (chunk c goes to warp c mod 8, so at any moment the CTA reads adjacent 64-byte pieces of
 its rows), and their partial tiles meet in shared memory (`reduce_tiles`); each kernel's epilogue reads the totals.
+
+With `row_tiles` R > 1 a CTA owns R tiles of 16 rows: warp w computes row tile w // (8/R) over K group w mod (8/R),
+so R warps read each chunk of x at about the same time and all but the first find it in L1. A CTA of 16 rows reads
+the whole of x (M x K) from L2 for 16 rows of weights: at 64 tokens 4x the weight bytes, and the front and finalize
+were L2-bound on it (docs/design/kimi_k3_kernels.md section 4.2).
 """
 
 from __future__ import annotations
@@ -50,6 +55,13 @@ def check_mma(rows: int, k: int, what: str) -> None:
         raise ValueError(f"{what}: {rows} rows is not a multiple of {MMA_ROWS} (one MMA tile of rows per CTA)")
     if k % K_CHUNK:
         raise ValueError(f"{what}: K={k} is not a multiple of {K_CHUNK} (one 16-byte load per lane and row)")
+
+
+def k_groups(row_tiles: int) -> int:
+    """Warps that split K for one row tile when a CTA owns row_tiles tiles of 16 rows."""
+    if row_tiles < 1 or WARPS_PER_CTA % row_tiles:
+        raise ValueError(f"mma: {row_tiles} row tiles per CTA do not divide its {WARPS_PER_CTA} warps")
+    return WARPS_PER_CTA // row_tiles
 
 
 def scratch_bytes(mt: int) -> int:
@@ -112,7 +124,7 @@ def mma_segment(
     row_addr: Int64,
     row8_addr: Int64,
     x_addr: Int64,
-    warp: Int32,
+    part: Int32,
     lane: Int32,
     m_count: Int32,
     k: cutlass.Constexpr,
@@ -120,33 +132,37 @@ def mma_segment(
     hint: cutlass.Constexpr,
     fresh: cutlass.Constexpr = False,
     in_flight: cutlass.Constexpr = 0,
+    splits: cutlass.Constexpr = WARPS_PER_CTA,
 ):
-    """acc += this warp's share (chunks c = warp mod 8) of rows (g, g+8) at byte addresses row_addr / row8_addr (K
-    values each) times tokens 0 .. 8*tiles - 1 of x (rows of K bf16 at x_addr; fresh: as chunks_mma says), in_flight
-    chunks at a time (0: chunks_in_flight's choice)."""
+    """acc += this warp's share (chunks c = part mod splits) of rows (g, g+8) at byte addresses row_addr / row8_addr
+    (K values each) times tokens 0 .. 8*tiles - 1 of x (rows of K bf16 at x_addr; fresh: as chunks_mma says),
+    in_flight chunks at a time (0: chunks_in_flight's choice). splits: the warps sharing these rows' K (k_groups),
+    part: this warp's place among them."""
     g = lane // 4
     q = lane % 4
     chunks: cutlass.Constexpr = k // K_CHUNK
-    per_warp: cutlass.Constexpr = chunks // WARPS_PER_CTA
+    per_warp: cutlass.Constexpr = chunks // splits
     batch: cutlass.Constexpr = in_flight if in_flight else chunks_in_flight(tiles * TILE_TOKENS)
     groups: cutlass.Constexpr = per_warp // batch
-    step: cutlass.Constexpr = batch * WARPS_PER_CTA
+    step: cutlass.Constexpr = batch * splits
     for i in cutlass.range(groups, unroll=1):
-        chunks_mma(acc, row_addr, row8_addr, x_addr, k * 2, warp + i * step, WARPS_PER_CTA, batch,
+        chunks_mma(acc, row_addr, row8_addr, x_addr, k * 2, part + i * step, splits, batch,
                    g, q, m_count, tiles, hint, fresh)
     if cutlass.const_expr(per_warp % batch != 0):
-        chunks_mma(acc, row_addr, row8_addr, x_addr, k * 2, warp + groups * step, WARPS_PER_CTA,
+        chunks_mma(acc, row_addr, row8_addr, x_addr, k * 2, part + groups * step, splits,
                    per_warp % batch, g, q, m_count, tiles, hint, fresh)
-    if cutlass.const_expr(chunks % WARPS_PER_CTA != 0):
-        if warp < chunks % WARPS_PER_CTA:
-            chunks_mma(acc, row_addr, row8_addr, x_addr, k * 2, warp + per_warp * WARPS_PER_CTA, WARPS_PER_CTA, 1,
+    if cutlass.const_expr(chunks % splits != 0):
+        if part < chunks % splits:
+            chunks_mma(acc, row_addr, row8_addr, x_addr, k * 2, part + per_warp * splits, splits, 1,
                        g, q, m_count, tiles, hint, fresh)
 
 
 @cute.jit
-def reduce_tiles(acc: cute.Tensor, scratch: cute.Tensor, tidx: Int32, tiles: cutlass.Constexpr):
-    """Sum the 8 warps' C fragments; afterwards scratch[0, token, row] holds the CTA's total for (row, token).
-    Every thread of the CTA must call it (it synchronizes)."""
+def reduce_tiles(acc: cute.Tensor, scratch: cute.Tensor, tidx: Int32, tiles: cutlass.Constexpr,
+                 row_tiles: cutlass.Constexpr = 1):
+    """Sum the C fragments of the warps that share a row tile (all 8 where the CTA owns one: k_groups); afterwards
+    scratch[r * k_groups(row_tiles), token, row] holds the CTA's total for (row tile r, row, token). Every thread of
+    the CTA must call it (it synchronizes)."""
     warp = tidx // WARP
     lane = tidx % WARP
     g = lane // 4
@@ -158,16 +174,19 @@ def reduce_tiles(acc: cute.Tensor, scratch: cute.Tensor, tidx: Int32, tiles: cut
         scratch[warp, token, g + 8] = acc[t, 2]
         scratch[warp, token + 1, g + 8] = acc[t, 3]
     cute.arch.sync_threads()
-    outputs: cutlass.Constexpr = tiles * TILE_TOKENS * MMA_ROWS
+    splits: cutlass.Constexpr = k_groups(row_tiles)
+    per_tile: cutlass.Constexpr = tiles * TILE_TOKENS * MMA_ROWS
+    outputs: cutlass.Constexpr = row_tiles * per_tile
     for o in cutlass.range_constexpr((outputs + WARPS_PER_CTA * WARP - 1) // (WARPS_PER_CTA * WARP)):
         idx = tidx + o * WARPS_PER_CTA * WARP
         if idx < outputs:
-            token = idx // MMA_ROWS
+            first = (idx // per_tile) * splits
+            token = idx % per_tile // MMA_ROWS
             row = idx % MMA_ROWS
-            total = scratch[0, token, row]
-            for w in cutlass.range_constexpr(1, WARPS_PER_CTA):
-                total = total + scratch[w, token, row]
-            scratch[0, token, row] = total  # only this thread reads or writes (token, row) in this pass
+            total = scratch[first, token, row]
+            for w in cutlass.range_constexpr(1, splits):
+                total = total + scratch[first + w, token, row]
+            scratch[first, token, row] = total  # only this thread reads or writes (tile, token, row) in this pass
     cute.arch.sync_threads()
 
 
@@ -185,26 +204,35 @@ def mma_rows_part(
     hint: cutlass.Constexpr,
     in_flight: cutlass.Constexpr = 0,
     fresh: cutlass.Constexpr = False,
+    row_tiles: cutlass.Constexpr = 1,
 ):
-    """CTA `cta` of y = x @ w^T on the tensor cores: rows 16*cta .. 16*cta + 15 for every token (in_flight and
-    fresh: as mma_segment)."""
+    """CTA `cta` of y = x @ w^T on the tensor cores: rows 16*R*cta .. 16*R*(cta + 1) - 1 for every token, R =
+    row_tiles (in_flight and fresh: as mma_segment)."""
     tiles: cutlass.Constexpr = mt // TILE_TOKENS
+    splits: cutlass.Constexpr = k_groups(row_tiles)
     lane = tidx % WARP
-    row0 = cta * MMA_ROWS
-    row_addr = w.iterator.toint() + Int64(row0 + lane // 4) * (k * 2)
+    warp = tidx // WARP
+    row0 = cta * (MMA_ROWS * row_tiles)
+    row_addr = w.iterator.toint() + Int64(row0 + warp // splits * MMA_ROWS + lane // 4) * (k * 2)
     acc = zero_tiles(tiles)
-    mma_segment(acc, row_addr, row_addr + Int64(8 * k * 2), x.iterator.toint(), tidx // WARP, lane, m_count, k, tiles,
-                hint, fresh, in_flight)
-    reduce_tiles(acc, scratch, tidx, tiles)
-    store_rows(scratch, y, row0, tidx, m_count, mt)
+    mma_segment(acc, row_addr, row_addr + Int64(8 * k * 2), x.iterator.toint(), warp % splits, lane, m_count, k,
+                tiles, hint, fresh, in_flight, splits)
+    reduce_tiles(acc, scratch, tidx, tiles, row_tiles)
+    store_rows(scratch, y, row0, tidx, m_count, mt, row_tiles)
 
 
 @cute.jit
-def store_rows(scratch: cute.Tensor, y: cute.Tensor, row0: Int32, tidx: Int32, m_count: Int32, mt: cutlass.Constexpr):
-    """y[token, row0 + r] = the reduced total of (r, token), for the batch's tokens (consecutive threads, rows)."""
-    outputs: cutlass.Constexpr = mt * MMA_ROWS
+def store_rows(scratch: cute.Tensor, y: cute.Tensor, row0: Int32, tidx: Int32, m_count: Int32, mt: cutlass.Constexpr,
+               row_tiles: cutlass.Constexpr = 1):
+    """y[token, row0 + 16*t + r] = reduce_tiles' total of (row tile t, row r, token), for the batch's tokens
+    (consecutive threads, rows)."""
+    splits: cutlass.Constexpr = k_groups(row_tiles)
+    per_tile: cutlass.Constexpr = mt * MMA_ROWS
+    outputs: cutlass.Constexpr = row_tiles * per_tile
     for o in cutlass.range_constexpr((outputs + WARPS_PER_CTA * WARP - 1) // (WARPS_PER_CTA * WARP)):
         idx = tidx + o * WARPS_PER_CTA * WARP
-        token = idx // MMA_ROWS
+        row_tile = idx // per_tile
+        token = idx % per_tile // MMA_ROWS
+        row = idx % MMA_ROWS
         if idx < outputs and token < m_count:
-            y[token, row0 + idx % MMA_ROWS] = scratch[0, token, idx % MMA_ROWS].to(y.element_type)
+            y[token, row0 + row_tile * MMA_ROWS + row] = scratch[row_tile * splits, token, row].to(y.element_type)

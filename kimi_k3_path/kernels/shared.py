@@ -2,7 +2,8 @@
 shard. On the CUDA cores a CTA owns 8 / split output columns: the `split` warps of column j split K and each
 reads gate row j and up row Ish + j in the same pass over x, so the pair meets in registers / shared memory, never
 in device memory (split 8 in the front; 4 in GEMM2's one-token grid, ONE_TOKEN_SHARED_SPLIT). From 2 tokens (tensor
-cores, mma.py) a CTA owns 8 columns: its 16 MMA rows are gate rows j..j+7 and up rows Ish+j..Ish+j+7. The second half
+cores, mma.py) a CTA owns 8R columns, R = row_tiles: each of its tiles of 16 MMA rows is gate rows j..j+7 and up
+rows Ish+j..Ish+j+7. The second half
 (a @ W_sh2^T) is fused into the finalize's up-projection. These are device functions: the front (front.py) and, at
 one token, GEMM2's grid (gemm2_one_token.py) run them."""
 
@@ -18,6 +19,7 @@ from .mma import (
     MMA_ROWS,
     TILE_TOKENS,
     check_mma,
+    k_groups,
     mma_segment,
     reduce_tiles,
     uses_tensor_cores,
@@ -34,7 +36,7 @@ ONE_TOKEN_SHARED_SPLIT = 4
 MMA_COLUMNS = MMA_ROWS // 2  # columns of a per tensor-core CTA: its gate rows, then the matching up rows
 
 
-def check_shared(inter: int, hidden: int, mt: int, split: int = SHARED_SPLIT) -> None:
+def check_shared(inter: int, hidden: int, mt: int, split: int = SHARED_SPLIT, row_tiles: int = 1) -> None:
     if inter < 1:
         raise ValueError(f"shared gate_up: shared intermediate={inter} must be positive")
     if WARPS_PER_CTA % split:
@@ -45,10 +47,15 @@ def check_shared(inter: int, hidden: int, mt: int, split: int = SHARED_SPLIT) ->
     check_k(hidden, split, "shared gate_up")
     if uses_tensor_cores(mt):
         check_mma(2 * inter, hidden, "shared gate_up")
+        k_groups(row_tiles)
+        if inter % (MMA_COLUMNS * row_tiles):
+            raise ValueError(f"shared gate_up: shared intermediate={inter} is not a multiple of "
+                             f"{MMA_COLUMNS * row_tiles} ({row_tiles} row tiles of {MMA_COLUMNS} columns per CTA)")
 
 
-def shared_ctas(inter: int, mt: int, split: int = SHARED_SPLIT) -> int:
-    return inter // MMA_COLUMNS if uses_tensor_cores(mt) else inter // (WARPS_PER_CTA // split)
+def shared_ctas(inter: int, mt: int, split: int = SHARED_SPLIT, row_tiles: int = 1) -> int:
+    """CTAs of the shared gate_up: split warps per row pair on the CUDA cores, row_tiles tiles on the tensor cores."""
+    return inter // (MMA_COLUMNS * row_tiles) if uses_tensor_cores(mt) else inter // (WARPS_PER_CTA // split)
 
 
 @cute.jit
@@ -97,22 +104,29 @@ def mma_shared_part(
     hidden: cutlass.Constexpr,
     mt: cutlass.Constexpr,
     in_flight: cutlass.Constexpr = 0,
+    row_tiles: cutlass.Constexpr = 1,
 ):
-    """CTA `cta` computes columns j0 = 8*cta .. j0 + 7 of a on the tensor cores (MMA rows g: gate j0 + g; g + 8: up;
-    in_flight: as mma.mma_segment)."""
+    """CTA `cta` computes columns j0 = 8R*cta .. j0 + 8R - 1 of a on the tensor cores, R = row_tiles (row tile r:
+    MMA rows g gate j0 + 8r + g, g + 8 up; in_flight: as mma.mma_segment)."""
     tiles: cutlass.Constexpr = mt // TILE_TOKENS
+    splits: cutlass.Constexpr = k_groups(row_tiles)
     lane = tidx % WARP
-    j0 = cta * MMA_COLUMNS
-    gate_addr = w13.iterator.toint() + Int64(j0 + lane // 4) * (hidden * 2)
+    warp = tidx // WARP
+    j0 = cta * (MMA_COLUMNS * row_tiles)
+    gate_addr = w13.iterator.toint() + Int64(j0 + warp // splits * MMA_COLUMNS + lane // 4) * (hidden * 2)
     up_addr = gate_addr + Int64(inter) * (hidden * 2)
     acc = zero_tiles(tiles)
-    mma_segment(acc, gate_addr, up_addr, x.iterator.toint(), tidx // WARP, lane, m_count, hidden, tiles,
-                DEFAULT_WEIGHT_LOAD, False, in_flight)
-    reduce_tiles(acc, scratch, tidx, tiles)
-    outputs: cutlass.Constexpr = mt * MMA_COLUMNS
+    mma_segment(acc, gate_addr, up_addr, x.iterator.toint(), warp % splits, lane, m_count, hidden, tiles,
+                DEFAULT_WEIGHT_LOAD, False, in_flight, splits)
+    reduce_tiles(acc, scratch, tidx, tiles, row_tiles)
+    per_tile: cutlass.Constexpr = mt * MMA_COLUMNS
+    outputs: cutlass.Constexpr = row_tiles * per_tile
     for o in cutlass.range_constexpr((outputs + WARPS_PER_CTA * WARP - 1) // (WARPS_PER_CTA * WARP)):
         idx = tidx + o * WARPS_PER_CTA * WARP
-        token = idx // MMA_COLUMNS
+        row_tile = idx // per_tile
+        token = idx % per_tile // MMA_COLUMNS
         j = idx % MMA_COLUMNS
         if idx < outputs and token < m_count:
-            a[token, j0 + j] = situ_glu(scratch[0, token, j], scratch[0, token, j + MMA_COLUMNS]).to(BFloat16)
+            first = row_tile * splits
+            a[token, j0 + row_tile * MMA_COLUMNS + j] = situ_glu(scratch[first, token, j],
+                                                                 scratch[first, token, j + MMA_COLUMNS]).to(BFloat16)

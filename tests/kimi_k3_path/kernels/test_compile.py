@@ -20,7 +20,7 @@ from cutlass import BFloat16, Float16, Float32, Int32, Uint8  # noqa: E402
 
 from benchmarks.kimi_k3.bench_moe import H200_SMS  # noqa: E402
 from benchmarks.kimi_k3.stream import ReadStream  # noqa: E402
-from kimi_k3_path.kernels.finalize_mma import Finalize  # noqa: E402
+from kimi_k3_path.kernels.finalize_mma import Finalize, finalize_row_tiles  # noqa: E402
 from kimi_k3_path.kernels.finalize_streamed import (  # noqa: E402
     STREAMED_CTAS_PER_SM,
     STREAMED_STAGES,
@@ -28,7 +28,12 @@ from kimi_k3_path.kernels.finalize_streamed import (  # noqa: E402
     streamed_ctas,
 )
 from kimi_k3_path.kernels.fp4_mma import GEMM2_GROUPS_IN_FLIGHT  # noqa: E402
-from kimi_k3_path.kernels.front import FRONT_DOWN_SPLIT, ONE_TOKEN_FRONT_CTAS_PER_SM, FrontKernel  # noqa: E402
+from kimi_k3_path.kernels.front import (  # noqa: E402
+    FRONT_DOWN_SPLIT,
+    FRONT_ROW_TILES,
+    ONE_TOKEN_FRONT_CTAS_PER_SM,
+    FrontKernel,
+)
 from kimi_k3_path.kernels.gemm1_held import ONE_TOKEN_CTAS_PER_SM, ExpertsGemm1Held  # noqa: E402
 from kimi_k3_path.kernels.gemm1_mma import ExpertsGemm1SituMma  # noqa: E402
 from kimi_k3_path.kernels.gemm2_mma import ExpertsGemm2CombineMma, gemm2_tiles_per_cta  # noqa: E402
@@ -214,6 +219,27 @@ def test_tensor_core_finalize_compiles(tp, mt, dims):
     _compiles(Finalize(d.hidden, d.latent, d.shared_intermediate, mt), *_finalize_args(d))
 
 
+@pytest.mark.parametrize("row_tiles", [2, 4])
+def test_finalize_compiles_with_other_row_tiles(row_tiles, dims):
+    d = dims(8)
+    _compiles(Finalize(d.hidden, d.latent, d.shared_intermediate, 16, row_tiles=row_tiles), *_finalize_args(d))
+
+
+def test_finalize_covers_its_rows_in_tiles_of_16_per_cta(dims):
+    """mma.py's row tiles: R tiles of 16 output rows per CTA, so hidden / 16R CTAs (7168 rows: 224 at R = 2); two
+    at 64 tokens, one below (finalize_row_tiles)."""
+    d = dims(8)
+    assert [finalize_row_tiles(mt) for mt in (16, 32, 64)] == [1, 1, 2]
+    assert Finalize(d.hidden, d.latent, d.shared_intermediate, 64).ctas() == d.hidden // 32 == 224
+    assert Finalize(d.hidden, d.latent, d.shared_intermediate, 16).ctas() == d.hidden // 16
+    assert Finalize(d.hidden, d.latent, d.shared_intermediate, 64, row_tiles=1).ctas() == d.hidden // 16
+    with pytest.raises(ValueError, match="3 row tiles per CTA do not divide its 8 warps"):
+        Finalize(d.hidden, d.latent, d.shared_intermediate, 64, row_tiles=3)
+    with pytest.raises(ValueError, match="hidden=48 is not a multiple of 32"):
+        Finalize(48, d.latent, d.shared_intermediate, 64)
+    assert Finalize(48, d.latent, d.shared_intermediate, 16).ctas() == 3
+
+
 @pytest.mark.parametrize("tp", [8, 16])
 def test_early_finalize_reads_everything_only_after_it_waits(tp, dims, tmp_path):
     """The finalize launched early (GEMM2 lets it start after its MMAs, PREEXIT): every load, weights (L1::no_allocate) and
@@ -381,6 +407,21 @@ def test_front_router_on_tensor_cores_takes_one_cta_per_16_experts(mt, dims):
     assert _front(d, mt).router_ctas == d.experts // 2  # router tile 8 (router.router_split)
     assert _front(d, 1).router_ctas == d.experts // 2
     assert _front(d, mt, router_mma=True).router_ctas == d.experts // 16
+
+
+@pytest.mark.parametrize("tp", [8, 16])
+def test_front_tensor_core_ctas_own_row_tiles_the_router_ctas_one(tp, dims):
+    """From 2 tokens the down-projection and shared CTAs own FRONT_ROW_TILES tiles of 16 rows (the shared ones 8
+    (gate, up) columns a tile); the router's stay at 16 experts a CTA; at one token nothing changes."""
+    d = dims(tp)
+    r = FRONT_ROW_TILES
+    front = _front(d, 64, router_mma=True)
+    assert (front.router_ctas, front.down_ctas, front.shared_ctas) == (
+        d.experts // 16, d.latent // (16 * r), d.shared_intermediate // (8 * r))
+    one = _front(d, 1)
+    assert (one.down_ctas, one.row_tiles) == (d.latent // 2, 1)  # FRONT_DOWN_SPLIT 4: 2 rows a CTA
+    with pytest.raises(ValueError, match="shared intermediate=24 is not a multiple of 16"):
+        FrontKernel(d.experts, d.hidden, d.latent, 24, d.top_k, d.routed_scaling_factor, 64, 8)
 
 
 def _instruction(line: str) -> str:
