@@ -26,7 +26,7 @@ families, e.g. for an A/B of one of them), or the stock ops themselves (`--candi
 
 Byte floor (floors.py): the bytes one step must move (every weight it reads once, only the experts the batch routes
 to and at their unpadded size, the KDA state read and written, the MLA cache rows read, the residual stream) over
-4.3e12 B/s, the device-to-device copy bandwidth measured on the H200.
+4.3e12 B/s, the device-to-device copy bandwidth measured on the H200. Each row's note states those terms.
 
 `--layer step` measures a whole decode step of one rank instead of one layer: the model's first layers (by default its
 first AttnRes block) in one CUDA graph per batch, stock-like against the same step with the CuTe DSL kernels in every
@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.kimi_k3 import step as step_stack
-from benchmarks.kimi_k3.floors import layer_bytes
+from benchmarks.kimi_k3.floors import LayerBytes, layer_bytes
 from kimi_k3_path.kernels.runtime import floor_us
 
 LAYERS = ("kda_moe", "mla_moe", "moe", "step")
@@ -499,7 +499,7 @@ class Bench:
         weights = [make_weights(0)]
         for batch in self.args.batch:
             inputs: list[dict[str, Any]] = []
-            floor, copies = 0, 1
+            floor, copies = LayerBytes(), 1
             while len(inputs) < copies:
                 c = len(inputs)
                 if c >= len(weights):
@@ -515,7 +515,7 @@ class Bench:
                 inputs.append(item)
                 if c == 0:
                     floor = layer_bytes(layer, dims, pos, weights[0], item, item["x"])
-                    copies = self.copies_for(floor)
+                    copies = self.copies_for(floor.total)
             pairs = list(zip(weights, inputs))
             base_fns = [self.layer_fn(layer, dims, pos, w, item, None) for w, item in pairs]
             cand_fns = [self.layer_fn(layer, dims, pos, w, item, w["candidate_moe"],
@@ -530,10 +530,12 @@ class Bench:
             base_kernels = self.kernel_count(base_fns[0], label and f"{label} stock-like")
             cand_kernels = self.kernel_count(cand_fns[0], label and f"{label} candidate")
             ctx = f"; MLA context {self.args.context} tokens, page {self.args.page}" if layer == "mla_moe" else ""
-            yield Case(layer, tp, batch, base_fns, cand_fns, floor, (
+            attention = {"kda_moe": "kda", "mla_moe": "mla"}.get(layer, "")
+            yield Case(layer, tp, batch, base_fns, cand_fns, floor.total, (
                 f"baseline = stock-like ({base_kernels} kernels); {self.candidate_note} ({cand_kernels} kernels); "
                 f"layer {pos.layer} (0-based); {copies} copies of weights+inputs rotated; "
-                f"floor = {floor} B / 4.3e12 B/s; stock expert intermediate {dims.stock_intermediate}{ctx}{checked}"
+                f"floor = {floor.total} B ({floor.describe(attention)}) / 4.3e12 B/s; stock expert intermediate "
+                f"{dims.stock_intermediate}{ctx}{checked}"
             ))
 
     def step_cases(self, tp: int) -> Iterator[Case]:
@@ -574,12 +576,12 @@ class Bench:
             for fn in (base_fn, cand_fn):  # compile and autotune outside the profiler
                 fn()
             decision = executor.decide(StepBatch.decode([self.args.context] * batch))
-            yield Case("step", tp, batch, [base_fn], [cand_fn], floor, (
+            yield Case("step", tp, batch, [base_fn], [cand_fn], floor.total, (
                 f"baseline = stock-like step ({self.kernel_count(base_fn)} kernels); {self.candidate_note}, in every "
                 f"layer ({self.kernel_count(cand_fn)} kernels); {step_stack.describe(layers)}; one step per CUDA "
                 f"graph; executor decision for this batch: {decision.path} ({decision.reason}); MLA context "
-                f"{self.args.context} tokens, page {self.args.page}; no TP all-reduce (one GPU); floor = {floor} B / "
-                f"4.3e12 B/s{checked}"
+                f"{self.args.context} tokens, page {self.args.page}; no TP all-reduce (one GPU); floor = {floor.total} "
+                f"B ({floor.describe()}) / 4.3e12 B/s{checked}"
             ), steps_per_graph=1)
 
     def check_step(self, stack: Any, ref_weights: list[Any], x: Any, states: list[Any], tp: int, batch: int) -> str:

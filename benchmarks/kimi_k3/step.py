@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks.kimi_k3.floors import layer_bytes
+from benchmarks.kimi_k3.floors import LayerBytes, layer_bytes
 
 KINDS = ("kda_dense", "kda_moe", "mla_moe")
 
@@ -182,7 +182,7 @@ class DeviceStack:
             return lambda h: stock.kda_attention(h, part["kda"], state, self.dims.kda)
         return lambda h: stock.mla_attention(h, part["mla"], state, self.dims.mla)
 
-    def floor_bytes(self, x: Any, states: list[Any]) -> int:
+    def floor_bytes(self, x: Any, states: list[Any]) -> LayerBytes:
         """The step's byte floor: its layers' floors (floors.layer_bytes), each with the MLP input the stock-like
         step computes for it from x and `states` (an eager run on copies; the routed experts depend on it)."""
         inputs: dict[int, Any] = {}
@@ -193,9 +193,10 @@ class DeviceStack:
 
         self.step_fn(x, states, specialized=False, observe=keep)()
         return sum(
-            layer_bytes(layer.kind, self.dims, layer.pos, part,
-                        {"state" if layer.attention == "kda" else "cache": state}, inputs[i])
-            for i, (layer, part, state) in enumerate(zip(self.layers, self.parts, states))
+            (layer_bytes(layer.kind, self.dims, layer.pos, part,
+                         {"state" if layer.attention == "kda" else "cache": state}, inputs[i])
+             for i, (layer, part, state) in enumerate(zip(self.layers, self.parts, states))),
+            LayerBytes(),
         )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -140,6 +141,14 @@ def test_cpu_smoke_writes_valid_perf_evidence(tmp_path):
                         "context": 24}
     assert row.baseline is not None and row.baseline.runs == 1 and row.candidate.runs == 1
     assert row.floor is not None and row.floor > 0
+    # the note states the floor's terms (issue 35): they add up to the floor's bytes, whose time at 4.3 TB/s it is
+    total, terms = re.search(r"floor = (\d+) B \((.*?)\) / 4\.3e12 B/s", row.note).groups()
+    parts = dict((name, int(n)) for n, name in ((m.group(2), m.group(1)) for m in
+                                               re.finditer(r"([A-Za-z][A-Za-z +]*?) (\d+)(?: \(\d+ active\))?(?: \+ |$)",
+                                                           terms)))
+    assert set(parts) == {"dense weights", "routed experts", "KDA state read + written", "AttnRes streams",
+                          "MLP input and output"} and all(parts.values())
+    assert sum(parts.values()) == int(total) and row.floor == pytest.approx(int(total) / 4.3e12 * 1e6)
     assert "stock-like" in row.note and evidence.commit == "0123abc"
     assert evidence.command.startswith("python -m benchmarks.kimi_k3.bench --cpu-smoke")
 
