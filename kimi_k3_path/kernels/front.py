@@ -77,10 +77,10 @@ class FrontKernel:
     """The three consumers of x in one launch: the first CTAs route, the next ones project down, the last ones compute
     the shared experts' activation. Router CTAs come first so the top-k tail overlaps the other streams. From 2
     tokens (token tile mt >= 16) the down-projection and shared CTAs run on the tensor cores (row_tiles tiles of 16
-    rows each, mma.py). The router's logits (fp32 sums of bf16 products) come from one CTA per expert (two at one token) on the CUDA
-    cores in a tile of router_mt <= 8 tokens, or with router_mma (dispatch.py: from 16 tokens) from one CTA per 16
-    experts on the tensor cores in the front's tile, where every CTA then reads x once for all tokens instead of once
-    per 8."""
+    rows each, mma.py). The router's logits (fp32 sums of bf16 products) come from one CTA per expert (two at one
+    token) on the CUDA cores in a tile of router_mt <= 8 tokens, or with router_mma (dispatch.py: from 16 tokens) from
+    one CTA per 16 experts on the tensor cores in the front's tile, where every CTA then reads x once for all tokens
+    instead of once per 8."""
 
     def __init__(self, experts: int, hidden: int, latent: int, shared_inter: int, top_k: int, scaling: float, mt: int,
                  router_mt: int, router_tail_ctas: int = ROUTER_TAIL_CTAS, router_mma: bool = False,

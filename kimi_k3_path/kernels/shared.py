@@ -3,9 +3,8 @@ shard. On the CUDA cores a CTA owns 8 / split output columns: the `split` warps 
 reads gate row j and up row Ish + j in the same pass over x, so the pair meets in registers / shared memory, never
 in device memory (split 8 in the front; 4 in GEMM2's one-token grid, ONE_TOKEN_SHARED_SPLIT). From 2 tokens (tensor
 cores, mma.py) a CTA owns 8R columns, R = row_tiles: each of its tiles of 16 MMA rows is gate rows j..j+7 and up
-rows Ish+j..Ish+j+7. The second half
-(a @ W_sh2^T) is fused into the finalize's up-projection. These are device functions: the front (front.py) and, at
-one token, GEMM2's grid (gemm2_one_token.py) run them."""
+rows Ish+j..Ish+j+7. The second half (a @ W_sh2^T) is fused into the finalize's up-projection. These are device
+functions: the front (front.py) and, at one token, GEMM2's grid (gemm2_one_token.py) run them."""
 
 from __future__ import annotations
 
