@@ -115,7 +115,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "default all), the rest on the stock-like ops")
     p.add_argument("--commit", help="the commit measured (default: git rev-parse HEAD)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--breakdown", action="store_true", help="print the baseline's and the candidate's launches per case: each one's share of the step, own time and the gap before it (torch profiler, eager; benchmarks/kimi_k3/timeline.py)")
+    p.add_argument("--breakdown", nargs="?", const="eager", choices=("eager", "graph"),
+                   help="print the baseline's and the candidate's launches per case: each one's share of the step, own "
+                        "time and the gap before it (torch profiler; benchmarks/kimi_k3/timeline.py). eager (the "
+                        "default): one call, the host between launches; graph: one replay of the step captured in a "
+                        "CUDA graph, the launches overlapping as when timed")
     p.add_argument("--cpu-smoke", action="store_true", help="run the harness on CPU with the tiny config (CI)")
     p.add_argument("--processes", choices=("per-case", "one"),
                    help="per-case: each (layer, tp) in a fresh child process (default on the GPU); one: every case in "
@@ -693,13 +697,14 @@ class Bench:
         return f"{mixed}; candidate {what} attention rel err {err:.2e} vs the fp32 reference"
 
     def kernel_count(self, fn: Callable[[], Any], breakdown_label: str | None = None) -> int | str:
-        """Kernels one step launches; with a label, also print each launch's share of the step (timeline.py)."""
+        """Kernels one step launches; with a label, also print each launch's share of the step (timeline.py), from one
+        eager call or one graph replay (--breakdown)."""
         if self.device != "cuda":
             return "n/a on CPU"
         from benchmarks.kimi_k3.stock import kernel_spans
         from benchmarks.kimi_k3.timeline import breakdown_lines
 
-        spans = kernel_spans(fn)
+        spans = kernel_spans(fn, graph=breakdown_label is not None and self.args.breakdown == "graph")
         if breakdown_label is not None:
             print("\n".join(breakdown_lines(breakdown_label, spans)))
         return len(spans)
@@ -752,7 +757,7 @@ def case_argv(args: argparse.Namespace, layer: str, tp: int, commit: str) -> lis
             *(["--step-layers", str(args.step_layers)] if args.step_layers else []),
             "--candidate", args.candidate, "--kernel-ops", ",".join(args.kernel_ops), "--commit", commit,
             "--seed", str(args.seed), "--processes", "one"]
-    return argv + ["--breakdown"] * args.breakdown + ["--cpu-smoke"] * args.cpu_smoke
+    return argv + (["--breakdown", args.breakdown] if args.breakdown else []) + ["--cpu-smoke"] * args.cpu_smoke
 
 
 def child_env() -> dict[str, str]:

@@ -830,21 +830,36 @@ def mla_moe_layer(
     return latent_moe(mla_attention_part(delta, stream, norms, mla, cache, pos, mla_dims), moe, moe_dims)
 
 
-def kernel_spans(fn: Any) -> list:
+def kernel_spans(fn: Any, graph: bool = False) -> list:
     """timeline.KernelSpan (name, start and end in microseconds) of every GPU kernel one call of `fn` launches, in
     start order, from the torch profiler (memcpy/memset not included). Call `fn` once before, so compilation and
-    autotuning stay out."""
+    autotuning stay out. graph: one call captured in a CUDA graph and one replay of it profiled, so that the launches
+    overlap as in the timed graphs (programmatic dependent launch, no host between them); eager, the host leaves
+    microseconds to milliseconds between launches and none overlaps. A graph replay that shows no kernel is an error
+    (a profiler that does not trace graph launches), not an empty breakdown."""
     from torch.profiler import ProfilerActivity, profile
 
     from benchmarks.kimi_k3.timeline import KernelSpan
 
+    run = fn
+    if graph:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        captured = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(captured, stream=side):
+            fn()
+        captured.replay()  # once outside the profiler: the graph's upload and first-launch costs
+        run = captured.replay
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
+        run()
         torch.cuda.synchronize()
     kernel_type = getattr(torch.autograd.DeviceType, "CUDA")
     spans = [KernelSpan(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
              if e.device_type == kernel_type and not e.name.lower().startswith(("memcpy", "memset"))]
+    if graph and not spans:
+        raise RuntimeError("kernel_spans: the profiler recorded no kernel of the graph's replay (it does not trace "
+                           "graph launches here); use the eager breakdown")
     return sorted(spans, key=lambda span: span.start_us)
 
 

@@ -64,6 +64,14 @@ def test_bad_arguments_are_rejected_with_a_reason(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_the_breakdown_is_eager_unless_asked_for_a_graph_replay():
+    assert bench.parse_args([]).breakdown is None
+    assert bench.parse_args(["--breakdown"]).breakdown == "eager"
+    assert bench.parse_args(["--breakdown", "graph"]).breakdown == "graph"
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--breakdown", "replay"])
+
+
 def test_cpu_smoke_limits_itself_to_tiny_work():
     args = bench.parse_args(["--cpu-smoke", "--batch", "1,2,64"])
     assert (args.config, args.batch, args.candidate) == ("tiny", (1, 2), "stock")
@@ -79,6 +87,7 @@ def test_each_case_gets_its_own_process_on_the_gpu_and_not_in_the_cpu_smoke_run(
 @pytest.mark.parametrize("argv", [
     ["--batch", "1,4", "--context", "100", "--page", "16", "--replays", "7", "--candidate", "stock", "--seed", "3",
      "--breakdown", "--config", "tiny"],
+    ["--breakdown", "graph", "--batch", "64"],
     ["--cpu-smoke", "--batch", "2,64", "--replays", "9"],
 ])
 def test_a_case_command_line_measures_that_case_with_every_other_setting_kept(argv):
