@@ -706,7 +706,7 @@ class Bench:
 
         spans = kernel_spans(fn, graph=breakdown_label is not None and self.args.breakdown == "graph")
         if breakdown_label is not None:
-            print("\n".join(breakdown_lines(breakdown_label, spans)))
+            print("\n".join(breakdown_lines(breakdown_label, spans, how=self.args.breakdown)))
         return len(spans)
 
 

@@ -1,4 +1,5 @@
-"""Where a step's time goes on its stream, from the start and end of each kernel (the torch profiler's, eager).
+"""Where a step's time goes on its stream, from the start and end of each kernel (the torch profiler's, of one eager
+call or one CUDA-graph replay).
 
 A kernel's own duration over-charges it when launches overlap: with programmatic dependent launch a kernel starts
 while the one before still runs and waits (griddepcontrol.wait), so its duration includes the wait, and the
@@ -55,13 +56,14 @@ def critical_path(spans: list[KernelSpan]) -> list[PathShare]:
     return shares
 
 
-def breakdown_lines(label: str, spans: list[KernelSpan], width: int = 70) -> list[str]:
-    """The step's launches in order with their share, own duration and the gap before each, then the totals."""
+def breakdown_lines(label: str, spans: list[KernelSpan], width: int = 70, how: str = "eager") -> list[str]:
+    """The step's launches in order with their share, own duration and the gap before each, then the totals; `how`
+    the spans were recorded ("eager" or "graph": bench.py --breakdown)."""
     shares = critical_path(spans)
     if not shares:
         return [f"breakdown {label}: no kernels"]
     span = max(s.end_us for s in spans) - min(s.start_us for s in spans)
-    lines = [f"breakdown {label}: {len(shares)} kernels, {span:.1f} us from first start to last end (eager): "
+    lines = [f"breakdown {label}: {len(shares)} kernels, {span:.1f} us from first start to last end ({how}): "
              f"{sum(s.exclusive_us for s in shares):.1f} us charged to kernels, {sum(s.gap_us for s in shares):.1f} "
              "us idle between them",
              f"    {'share us':>9} {'own us':>8} {'gap us':>7}  kernel (in launch order; share = its end after the "
