@@ -22,6 +22,7 @@
 # MoE block at 3 batches ~70 s per variant and round.
 set -uo pipefail
 NAME_RE='^[a-z0-9_]+$'
+prepared() { (cd .ab 2>/dev/null && ls -d */REV 2>/dev/null | sed 's|/REV||' | tr '\n' ' '); }  # the variants in .ab/
 case "${1:-}" in
   prepare)
     rev=${2:?usage: tools/gpu-ab.sh prepare <rev> [<name>]}
@@ -33,7 +34,7 @@ case "${1:-}" in
     # The evidence stays behind: the benches do not read it, and the device takes 64 MiB with .cute's 54.
     git archive "$rev" kimi_k3_path benchmarks gatekeeper | tar x -C ".ab/$name" --exclude kimi_k3_path/evidence
     git rev-parse "$rev" > ".ab/$name/REV"
-    echo "gpu-ab: .ab/$name holds $(cat ".ab/$name/REV"); variants prepared: $(cd .ab && ls -d */REV | sed 's|/REV||' | tr '\n' ' ')"
+    echo "gpu-ab: .ab/$name holds $(cat ".ab/$name/REV"); variants prepared: $(prepared)"
     echo "gpu-ab: on the device: carry [\".cute\", \".whl\", \".ab\"], bash tools/gpu-ab.sh run"
     ;;
   clear)
@@ -47,7 +48,7 @@ case "${1:-}" in
     . tools/gpu-env.sh
     root=$PWD
     tree_path=$PYTHONPATH
-    variants="tree $(cd .ab && ls -d */REV | sed 's|/REV||' | tr '\n' ' ')"
+    variants="tree $(prepared)"
     : > "$OUT/ab.log"
     for variant in $variants; do
       if [ "$variant" = tree ]; then what="the working tree"; else what=$(cat ".ab/$variant/REV"); fi
