@@ -66,6 +66,36 @@ def test_every_stream_load_is_issued_before_the_first_barrier(tmp_path):
     assert sum("STG.E.128" in line for line in sass) == 2
 
 
+@pytest.mark.parametrize("cluster", [2, 4, 8])
+def test_compiles_in_clusters_for_every_prefix_mode(cluster):
+    for prefix in Prefix:
+        op = AttnResMix(HIDDEN, 8, prefix, -1, 1e-5, 1e-5, cluster)
+        assert callable(cute.compile(op, *fake_args(HIDDEN, MAX_BLOCKS)))
+    assert callable(cute.compile(AttnResMix(256, 2, Prefix.REPLACE, 3, 1e-6, 1e-6, cluster), *fake_args(256, 4)))
+    assert callable(cute.compile(AttnResMix(200, 1, Prefix.ADD, -1, 1e-6, 1e-6, 3), *fake_args(200, 3)))
+
+
+def test_a_cluster_meets_three_times_and_writes_the_stream_after_its_last_arrive(tmp_path):
+    """CLUSTER CTAs per token, 224 threads each at 7168 columns: every stream load before the first CTA barrier (as
+    in one CTA), the two row sums through distributed shared memory (a cluster barrier each: barrier.cluster
+    arrive + wait), a third barrier before exit, and the global stores (prefix and output) after the last arrive,
+    whose release (MEMBAR.ALL.GPU) would otherwise wait for them."""
+    from kimi_k3_path.kernels.attn_res import CLUSTER
+
+    op = AttnResMix(HIDDEN, 8, Prefix.ADD, -1, 1e-5, 1e-5, CLUSTER)
+    assert (CLUSTER, op.threads, op.per_thread) == (4, 224, 1)
+    usage = _cubin_dump(op, fake_args(HIDDEN, MAX_BLOCKS), tmp_path / "res", "-res-usage")
+    assert "LOCAL:0" in usage and "STACK:0" in usage, usage
+    sass = _cubin_dump(op, fake_args(HIDDEN, MAX_BLOCKS), tmp_path / "sass", "-sass").splitlines()
+    loads = [n for n, line in enumerate(sass) if re.search(r"LDG\.E(\.CONSTANT)?\.128", line)]
+    barriers = [n for n, line in enumerate(sass) if "BAR.SYNC" in line]
+    arrives = [n for n, line in enumerate(sass) if "UCGABAR_ARV" in line]
+    waits = [n for n, line in enumerate(sass) if "UCGABAR_WAIT" in line]
+    stores = [n for n, line in enumerate(sass) if "STG.E.128" in line]
+    assert len(loads) == 13 and max(loads) < barriers[0]
+    assert len(arrives) == len(waits) == 3 and len(stores) == 2 and min(stores) > arrives[-1]
+
+
 def test_rejects_what_it_does_not_support():
     with pytest.raises(ValueError, match="multiple of 8"):
         AttnResMix(7170, 1, Prefix.ADD, -1, 1e-5, 1e-5)
@@ -75,6 +105,11 @@ def test_rejects_what_it_does_not_support():
         AttnResMix(HIDDEN, 3, Prefix.ADD, 1, 1e-5, 1e-5)
     with pytest.raises(ValueError, match="must be positive"):
         AttnResMix(HIDDEN, 3, Prefix.ADD, -1, 0.0, 1e-5)
+    for cluster in (0, 9):
+        with pytest.raises(ValueError, match=f"cluster={cluster} must be in 1..8"):
+            AttnResMix(HIDDEN, 3, Prefix.ADD, -1, 1e-5, 1e-5, cluster)
+    with pytest.raises(ValueError, match="at most the 2 vectors of a row"):
+        AttnResMix(16, 1, Prefix.ADD, -1, 1e-5, 1e-5, 4)
 
 
 def _args(m=1, hidden=256, max_blocks=4, dtype=torch.bfloat16):
