@@ -7,7 +7,7 @@
 #                                                                       # (git archive); .ab/ is git-ignored
 #                              tools/gpu-ab.sh clear                    # forget every prepared variant
 #   on the device, carry [".cute", ".whl", ".ab"]:
-#     [BENCH=layer|moe] [LAYERS=kda_moe,mla_moe] [TPS=8,16] [BATCH=1] [CONTEXT=4096] [ROUNDS=2] [REPLAYS=200]
+#     [BENCH=layer|moe|mla] [LAYERS=kda_moe,mla_moe] [TPS=8,16] [BATCH=1] [CONTEXT=4096] [ROUNDS=2] [REPLAYS=200]
 #     bash tools/gpu-ab.sh run
 # Several variants at once: prepare each commit under a name of its own (one of them `base`, the reference of the
 # ratios); the run takes the working tree (`tree`) and every prepared variant in turn, each round.
@@ -15,6 +15,8 @@
 # BENCH=moe: benchmarks/kimi_k3/bench_moe.py, the MoE block (LAYERS and CONTEXT unused), each launch alone at the
 # batches too (--steps-at BATCH; the summary's second table; their ab-<variant>-<round>.launches.json files are
 # removed once summarized, to keep within the 8 files that come back).
+# BENCH=mla: benchmarks/kimi_k3/bench_mla.py, the MLA split-KV attention alone at CONTEXT (a comma list here too;
+# LAYERS unused), against a pure read of the cache in the same process.
 # The run writes $OUT/ab-<variant>-<round>.json (PerfEvidence, commit 0000000: probes, never evidence of record),
 # $OUT/ab.log (every bench's output) and $OUT/ab-summary.txt (tools/gpu_ab_summary.py: per row and variant the
 # median over rounds, its range, x floor, x base). At most 8 files come back from the device: keep
@@ -60,7 +62,10 @@ case "${1:-}" in
         if [ "$variant" = tree ]; then dir=$root path=$tree_path
         else dir=$root/.ab/$variant path="$root/.ab/$variant:${PYTHONPATH#"$root":}"; fi
         out="$OUT/ab-$variant-$round.json"
-        if [ "${BENCH:-layer}" = moe ]; then
+        if [ "${BENCH:-layer}" = mla ]; then
+          cmd=(python3 -m benchmarks.kimi_k3.bench_mla --tp "${TPS:-8,16}" --batch "${BATCH:-1}"
+               --context "${CONTEXT:-4096}" --replays "${REPLAYS:-100}" --commit 0000000 --out "$out")
+        elif [ "${BENCH:-layer}" = moe ]; then
           cmd=(python3 -m benchmarks.kimi_k3.bench_moe --tp "${TPS:-8,16}" --batch "${BATCH:-1}"
                --steps-at "${BATCH:-1}" --replays "${REPLAYS:-50}" --commit 0000000 --out "$out"
                --kernels-out "${out%.json}.launches.json")

@@ -113,3 +113,21 @@ def test_run_alternates_the_tree_and_every_variant_each_round_and_summarizes(rep
         ["front", "8", "1", "base", "1.000"], ["front", "8", "1", "tree", f"{80 / 90:.3f}"],
         ["front", "8", "1", "gate_v2", "1.000"]]
     assert json.loads((out / "ab-tree-1.json").read_text())["rows"][0]["candidate"]["median"] == 80.0
+
+
+def test_the_mla_bench_takes_the_contexts_and_no_launch_files(repo, tmp_path):
+    ab(repo, "prepare", "HEAD")
+    bin_dir, out = tmp_path / "bin", tmp_path / "out"
+    bin_dir.mkdir()
+    out.mkdir()
+    (bin_dir / "python3").write_text(FAKE_PYTHON)
+    (bin_dir / "python3").chmod(0o755)
+    calls = tmp_path / "calls"
+    result = ab(repo, "run", env={"OUT": str(out), "CALLS": str(calls), "BENCH": "mla", "BATCH": "1,2", "TPS": "8",
+                                  "CONTEXT": "4096,32768", "ROUNDS": "1", "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert result.returncode == 0, result.stderr
+    lines = calls.read_text().splitlines()
+    assert [line.split()[0] for line in lines] == [str(repo), str(repo / ".ab" / "base")]
+    assert all("benchmarks.kimi_k3.bench_mla --tp 8 --batch 1,2 --context 4096,32768 --replays 100" in line
+               and "--kernels-out" not in line for line in lines)
+    assert sorted(p.name for p in out.glob("ab-*")) == ["ab-base-1.json", "ab-summary.txt", "ab-tree-1.json"]
