@@ -6,9 +6,9 @@ as `reference.mla_decode` computes it (absorbed: MQA over vLLM's paged latent ca
   + insert  row [kv_c | k_pe] into pages at its slot
   q_b       q = q_c @ W_q_b^T, per head [q_nope (128) | q_pe (64)]                     cuBLAS (bf16)
   absorb    the kernel's q [M, heads, 576] = q @ [[W_UK, 0], [0, I]] per head          cuBLAS (one bmm)
-  attend    latent = softmax(q . row * scale) @ row[:512] over the sequence's rows      mla_attention.py (2 launches)
-  W_UV      v = latent @ W_UV^T per head                                              cuBLAS (one bmm)
-  gate      attn = v * sigmoid(gate)                                                  torch (2 launches)
+  attend    the split launch's partials of softmax(q . row * scale) @ row[:512]       mla_attention.py (split)
+  output    latent = their combine, v = latent @ W_UV^T per head,                     mla_output.py (1 launch)
+            attn = v * sigmoid(gate)
   o_proj    out = attn @ W_o^T                                                        dense.project (bf16)
 
 dense.project runs dense.py's GEMV at one token (its weight slices loaded before griddepcontrol.wait, so behind
@@ -16,8 +16,9 @@ AttnRes qkv_a's first wave streams early) and cuBLAS from two. qkv_a is 3648 x 7
 dense.py's in_proj form (4 warps a row); o_proj 7168 x 1536 / 768 is KDA's o_proj shape at both TPs.
 
 The absorb bmm writes ql = q_nope @ W_UK and copies q_pe in the same product (its identity block is exact in fp32
-accumulation): one launch instead of a bmm and a copy (the stock path's concat kernel). 10 launches in all (torch's
-two rms_norm, cat and index_copy_ took 4-6 where mla_norms.py takes one), against the stock path's 11
+accumulation): one launch instead of a bmm and a copy (the stock path's concat kernel). 7 launches in all (torch's
+two rms_norm, cat and index_copy_ took 4-6 where mla_norms.py takes one; the combine, a W_UV bmm, a sigmoid and a
+mul took the 4 where mla_output.py takes one), against the stock path's 11
 (`benchmarks/kimi_k3/stock.py: mla_attention`), whose Triton split-KV decode and combine these replace. Rows are
 addressed by vLLM's slot mapping (page * page_size + offset, int64); its padding slot -1 is not supported (the insert
 would write outside the pages), so a batch is passed unpadded. No host
@@ -32,8 +33,9 @@ from dataclasses import dataclass
 import torch
 
 from .dense import project
-from .mla_attention import MlaWorkspace, check_cache_inputs, mla_attention_decode
+from .mla_attention import MlaWorkspace, check_cache_inputs, mla_split_kv
 from .mla_norms import mla_norms_insert
+from .mla_output import mla_output
 from .runtime import expect
 
 
@@ -109,10 +111,8 @@ def mla_decode(x: torch.Tensor, w: MlaAttentionWeights, pages: torch.Tensor, blo
         q = (q_c @ w.q_b.t()).view(m, d.heads, d.qk_head)
         mqa_q = torch.empty(m, d.heads, row, device=x.device, dtype=torch.bfloat16)
         torch.bmm(q.transpose(0, 1), w.absorb, out=mqa_q.transpose(0, 1))
-        latent = torch.empty(m, d.heads, d.kv_lora, device=x.device, dtype=torch.bfloat16)
-        mla_attention_decode(mqa_q, pages, block_table, seq_lens, latent, stream, d.scale, workspace=workspace,
-                             check_inputs=check_inputs)
-        v = torch.empty(m, d.heads, d.v_head, device=x.device, dtype=torch.bfloat16)
-        torch.bmm(latent.transpose(0, 1), w.w_uv, out=v.transpose(0, 1))
-        gated = torch.sigmoid(projected[:, gate_start:]).mul_(v.view(m, -1))
+        partials = mla_split_kv(mqa_q, pages, block_table, seq_lens, stream, d.scale, workspace=workspace,
+                                check_inputs=check_inputs)
+        gated = torch.empty(m, d.heads * d.v_head, device=x.device, dtype=torch.bfloat16)
+        mla_output(partials, w.w_uv, projected, gate_start, gated, stream)
         project(gated, w.o_proj, out, stream)

@@ -1,5 +1,5 @@
-"""The MLA decode's split-KV attention over vLLM's paged latent cache, for one TP rank (NOT YET RUN ON A GPU: written
-and compiled for sm_90a on a CPU; tests/kimi_k3_path/kernels/test_mla_attention_gpu.py is its first GPU check).
+"""The MLA decode's split-KV attention over vLLM's paged latent cache, for one TP rank (checked on the GPU by
+tests/kimi_k3_path/kernels/test_mla_attention_gpu.py; measured in docs/design/kimi_k3_kernels.md section 11).
 Per sequence m and head h, as kimi_k3_path.reference.mla.mla_attend computes it:
 
   latent[m, h] = softmax_t(q[m, h] . row_t * scale) @ row_t[:512]     over the rows t < seq_len[m]
@@ -156,14 +156,25 @@ class MlaSplitKv:
         return (STAGES * PAGE * SMEM_ROW + self.q_rows * SMEM_ROW + self.q_rows * P_STRIDE * 2
                 + 2 * WARPS * self.q_rows * 4 + (STAGES + 1) * 8 + 4 * 128)
 
-    @cute.jit
-    def __call__(self, q, pages, table, seq_lens, part_o, part_ml, out, stream: cuda.CUstream):
+    def launch_split(self, q, pages, table, seq_lens, part_o, part_ml, stream) -> Int32:
+        """The split launch (traced inside a jit entry point); returns the split count."""
         m = q.shape[0]
         width = table.shape[0] // m  # the flattened block table's pages per sequence
         splits = part_ml.shape[0] // (m * self.heads * 2)
         self.split_kernel(q, pages, table, seq_lens, part_o, part_ml, width, splits).launch(
             grid=[splits, m, 1], block=[THREADS, 1, 1], smem=self.smem_bytes(), stream=stream, use_pdl=True,
         )
+        return splits
+
+    @cute.jit
+    def split_only(self, q, pages, table, seq_lens, part_o, part_ml, stream: cuda.CUstream):
+        """The split launch alone: the partials for a launch of its own to combine (mla_output.py)."""
+        self.launch_split(q, pages, table, seq_lens, part_o, part_ml, stream)
+
+    @cute.jit
+    def __call__(self, q, pages, table, seq_lens, part_o, part_ml, out, stream: cuda.CUstream):
+        m = q.shape[0]
+        splits = self.launch_split(q, pages, table, seq_lens, part_o, part_ml, stream)
         self.combine_kernel(part_o, part_ml, out, splits).launch(
             grid=[KV_LORA // COMBINE_DIMS, self.heads, m], block=[COMBINE_WARPS * WARP, 1, 1],
             smem=COMBINE_WARPS * (COMBINE_DIMS + 1) * 4 + 64, stream=stream, use_pdl=True,
@@ -453,14 +464,15 @@ def check_cache_inputs(seq_lens: list[int], block_table: list[list[int]], num_pa
             raise ValueError(f"mla_attention_decode: sequence {i} uses pages {wrong} outside [0, {num_pages})")
 
 
-def fake_args(heads: int) -> tuple:
-    """Fake tensors (dynamic batch, page pool, block table width and splits) for compiling MlaSplitKv without a GPU."""
+def fake_args(heads: int, combine: bool = True) -> tuple:
+    """Fake tensors (dynamic batch, page pool, block table width and splits) for compiling MlaSplitKv without a GPU
+    (combine False: for split_only, no output)."""
     from .runtime import dyn, fake, fake_stream
 
     m = dyn()
+    out = (fake(BFloat16, (m, heads, KV_LORA)),) if combine else ()
     return (fake(BFloat16, (m, heads, ROW)), fake(BFloat16, (dyn(), PAGE, ROW)), fake(Int32, (dyn(),)),
-            fake(Int32, (m,)), fake(Float32, (dyn(),)), fake(Float32, (dyn(),)), fake(BFloat16, (m, heads, KV_LORA)),
-            fake_stream())
+            fake(Int32, (m,)), fake(Float32, (dyn(),)), fake(Float32, (dyn(),)), *out, fake_stream())
 
 
 def mla_attention_decode(q, pages, block_table, seq_lens, out, stream, scale: float,
@@ -473,7 +485,31 @@ def mla_attention_decode(q, pages, block_table, seq_lens, out, stream, scale: fl
     check_inputs reads seq_lens and block_table on the host (a synchronization) to reject lengths outside the table
     and pages outside the pool; pass False under CUDA graph capture (the kernel clamps lengths to the table width and
     gives a length-0 sequence a zero row; a page outside the pool is then the caller's to exclude)."""
-    from .runtime import compile_cached, cu_stream, expect_all, to_cute
+    from .runtime import cu_stream, to_cute
+
+    workspace, fn = _prepared(q, pages, block_table, seq_lens, scale, workspace, check_inputs, max_seq_len, out)
+    fn(to_cute(q, True), to_cute(pages, True), to_cute(block_table.view(-1), True), to_cute(seq_lens, True),
+       to_cute(workspace.part_o.view(-1), True), to_cute(workspace.part_ml.view(-1), True), to_cute(out, True),
+       cu_stream(stream))
+
+
+def mla_split_kv(q, pages, block_table, seq_lens, stream, scale: float, workspace: MlaWorkspace | None = None,
+                 check_inputs: bool = True, max_seq_len: int | None = None) -> MlaWorkspace:
+    """The split launch alone, as mla_attention_decode takes its arguments: the partials go into the returned
+    workspace (`workspace` when given) for a launch of the caller's to combine (mla_output.mla_output)."""
+    from .runtime import cu_stream, to_cute
+
+    workspace, fn = _prepared(q, pages, block_table, seq_lens, scale, workspace, check_inputs, max_seq_len, None)
+    fn(to_cute(q, True), to_cute(pages, True), to_cute(block_table.view(-1), True), to_cute(seq_lens, True),
+       to_cute(workspace.part_o.view(-1), True), to_cute(workspace.part_ml.view(-1), True), cu_stream(stream))
+    return workspace
+
+
+def _prepared(q, pages, block_table, seq_lens, scale: float, workspace: MlaWorkspace | None, check_inputs: bool,
+              max_seq_len: int | None, out):
+    """The checks both entry points make, the workspace (allocated when None) and the compiled launches: the split
+    and the combine into `out`, or with out None the split alone."""
+    from .runtime import compile_cached, expect_all
 
     if q.dim() != 3 or pages.dim() != 3 or block_table.dim() != 2:
         raise ValueError(f"mla_attention_decode: q {tuple(q.shape)}, pages {tuple(pages.shape)}, block_table "
@@ -494,8 +530,9 @@ def mla_attention_decode(q, pages, block_table, seq_lens, out, stream, scale: fl
         ("pages", pages, (num_pages, PAGE, ROW), "bfloat16"),
         ("block_table", block_table, (m, width), "int32"),
         ("seq_lens", seq_lens, (m,), "int32"),
-        ("out", out, (m, heads, KV_LORA), "bfloat16"),
     ]
+    if out is not None:
+        specs.append(("out", out, (m, heads, KV_LORA), "bfloat16"))
     if workspace is not None:
         specs += [("workspace.part_o", workspace.part_o, (m, splits, heads, KV_LORA), "float32"),
                   ("workspace.part_ml", workspace.part_ml, (m, splits, heads, 2), "float32")]
@@ -505,10 +542,9 @@ def mla_attention_decode(q, pages, block_table, seq_lens, out, stream, scale: fl
     if workspace is None:
         workspace = mla_workspace(m, heads, splits, q.device)
 
-    def build():
-        return op, fake_args(heads)
+    combine = out is not None
 
-    fn = compile_cached(("mla_attention", heads, scale), build)
-    fn(to_cute(q, True), to_cute(pages, True), to_cute(block_table.view(-1), True), to_cute(seq_lens, True),
-       to_cute(workspace.part_o.view(-1), True), to_cute(workspace.part_ml.view(-1), True), to_cute(out, True),
-       cu_stream(stream))
+    def build():
+        return (op if combine else op.split_only), fake_args(heads, combine)
+
+    return workspace, compile_cached(("mla_attention", heads, scale, combine), build)

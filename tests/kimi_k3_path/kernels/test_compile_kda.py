@@ -1,4 +1,4 @@
-"""CPU checks of the KDA recurrent step kernel (kernels/kda_recurrent.py), which has not yet run on a GPU: it compiles
+"""CPU checks of the KDA recurrent step kernel (kernels/kda_recurrent.py): it compiles
 for sm_90a with fake tensors (dynamic batch and state pool) at the TP8 and TP16 per-rank shapes, its SASS keeps the
 state in registers with every state load issued before the wait and the barrier, and the host side rejects what the
 kernel does not support. Runs in CI without a GPU."""

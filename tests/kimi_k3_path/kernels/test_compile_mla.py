@@ -1,4 +1,4 @@
-"""CPU checks of the split-KV MLA attention (kernels/mla_attention.py), which has not yet run on a GPU: both launches
+"""CPU checks of the split-KV MLA attention (kernels/mla_attention.py): both launches
 compile for sm_90a with fake tensors (dynamic batch, page pool, block table width and splits) at the TP8 and TP16
 per-rank head counts, and for sm_100a / sm_103a; the SASS has the planned tensor-core work and no local memory; the
 byte floors and split counts the docstring and the design document state; the host side rejects what the kernel does

@@ -1,4 +1,4 @@
-"""CPU checks of the MLA norms-and-row-insert launch (kernels/mla_norms.py), which has not yet run on a GPU: it compiles
+"""CPU checks of the MLA norms-and-row-insert launch (kernels/mla_norms.py): it compiles
 for sm_90a at the per-rank qkv_a widths of TP8 and TP16 (dynamic batch and page pool); one token's loads come after
 griddepcontrol.wait, one barrier, no local memory; the host side rejects what the kernel does not support before any
 launch. Runs in CI without a GPU."""

@@ -1,4 +1,4 @@
-"""GPU correctness of the split-KV MLA attention (kernels/mla_attention.py; NOT YET RUN on the H200) against the fp32
+"""GPU correctness of the split-KV MLA attention (kernels/mla_attention.py) against the fp32
 oracle `kimi_k3_path.reference.mla.mla_attend` (the attention part of reference.mla_decode, which calls it; its CPU
 check is the first test here), at the per-rank widths (TP8: 12 heads, TP16: 6; rows 576 = 512 | 64, pages of 64).
 

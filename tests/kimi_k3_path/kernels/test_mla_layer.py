@@ -1,7 +1,8 @@
-"""kernels/mla.py's host composition on CPU: the GEMMs, norms, row insertion, the kernel's q layout, W_UV, the gate
-and o_proj around the split-KV attention, with a stand-in for that launch (the fp32 oracle `mla_attend` over the
-pages as the kernel reads them), against `reference.mla_decode`; and its refusals before anything is written. The
-kernel itself: test_mla_attention_gpu.py; the whole op on the H200: test_mla_layer_gpu.py."""
+"""kernels/mla.py's host composition on CPU: the GEMMs, norms, row insertion, the kernel's q layout and o_proj around
+the split-KV attention and the output launch, with stand-ins for those launches (the fp32 oracle `mla_attend` over the
+pages as the split launch reads them; W_UV and the gate in torch), against `reference.mla_decode`; and its refusals
+before anything is written. The kernels themselves: test_mla_attention_gpu.py, test_mla_output_gpu.py; the whole op
+on the H200: test_mla_layer_gpu.py."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (the [kernels] extra)")
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed (the [kernels] extra)")
+
+from types import SimpleNamespace  # noqa: E402
 
 from kimi_k3_path.kernels import dense, mla  # noqa: E402
 from kimi_k3_path.reference import (  # noqa: E402
@@ -41,17 +44,28 @@ def slots_of(cache: PagedLatentCache) -> torch.Tensor:
 
 
 def standin_attention(calls):
-    """mla_attention_decode computed by the oracle from the pages as they are when it is called."""
+    """mla_split_kv, its partials stood in for by the oracle's latent from the pages as they are when it is called,
+    and mla_output on that latent in torch (the kernels: test_mla_attention_gpu.py, test_mla_output_gpu.py)."""
 
-    def launch(q, pages, block_table, seq_lens, out, stream, scale, workspace=None, check_inputs=True,
-               max_seq_len=None):
+    def split(q, pages, block_table, seq_lens, stream, scale, workspace=None, check_inputs=True, max_seq_len=None):
         calls.append({"q": q.clone(), "pages": pages.clone(), "workspace": workspace, "check_inputs": check_inputs,
                       "scale": scale})
         assert q.dtype == torch.bfloat16 and q.shape == (seq_lens.shape[0], DIMS.heads, DIMS.cache_row)
         cache = PagedLatentCache(pages.float(), block_table, seq_lens)
-        out.copy_(mla_attend(q.float(), cache, DIMS.kv_lora, scale))
+        return SimpleNamespace(latent=mla_attend(q.float(), cache, DIMS.kv_lora, scale))
 
-    return launch
+    def output(partials, w_uv, projected, gate_start, out, stream):
+        calls[-1]["gate_start"] = gate_start
+        v = torch.einsum("mhd,hdv->mhv", partials.latent, w_uv.float()).reshape(out.shape)
+        out.copy_(torch.sigmoid(projected[:, gate_start:gate_start + out.shape[1]].float()) * v)
+
+    return split, output
+
+
+def stand_in(monkeypatch, calls):
+    split, output = standin_attention(calls)
+    monkeypatch.setattr(mla, "mla_split_kv", split)
+    monkeypatch.setattr(mla, "mla_output", output)
 
 
 def standin_norms(calls):
@@ -82,7 +96,7 @@ def test_the_layer_composes_the_attention_and_writes_only_the_new_rows(monkeypat
     w, cache, x = case(gen, lens)
     kw = mla.prepare_mla_weights(w, DIMS, "cpu")
     calls, gemvs = [], []
-    monkeypatch.setattr(mla, "mla_attention_decode", standin_attention(calls))
+    stand_in(monkeypatch, calls)
     monkeypatch.setattr(dense, "dense_decode", bf16_matmul(gemvs))
     norms = []
     monkeypatch.setattr(mla, "mla_norms_insert", standin_norms(norms))
@@ -99,6 +113,7 @@ def test_the_layer_composes_the_attention_and_writes_only_the_new_rows(monkeypat
     (call,) = calls
     assert norms == ["norms"]
     assert call["workspace"] is workspace and call["check_inputs"] and call["scale"] == DIMS.scale
+    assert call["gate_start"] == DIMS.q_lora + DIMS.kv_lora + DIMS.qk_rope  # the gate: qkv_a's last heads*v
     ref_out, ref_cache = mla_decode(x.float(), w, cache, DIMS)
     assert rel_err(out, ref_out) < 2e-2  # bf16 GEMM and norm outputs against fp32
     # The new rows were in the pages before the attention read them, and no other row moved.
@@ -132,7 +147,7 @@ def test_unchecked_the_inputs_are_not_read_on_the_host(monkeypatch):
     gen = torch.Generator().manual_seed(3)
     w, cache, x = case(gen, [5, 70])
     calls = []
-    monkeypatch.setattr(mla, "mla_attention_decode", standin_attention(calls))
+    stand_in(monkeypatch, calls)
     monkeypatch.setattr(mla, "mla_norms_insert", standin_norms([]))
     monkeypatch.setattr(mla, "check_slots", lambda *a: pytest.fail("read on the host"))
     monkeypatch.setattr(mla, "check_cache_inputs", lambda *a: pytest.fail("read on the host"))
@@ -146,7 +161,8 @@ def test_bad_inputs_are_refused_before_anything_is_written(monkeypatch):
     gen = torch.Generator().manual_seed(4)
     w, cache, x = case(gen, [5, 70])
     kw = mla.prepare_mla_weights(w, DIMS, "cpu")
-    monkeypatch.setattr(mla, "mla_attention_decode", lambda *a, **k: pytest.fail("launched"))
+    monkeypatch.setattr(mla, "mla_split_kv", lambda *a, **k: pytest.fail("launched"))
+    monkeypatch.setattr(mla, "mla_output", lambda *a, **k: pytest.fail("launched"))
     monkeypatch.setattr(mla, "mla_norms_insert", lambda *a, **k: pytest.fail("launched"))
     pages = cache.pages.bfloat16()
     before = pages.clone()

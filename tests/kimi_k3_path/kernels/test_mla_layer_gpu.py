@@ -1,5 +1,5 @@
-"""GPU correctness of an MLA layer's attention on the kernels (kernels/mla.py: torch GEMMs and norms around the
-split-KV attention of kernels/mla_attention.py; NOT YET RUN on the H200) against the fp32 reference
+"""GPU correctness of an MLA layer's attention on the kernels (kernels/mla.py: the projections, the norms, the
+split-KV attention of kernels/mla_attention.py and the output launch) against the fp32 reference
 `kimi_k3_path.reference.mla_decode`, at the per-rank widths (TP8: 12 heads, TP16: 6), M = 1, 3, 64, sequence
 lengths at page edges (1, 63, 64, 65, 4096: the decoded token's row is the first, last or 64th of a page), pages in
 random order in a pool with spare pages. Fresh random inputs each run (seed printed).
