@@ -58,6 +58,16 @@ def ab(repo: Path, *args: str, env: dict | None = None) -> subprocess.CompletedP
                           env={**os.environ, **(env or {})})
 
 
+def fake_benches(tmp_path: Path) -> tuple[Path, Path, dict]:
+    """$OUT, the file the stand-in benches record their calls in, and the environment that puts them on PATH."""
+    bin_dir, out, calls = tmp_path / "bin", tmp_path / "out", tmp_path / "calls"
+    bin_dir.mkdir()
+    out.mkdir()
+    (bin_dir / "python3").write_text(FAKE_PYTHON)
+    (bin_dir / "python3").chmod(0o755)
+    return out, calls, {"OUT": str(out), "CALLS": str(calls), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
 def test_prepare_archives_each_named_commit_and_clear_forgets_them(repo):
     head = git(repo, "rev-parse", "HEAD")
     assert ab(repo, "prepare", "HEAD").returncode == 0
@@ -89,14 +99,8 @@ def test_run_needs_a_base(repo, tmp_path):
 def test_run_alternates_the_tree_and_every_variant_each_round_and_summarizes(repo, tmp_path):
     ab(repo, "prepare", "HEAD")
     ab(repo, "prepare", "HEAD", "gate_v2")
-    bin_dir, out = tmp_path / "bin", tmp_path / "out"
-    bin_dir.mkdir()
-    out.mkdir()
-    (bin_dir / "python3").write_text(FAKE_PYTHON)
-    (bin_dir / "python3").chmod(0o755)
-    calls = tmp_path / "calls"
-    result = ab(repo, "run", env={"OUT": str(out), "CALLS": str(calls), "BENCH": "moe", "BATCH": "1,8",
-                                  "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    out, calls, env = fake_benches(tmp_path)
+    result = ab(repo, "run", env={**env, "BENCH": "moe", "BATCH": "1,8"})
     assert result.returncode == 0, result.stderr
     dirs = [line.split()[0] for line in calls.read_text().splitlines()]
     assert dirs == [str(repo), str(repo / ".ab" / "base"), str(repo / ".ab" / "gate_v2")] * 2
@@ -117,14 +121,9 @@ def test_run_alternates_the_tree_and_every_variant_each_round_and_summarizes(rep
 
 def test_the_mla_bench_takes_the_contexts_and_no_launch_files(repo, tmp_path):
     ab(repo, "prepare", "HEAD")
-    bin_dir, out = tmp_path / "bin", tmp_path / "out"
-    bin_dir.mkdir()
-    out.mkdir()
-    (bin_dir / "python3").write_text(FAKE_PYTHON)
-    (bin_dir / "python3").chmod(0o755)
-    calls = tmp_path / "calls"
-    result = ab(repo, "run", env={"OUT": str(out), "CALLS": str(calls), "BENCH": "mla", "BATCH": "1,2", "TPS": "8",
-                                  "CONTEXT": "4096,32768", "ROUNDS": "1", "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    out, calls, env = fake_benches(tmp_path)
+    result = ab(repo, "run", env={**env, "BENCH": "mla", "BATCH": "1,2", "TPS": "8", "CONTEXT": "4096,32768",
+                                  "ROUNDS": "1"})
     assert result.returncode == 0, result.stderr
     lines = calls.read_text().splitlines()
     assert [line.split()[0] for line in lines] == [str(repo), str(repo / ".ab" / "base")]
