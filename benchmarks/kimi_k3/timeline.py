@@ -13,6 +13,7 @@ Pure: no torch (benchmarks/kimi_k3/stock.kernel_spans reads the profiler).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -56,6 +57,21 @@ def critical_path(spans: list[KernelSpan]) -> list[PathShare]:
     return shares
 
 
+# CuTe DSL names its kernels kernel_cutlass_<method>_<module path>_<Class>_object_at_<address>...: what tells the
+# launches apart is the module, the class and (when not `kernel`) the method, which a truncated name cut off.
+_CUTE_NAME = re.compile(r"^kernel_cutlass_(?P<method>\w+?)_kimi_k3_pathkernels(?P<where>\w+?)(?:_object_at_|$)")
+
+
+def short_name(name: str) -> str:
+    """A CuTe DSL kernel's name as <module><Class>[.<method>] (e.g. attn_resAttnResMix, mla_attentionMlaSplitKv
+    .split_kernel); any other name as it is."""
+    match = _CUTE_NAME.match(name)
+    if match is None:
+        return name
+    method = match["method"]
+    return match["where"] if method == "kernel" else f"{match['where']}.{method}"
+
+
 def breakdown_lines(label: str, spans: list[KernelSpan], width: int = 70, how: str = "eager") -> list[str]:
     """The step's launches in order with their share, own duration and the gap before each, then the totals; `how`
     the spans were recorded ("eager" or "graph": bench.py --breakdown)."""
@@ -69,5 +85,5 @@ def breakdown_lines(label: str, spans: list[KernelSpan], width: int = 70, how: s
              f"    {'share us':>9} {'own us':>8} {'gap us':>7}  kernel (in launch order; share = its end after the "
              "latest end before it)"]
     for s in shares:
-        lines.append(f"    {s.exclusive_us:9.1f} {s.elapsed_us:8.1f} {s.gap_us:7.1f}  {s.name[:width]}")
+        lines.append(f"    {s.exclusive_us:9.1f} {s.elapsed_us:8.1f} {s.gap_us:7.1f}  {short_name(s.name)[:width]}")
     return lines

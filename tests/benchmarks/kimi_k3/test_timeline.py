@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.kimi_k3.timeline import KernelSpan, PathShare, breakdown_lines, critical_path
+from benchmarks.kimi_k3.timeline import KernelSpan, PathShare, breakdown_lines, critical_path, short_name
 
 
 def test_an_early_launch_is_charged_only_what_it_adds_after_the_one_before():
@@ -35,3 +35,14 @@ def test_the_printed_breakdown_lists_the_launches_in_order_with_the_totals():
     assert [line.split()[-1] for line in lines[2:]] == ["attn_res", "in_proj"]
     assert lines[3].split()[:3] == ["24.0", "29.0", "0.0"]
     assert breakdown_lines("empty", []) == ["breakdown empty: no kernels"]
+
+
+def test_cute_kernel_names_keep_their_module_class_and_method():
+    assert short_name("kernel_cutlass_kernel_kimi_k3_pathkernelsattn_resAttnResMix_object_at__tensorptrbf16") == (
+        "attn_resAttnResMix")
+    assert short_name("kernel_cutlass_split_kernel_kimi_k3_pathkernelsmla_attentionMlaSplitKv_object_at__t") == (
+        "mla_attentionMlaSplitKv.split_kernel")
+    assert short_name("nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT") == "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT"
+    lines = breakdown_lines("x", [KernelSpan("kernel_cutlass_kernel_kimi_k3_pathkernelsfrontFrontKernel_object_at_0",
+                                             0.0, 1.0)])
+    assert lines[2].split()[-1] == "frontFrontKernel"
