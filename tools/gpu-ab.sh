@@ -8,6 +8,7 @@
 #                              tools/gpu-ab.sh clear                    # forget every prepared variant
 #   on the device, carry [".cute", ".whl", ".ab"]:
 #     [BENCH=layer|moe|mla] [LAYERS=kda_moe,mla_moe] [TPS=8,16] [BATCH=1] [CONTEXT=4096] [ROUNDS=2] [REPLAYS=200]
+#     [BREAKDOWN=graph|eager]
 #     bash tools/gpu-ab.sh run
 # Several variants at once: prepare each commit under a name of its own (one of them `base`, the reference of the
 # ratios); the run takes the working tree (`tree`) and every prepared variant in turn, each round.
@@ -17,10 +18,13 @@
 # removed once summarized, to keep within the 8 files that come back).
 # BENCH=mla: benchmarks/kimi_k3/bench_mla.py, the MLA split-KV attention alone at CONTEXT (a comma list here too;
 # LAYERS unused), against a pure read of the cache in the same process.
+# BREAKDOWN (BENCH=layer only): bench.py --breakdown, each candidate step's launches with their share of it (graph:
+# one profiled replay of the step's CUDA graph, launches overlapping as when timed), gathered per variant and round
+# into $OUT/ab-breakdown.txt: which launch a change moved, where the step's time alone cannot say.
 # The run writes $OUT/ab-<variant>-<round>.json (PerfEvidence, commit 0000000: probes, never evidence of record),
 # $OUT/ab.log (every bench's output) and $OUT/ab-summary.txt (tools/gpu_ab_summary.py: per row and variant the
 # median over rounds, its range, x floor, x base). At most 8 files come back from the device: keep
-# variants x ROUNDS <= 6. A 2-round run of 2 variants, 2 layers x 2 TPs at one batch took ~400 s on an H100; the
+# variants x ROUNDS <= 6 (<= 5 with BREAKDOWN). A 2-round run of 2 variants, 2 layers x 2 TPs at one batch took ~400 s on an H100; the
 # MoE block at 3 batches ~70 s per variant and round.
 set -uo pipefail
 NAME_RE='^[a-z0-9_]+$'
@@ -47,6 +51,11 @@ case "${1:-}" in
   run)
     : "${OUT:?}"
     [ -f .ab/base/REV ] || { echo "gpu-ab: no .ab/base (tools/gpu-ab.sh prepare <rev> first, carry .ab)" >&2; exit 1; }
+    case "${BREAKDOWN:-}" in
+      "") ;;
+      graph|eager) [ "${BENCH:-layer}" = layer ] || { echo "gpu-ab: BREAKDOWN needs BENCH=layer" >&2; exit 2; } ;;
+      *) echo "gpu-ab: BREAKDOWN=${BREAKDOWN}: graph or eager" >&2; exit 2 ;;
+    esac
     . tools/gpu-env.sh
     root=$PWD
     tree_path=$PYTHONPATH
@@ -72,7 +81,7 @@ case "${1:-}" in
         else
           cmd=(python3 -m benchmarks.kimi_k3.bench --layer "${LAYERS:-kda_moe,mla_moe}" --tp "${TPS:-8,16}"
                --batch "${BATCH:-1}" --context "${CONTEXT:-4096}" --candidate kernels --replays "${REPLAYS:-200}"
-               --commit 0000000 --out "$out")
+               --commit 0000000 --out "$out" ${BREAKDOWN:+--breakdown "$BREAKDOWN"})
         fi
         echo "gpu-ab: round $round $variant: ${cmd[*]}" >>"$OUT/ab.log"
         (cd "$dir" && PYTHONPATH=$path "${cmd[@]}") >>"$OUT/ab.log" 2>&1
@@ -82,6 +91,12 @@ case "${1:-}" in
       done
     done
     python3 tools/gpu_ab_summary.py "$OUT"/ab-*.json | tee "$OUT/ab-summary.txt" || rc=1
+    if [ -n "${BREAKDOWN:-}" ]; then  # the candidate's tables, each under the variant and round that printed it
+      awk '/^gpu-ab: round [0-9]+ [a-z0-9_]+: / { round = $3; variant = $4; sub(/:$/, "", variant); next }
+           /^breakdown .* candidate: / { print "== " variant ", round " round; print; keep = 1; next }
+           keep && /^    / { print; next }
+           { keep = 0 }' "$OUT/ab.log" > "$OUT/ab-breakdown.txt"
+    fi
     rm -f "$OUT"/ab-*.launches.json
     exit $rc
     ;;

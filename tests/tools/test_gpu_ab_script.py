@@ -23,6 +23,11 @@ if [ "$1" = -m ]; then
   first=${{PYTHONPATH%%:*}}
   case "$first" in *.ab/*) median=90.0 ;; *) median=80.0 ;; esac
   echo '{{"rows": [{{"axes": {{"layer": "moe", "tp": 8, "batch": 1}}, "candidate": {{"median": '$median'}}, "floor": 40.0}}]}}' > "$out"
+  case "$*" in *--breakdown*)
+    echo "breakdown kda_moe tp=8 batch=1 stock-like: 2 kernels"; echo "         1.0      1.0     0.0  stock_kernel"
+    echo "breakdown kda_moe tp=8 batch=1 candidate: 1 kernels"; echo "    $median $median 0.0  ours"
+    echo "kda_moe    8     1  (the row)" ;;
+  esac
   case "$*" in *--kernels-out*)
     launches=$(echo "$*" | sed 's/.*--kernels-out \\([^ ]*\\).*/\\1/')
     echo '[{{"kernel": "front", "tp": 8, "batch": 1, "median_us": '$median', "floor_us": 20.0}}]' > "$launches" ;;
@@ -130,3 +135,24 @@ def test_the_mla_bench_takes_the_contexts_and_no_launch_files(repo, tmp_path):
     assert all("benchmarks.kimi_k3.bench_mla --tp 8 --batch 1,2 --context 4096,32768 --replays 100" in line
                and "--kernels-out" not in line for line in lines)
     assert sorted(p.name for p in out.glob("ab-*")) == ["ab-base-1.json", "ab-summary.txt", "ab-tree-1.json"]
+
+
+def test_breakdown_passes_the_flag_and_gathers_the_candidates_tables(repo, tmp_path):
+    ab(repo, "prepare", "HEAD")
+    out, calls, env = fake_benches(tmp_path)
+    result = ab(repo, "run", env={**env, "BREAKDOWN": "graph", "ROUNDS": "1", "LAYERS": "kda_moe"})
+    assert result.returncode == 0, result.stderr
+    assert all(line.endswith("--breakdown graph") for line in calls.read_text().splitlines())
+    assert (out / "ab-breakdown.txt").read_text().splitlines() == [
+        "== tree, round 1", "breakdown kda_moe tp=8 batch=1 candidate: 1 kernels", "    80.0 80.0 0.0  ours",
+        "== base, round 1", "breakdown kda_moe tp=8 batch=1 candidate: 1 kernels", "    90.0 90.0 0.0  ours"]
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"BREAKDOWN": "graph", "BENCH": "moe"}, "BREAKDOWN needs BENCH=layer"),
+    ({"BREAKDOWN": "replay"}, "BREAKDOWN=replay: graph or eager"),
+])
+def test_a_breakdown_the_bench_cannot_make_is_refused(repo, tmp_path, env, message):
+    ab(repo, "prepare", "HEAD")
+    result = ab(repo, "run", env={"OUT": str(tmp_path), **env})
+    assert result.returncode == 2 and message in result.stderr
