@@ -28,7 +28,8 @@ CTA writes its sums to its shared memory, the cluster meets at a barrier, every 
 (mapa + ld.shared::cluster). A third cluster barrier keeps every CTA resident until the others have read its shared
 memory; the global stores (prefix, block, output) come after that barrier's arrive, whose release (MEMBAR.ALL.GPU)
 would otherwise wait for them. Predicted: 6.5 us -> 3-4 at one token (a quarter of the loads per SM, cluster barriers
-~0.5 us each); the step gained ~1-2.5 us per site (H100, TP8, one token).
+~0.5 us each); the step gained ~1-2.5 us per site (H100, TP8, one token), 1.5-2 us up to 16 tokens, and lost 2.5-3 us
+per site at 64: dispatch.attention_forms clusters up to 16 tokens, one CTA per token above.
 
 Bytes (`attn_res_bytes`) per token: the n + 1 bf16 sources, the input, the prefix and block writes, the output; the
 three weight vectors once. 129 KB at n = 8 (layer 90): a floor of 0.03 us per token, so at any M <= 64 the launch is
@@ -59,6 +60,7 @@ from .common import (
     select_f32,
     st_global_v4_b32,
 )
+from .dispatch import attention_forms
 from .router import MAX_TOKENS
 
 BF16_PER_VEC = VEC_BYTES // 2
@@ -300,7 +302,8 @@ def attn_res_decode(prefix, delta, blocks, num_blocks: int, write_block: int, re
     write_block >= 0), mixing blocks[:, :num_blocks] and the prefix with res_norm, res_proj, out_norm [H] bf16 into
     out [M, H] bf16. replace_prefix: the prefix becomes delta instead of prefix + delta. The arguments of
     benchmarks/kimi_k3/stock.attn_res, which this replaces, plus out, stream and replace_prefix. cluster: CTAs per
-    token (default CLUSTER, at most one per 16-byte vector of a row)."""
+    token (default: CLUSTER where dispatch.attention_forms clusters the batch, else 1; at most one per 16-byte vector
+    of a row)."""
     from .runtime import compile_cached, cu_stream, expect_all, to_cute
 
     if prefix.dim() != 2 or blocks.dim() != 3:
@@ -316,7 +319,8 @@ def attn_res_decode(prefix, delta, blocks, num_blocks: int, write_block: int, re
     if replace_prefix and delta is None:
         raise ValueError("attn_res_decode: replace_prefix needs delta (the new block's first output)")
     mode = Prefix.KEEP if delta is None else (Prefix.REPLACE if replace_prefix else Prefix.ADD)
-    cluster = min(CLUSTER, hidden // BF16_PER_VEC) if cluster is None else cluster
+    if cluster is None:
+        cluster = min(CLUSTER, hidden // BF16_PER_VEC) if attention_forms(m).attn_res_clustered else 1
     op = AttnResMix(hidden, num_blocks, mode, write_block, eps, out_eps, cluster)  # validates the rest
     given = prefix if delta is None else delta
     expect_all([

@@ -459,12 +459,14 @@ def select_f32(take_first: Int32, first: Float32, second: Float32) -> Float32:
 
 
 def lane_reduce_scatter(values: list, lane: Int32) -> Float32:
-    """Given WARP values per lane, lane l gets the sum over the warp of values[l]: recursive halving, 31 shuffles
-    where 32 separate butterfly sums take 160. At the step of offset h each lane keeps the half of its values whose
-    index has its bit h (lane & h) and sends the other half to lane ^ h, which keeps that one."""
-    if len(values) != WARP:
-        raise ValueError(f"lane_reduce_scatter: expected {WARP} values, got {len(values)}")
-    half = WARP // 2
+    """Given n values per lane (n a power of two <= WARP), lane l gets the sum over the warp of values[l % n]:
+    recursive halving, n - 1 shuffles (31 where 32 separate butterfly sums take 160), then a butterfly over the
+    lanes holding the same index (log2(WARP / n) shuffles). At the halving step of offset h each lane keeps the half
+    of its values whose index has its bit h (lane & h) and sends the other half to lane ^ h, which keeps that one."""
+    n = len(values)
+    if not 1 <= n <= WARP or n & (n - 1):
+        raise ValueError(f"lane_reduce_scatter: expected a power of two up to {WARP} values, got {n}")
+    half = n // 2
     while half >= 1:
         upper = lane & half
         kept = []
@@ -474,7 +476,8 @@ def lane_reduce_scatter(values: list, lane: Int32) -> Float32:
             kept.append(select_f32(upper, high, low) + cute.arch.shuffle_sync_bfly(sent, half))
         values = kept
         half //= 2
-    return values[0]
+    return lane_butterfly(values[0], tuple(1 << b for b in range(n.bit_length() - 1, WARP.bit_length() - 1)),
+                          lambda a, b: a + b)
 
 
 def sigmoid(x: Float32) -> Float32:

@@ -1,5 +1,5 @@
-"""Which form of each latent-MoE launch a decode batch runs: one table keyed by (TP, M), the only place the block's
-variants are chosen (moe.decode_steps reads it). Every form in it was measured faster than the alternatives for its
+"""Which form of each launch a decode batch runs: for the latent-MoE block one table keyed by (TP, M), the only place
+the block's variants are chosen (moe.decode_steps reads it); for the attention halves, `attention_forms(M)`. Every form in it was measured faster than the alternatives for its
 rows on the H200 (docs/design/kimi_k3_kernels.md); the alternatives are gone from the product code (git keeps them).
 
 Pure: no torch, no CuTe DSL, so the CPU tests check the table against the support matrix.
@@ -79,3 +79,38 @@ def rank_tp(expert_intermediate: int) -> int:
     except KeyError:
         raise ValueError(f"latent MoE kernels: expert intermediate {expert_intermediate} is not the per-rank width of "
                          f"an admitted TP ({TP_OF_EXPERT_INTERMEDIATE})") from None
+
+
+@dataclass(frozen=True)
+class AttentionForms:
+    """The batch-dependent forms of the attention halves' launches for one decode batch size. Each one-token form
+    runs up to the last batch where it measured faster in the layer's CUDA graph (H100, TP8, `bench.py --breakdown
+    graph`, the launch's share of the step against the other form's launches; docs/design/kimi_k3_kernels.md
+    section 9.3)."""
+
+    # AttnRes: a token's mix in a thread block cluster of attn_res.CLUSTER CTAs rather than one CTA: 1.5-2 us less per
+    # site from 1 to 16 tokens, level at 32, 2.5-3 us more at 64 (256 CTAs of 224 threads against 64 of 896).
+    attn_res_clustered: bool
+    # The KDA middle's warps per CTA (kda_recurrent.WARP_FORMS): 16 halve each warp's chain, which is the launch's
+    # time at a few sequences (one token: 9.5 -> 7.3 us of share at TP8, 8.3 -> 6.5 at TP16; 8 tokens: 8.9 -> 8.6,
+    # 6.8 -> 6.4); 8 keep two CTAs per SM where there are many (64 tokens; 9-63 unmeasured).
+    kda_warps: int
+    # MLA: the split-KV combine, W_UV and the output gate in one launch (mla_output.py) rather than the combine
+    # launch and three torch ops. Its 8 CTAs per head each repeat the combine, one sequence after another: 8.1 ->
+    # 5.6 us at one token, but 9.6 -> 10.6 at 2, 10.0 -> 24.4 at 4, 12.2 -> 44.1 at 64 (TP8).
+    mla_fused_tail: bool
+
+
+# The largest batch each one-token form runs at.
+ATTN_RES_CLUSTER_MAX_M = 16
+KDA_16_WARPS_MAX_M = 8
+MLA_FUSED_TAIL_MAX_M = 1
+
+
+def attention_forms(m: int) -> AttentionForms:
+    """The attention forms for a decode batch of m tokens; ValueError outside 1..MAX_BATCH."""
+    if not 1 <= m <= MAX_BATCH:
+        raise ValueError(f"attention kernels: no form for M={m} (they serve M 1..{MAX_BATCH})")
+    return AttentionForms(attn_res_clustered=m <= ATTN_RES_CLUSTER_MAX_M,
+                          kda_warps=16 if m <= KDA_16_WARPS_MAX_M else 8,
+                          mla_fused_tail=m <= MLA_FUSED_TAIL_MAX_M)

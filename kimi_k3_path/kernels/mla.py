@@ -9,6 +9,9 @@ as `reference.mla_decode` computes it (absorbed: MQA over vLLM's paged latent ca
   attend    the split launch's partials of softmax(q . row * scale) @ row[:512]       mla_attention.py (split)
   output    latent = their combine, v = latent @ W_UV^T per head,                     mla_output.py (1 launch)
             attn = v * sigmoid(gate)
+            (from dispatch.MLA_FUSED_TAIL_MAX_M + 1 tokens: the combine launch, then   mla_attention.py (combine),
+            W_UV and the gate in torch, where mla_output's 8 CTAs per head each       cuBLAS, torch (2)
+            repeating the combine cost more than the launches it saves)
   o_proj    out = attn @ W_o^T                                                        dense.project (bf16)
 
 dense.project runs dense.py's GEMV at one token (its weight slices loaded before griddepcontrol.wait, so behind
@@ -33,7 +36,8 @@ from dataclasses import dataclass
 import torch
 
 from .dense import project
-from .mla_attention import MlaWorkspace, check_cache_inputs, mla_split_kv
+from .dispatch import attention_forms
+from .mla_attention import MlaWorkspace, check_cache_inputs, mla_attention_decode, mla_split_kv
 from .mla_norms import mla_norms_insert
 from .mla_output import mla_output
 from .runtime import expect
@@ -111,8 +115,16 @@ def mla_decode(x: torch.Tensor, w: MlaAttentionWeights, pages: torch.Tensor, blo
         q = (q_c @ w.q_b.t()).view(m, d.heads, d.qk_head)
         mqa_q = torch.empty(m, d.heads, row, device=x.device, dtype=torch.bfloat16)
         torch.bmm(q.transpose(0, 1), w.absorb, out=mqa_q.transpose(0, 1))
-        partials = mla_split_kv(mqa_q, pages, block_table, seq_lens, stream, d.scale, workspace=workspace,
-                                check_inputs=check_inputs)
-        gated = torch.empty(m, d.heads * d.v_head, device=x.device, dtype=torch.bfloat16)
-        mla_output(partials, w.w_uv, projected, gate_start, gated, stream)
+        if attention_forms(m).mla_fused_tail:
+            partials = mla_split_kv(mqa_q, pages, block_table, seq_lens, stream, d.scale, workspace=workspace,
+                                    check_inputs=check_inputs)
+            gated = torch.empty(m, d.heads * d.v_head, device=x.device, dtype=torch.bfloat16)
+            mla_output(partials, w.w_uv, projected, gate_start, gated, stream)
+        else:
+            latent = torch.empty(m, d.heads, d.kv_lora, device=x.device, dtype=torch.bfloat16)
+            mla_attention_decode(mqa_q, pages, block_table, seq_lens, latent, stream, d.scale, workspace=workspace,
+                                 check_inputs=check_inputs)
+            v = torch.empty(m, d.heads, d.v_head, device=x.device, dtype=torch.bfloat16)
+            torch.bmm(latent.transpose(0, 1), w.w_uv, out=v.transpose(0, 1))
+            gated = torch.sigmoid(projected[:, gate_start:]).mul_(v.view(m, -1))
         project(gated, w.o_proj, out, stream)

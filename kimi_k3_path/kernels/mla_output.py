@@ -23,6 +23,9 @@ CTA of the head (the partials reread from L2: 8 x splits x 2 KB per head and seq
 streams while the split launch runs.
 Bytes per (m, h): the partials (splits x 2 KB), the gate and the output (256 B each); W_UV's 128 KB per head once per
 4 sequences (from L2 after the first CTA).
+Run at one token only (dispatch.attention_forms): each CTA combines its sequences one after the other and the
+head's 8 CTAs all repeat them, so from 2 tokens the combine launch with torch's W_UV and gate is faster (44 us of
+share against 12 at 64 tokens, TP8; docs section 9.3).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """CPU checks of the KDA recurrent step kernel (kernels/kda_recurrent.py): it compiles
-for sm_90a with fake tensors (dynamic batch and state pool) at the TP8 and TP16 per-rank shapes, its SASS keeps the
-state in registers with every state load issued before the wait and the barrier, and the host side rejects what the
-kernel does not support. Runs in CI without a GPU."""
+for sm_90a with fake tensors (dynamic batch and state pool) at the TP8 and TP16 per-rank shapes in both CTA forms
+(8 and 16 warps), its SASS keeps the state in registers with every load that in_proj does not write issued before
+the wait and the barrier, and the host side rejects what the kernel does not support. Runs in CI without a GPU."""
 
 from __future__ import annotations
 
@@ -18,8 +18,7 @@ import cutlass.cute as cute  # noqa: E402
 
 from kimi_k3_path.config import named_config  # noqa: E402
 from kimi_k3_path.kernels.kda_recurrent import (  # noqa: E402
-    ROWS_PER_WARP,
-    WARPS,
+    WARP_FORMS,
     KdaKernelWeights,
     KdaRecurrent,
     check_slot_indices,
@@ -33,25 +32,26 @@ from kimi_k3_path.kernels.kda_recurrent import (  # noqa: E402
 from kimi_k3_path.kernels.kda import padded_rows  # noqa: E402
 from kimi_k3_path.reference.dims import layer_dims  # noqa: E402
 
-from test_compile import CTA_THREADS, SM_REGISTERS, _cubin_dump, cubins_for  # noqa: E402
+from test_compile import SM_REGISTERS, _cubin_dump, cubins_for  # noqa: E402
 
 
 def kda_dims(tp: int):
     return layer_dims(named_config("kimi_k3"), tp).kda
 
 
-def op_for(d) -> KdaRecurrent:
-    return KdaRecurrent(d.heads, d.head_dim, d.conv_width, d.gate_lower_bound, d.norm_eps)
+def op_for(d, warps: int = 8) -> KdaRecurrent:
+    return KdaRecurrent(d.heads, d.head_dim, d.conv_width, d.gate_lower_bound, d.norm_eps, warps)
 
 
+@pytest.mark.parametrize("warps", WARP_FORMS)
 @pytest.mark.parametrize("tp, heads", [(8, 12), (16, 6)])
-def test_kda_recurrent_compiles_for_the_h200(tp, heads):
+def test_kda_recurrent_compiles_for_the_h200(tp, heads, warps):
     assert os.environ.get("CUTE_DSL_ARCH") == "sm_90a"
     d = kda_dims(tp)
     assert d.heads == heads and d.head_dim == 128 and d.conv_width == 4
-    assert callable(cute.compile(op_for(d), *fake_args(d.heads)))
+    assert callable(cute.compile(op_for(d, warps), *fake_args(d.heads)))
     # as kda.py calls it: in_proj's output padded to the tensor-core tile (6288 / 3216 columns)
-    assert callable(cute.compile(op_for(d), *fake_args(d.heads, columns=padded_rows(d.in_proj_rows))))
+    assert callable(cute.compile(op_for(d, warps), *fake_args(d.heads, columns=padded_rows(d.in_proj_rows))))
 
 
 @pytest.mark.parametrize("arch", ["sm_100a", "sm_103a"])
@@ -59,29 +59,39 @@ def test_kda_recurrent_compiles_for_blackwell(arch, tmp_path):
     """As every kernel (test_compile.test_every_form_compiles_for_blackwell): a port starts from code that builds."""
     for tp in (8, 16):
         d = kda_dims(tp)
-        (cubin,) = cubins_for(arch, op_for(d), fake_args(d.heads), tmp_path / f"tp{tp}")
-        assert cubin.endswith(f".{arch}.cubin")
+        for warps in WARP_FORMS:
+            (cubin,) = cubins_for(arch, op_for(d, warps), fake_args(d.heads), tmp_path / f"tp{tp}-{warps}")
+            assert cubin.endswith(f".{arch}.cubin")
 
 
+@pytest.mark.parametrize("warps", WARP_FORMS)
 @pytest.mark.parametrize("tp", [8, 16])
-def test_state_stays_in_registers_and_streams_once(tp, tmp_path):
-    """What the design assumes: the 16 rows x 16 bytes a thread holds never spill (no local memory) and leave 2 CTAs
-    of 256 threads per SM (<= 128 registers); the 16 state loads (weak, L1::no_allocate: LDG.E.NA.128) and the gate
-    warps' 16 cp.async copies of their f_b rows (LDGSTS) are all issued before griddepcontrol.wait (ACQBULK) and the
-    CTA barrier, and each row is stored once (16 STG.E.128)."""
+def test_state_stays_in_registers_and_streams_once(tp, warps, tmp_path):
+    """What the design assumes: the rows x 16 bytes a thread holds (16 at 8 warps, 8 at 16) never spill (no local
+    memory) and leave 2 CTAs of 8 warps or 1 of 16 per SM (<= 128 registers); the state loads and the
+    conv taps (weak, L1::no_allocate: LDG.E.NA.128) and the gate warps' cp.async copies of their f_b rows (LDGSTS:
+    16 vectors per channel) are all issued before griddepcontrol.wait (ACQBULK) and the CTA barrier, and each row is
+    stored once."""
     d = kda_dims(tp)
-    usage = _cubin_dump(op_for(d), fake_args(d.heads), tmp_path / "res", "-res-usage")
+    op = op_for(d, warps)
+    usage = _cubin_dump(op, fake_args(d.heads), tmp_path / "res", "-res-usage")
     registers = int(re.search(r"REG:(\d+)", usage).group(1))
     assert "LOCAL:0" in usage and "STACK:0" in usage, usage
-    assert registers * CTA_THREADS * 2 <= SM_REGISTERS, f"{registers} registers per thread"
-    sass = _cubin_dump(op_for(d), fake_args(d.heads), tmp_path / "sass", "-sass").splitlines()
+    assert registers * 16 * 32 <= SM_REGISTERS, f"{registers} registers per thread"  # 16 warps per SM either way
+    sass = _cubin_dump(op, fake_args(d.heads), tmp_path / "sass", "-sass").splitlines()
     loads = [n for n, line in enumerate(sass) if "LDG.E.NA.128" in line]
-    wait = next(n for n, line in enumerate(sass) if "ACQBULK" in line)
     barrier = next(n for n, line in enumerate(sass) if "BAR.SYNC" in line)
-    assert len(loads) == ROWS_PER_WARP and max(loads) < wait < barrier
+    # One wait per branch of the warps' first phase (conv, gate, idle) before the barrier; a skipped slot's after it.
+    waits = [n for n, line in enumerate(sass[:barrier]) if "ACQBULK" in line]
+    assert len(waits) == 3
+
+    def issued_before_a_wait(group: list[int]) -> bool:  # no wait inside the group, one after it before the barrier
+        return not any(min(group) < w < max(group) for w in waits) and max(group) < max(waits)
+
+    assert len(loads) == op.rows + 2 and issued_before_a_wait(loads)
     copies = [n for n, line in enumerate(sass) if "LDGSTS" in line]
-    assert len(copies) == 128 * 2 // 16 and max(copies) < wait  # one f_b row of 256 bytes per gate thread
-    assert sum("STG.E.128" in line for line in sass) == ROWS_PER_WARP
+    assert len(copies) == op.gate_vecs and issued_before_a_wait(copies)  # the thread's share of its channel's row
+    assert sum("STG.E.128" in line for line in sass) == op.rows
 
 
 def test_bytes_and_floors_per_row():
@@ -106,7 +116,14 @@ def test_unsupported_dims_are_rejected():
         KdaRecurrent(0, 128, 4, -5.0, 1e-5)
     with pytest.raises(ValueError, match="gate_lower_bound"):
         KdaRecurrent(12, 128, 4, 0.0, 1e-5)
-    assert WARPS * ROWS_PER_WARP == 128 and 2 * ROWS_PER_WARP == 32  # one reduce-scatter of 32 sums per warp
+    with pytest.raises(ValueError, match="warps=4"):
+        KdaRecurrent(12, 128, 4, -5.0, 1e-5, 4)
+    import test_kda_recurrent_gpu  # its parametrization names the forms without importing CuTe DSL
+
+    assert test_kda_recurrent_gpu.WARP_FORMS == WARP_FORMS
+    for warps in WARP_FORMS:  # a warp's S k and S q sums fill one reduce-scatter over its lanes
+        op = KdaRecurrent(12, 128, 4, -5.0, 1e-5, warps)
+        assert op.warps * op.rows == 128 and 2 * op.rows <= 32 and op.per_channel * op.gate_vecs == 16
 
 
 def test_slots_out_of_range_or_shared_are_rejected():

@@ -1,12 +1,23 @@
-"""The latent-MoE dispatch table (kernels/dispatch.py): it covers every admitted (TP, M) exactly once, its TP lookup
-agrees with the config's shard shapes, and its choices agree with the kernels' own geometry. Pure: no GPU, no DSL."""
+"""The dispatch of the forms (kernels/dispatch.py): the latent-MoE table covers every admitted (TP, M) exactly once,
+its TP lookup agrees with the config's shard shapes, and its choices agree with the kernels' own geometry; the
+attention forms switch at their crossovers. Pure: no GPU, no DSL."""
 
 from __future__ import annotations
 
 import pytest
 
 from kimi_k3_path.config import named_config, shard_shapes
-from kimi_k3_path.kernels.dispatch import MAX_BATCH, TABLE, TP_OF_EXPERT_INTERMEDIATE, moe_forms, rank_tp
+from kimi_k3_path.kernels.dispatch import (
+    ATTN_RES_CLUSTER_MAX_M,
+    KDA_16_WARPS_MAX_M,
+    MAX_BATCH,
+    MLA_FUSED_TAIL_MAX_M,
+    TABLE,
+    TP_OF_EXPERT_INTERMEDIATE,
+    attention_forms,
+    moe_forms,
+    rank_tp,
+)
 from kimi_k3_path.support import SUPPORT_MATRIX
 
 H200_SMS = 132
@@ -59,3 +70,15 @@ def test_the_shared_gate_up_goes_first_exactly_where_gemm1_fits_in_one_wave():
         inter = shard_shapes(config, tp).expert_intermediate
         one_wave = held_gemm1_ctas(1, t.num_experts_per_token, t.num_experts, inter) <= H200_SMS * ONE_TOKEN_CTAS_PER_SM
         assert moe_forms(tp, 1).shared_gate_up_first == one_wave, tp
+
+
+def test_the_attention_forms_by_batch_size():
+    """The one-token forms of the attention halves up to their measured crossovers, the many-token forms after."""
+    forms = [attention_forms(m) for m in range(1, MAX_BATCH + 1)]
+    assert [m for m, f in enumerate(forms, 1) if f.attn_res_clustered] == list(range(1, ATTN_RES_CLUSTER_MAX_M + 1))
+    assert [m for m, f in enumerate(forms, 1) if f.kda_warps == 16] == list(range(1, KDA_16_WARPS_MAX_M + 1))
+    assert {f.kda_warps for f in forms} == {8, 16}
+    assert [m for m, f in enumerate(forms, 1) if f.mla_fused_tail] == list(range(1, MLA_FUSED_TAIL_MAX_M + 1))
+    for m in (0, MAX_BATCH + 1):
+        with pytest.raises(ValueError, match=f"no form for M={m}"):
+            attention_forms(m)

@@ -31,6 +31,8 @@ from kimi_k3_path.reference import (  # noqa: E402
 )
 from kimi_k3_path.reference.kda import split_in_proj  # noqa: E402
 
+WARP_FORMS = (8, 16)  # kda_recurrent.WARP_FORMS (that module imports CuTe DSL; a CPU test checks the two agree)
+
 OUT_TOL = 1e-2
 STATE_TOL = 1e-4
 BATCHES = [1, 2, 7, 64]
@@ -135,14 +137,15 @@ def inputs(case: Case, m: int, gen):
     return projected
 
 
-def run_kernel(case: Case, projected, check_slots: bool = True):
-    """One launch on fresh GPU copies of the inputs, the output poisoned first; returns the output."""
+def run_kernel(case: Case, projected, check_slots: bool = True, warps: int | None = None):
+    """One launch on fresh GPU copies of the inputs, the output poisoned first; returns the output. warps: the CTA
+    form (kda_recurrent.WARP_FORMS; default the batch's)."""
     from kimi_k3_path.kernels.kda_recurrent import kda_recurrent_decode
 
     m = projected.shape[0]
     out = torch.full((m, case.d.proj), float("nan"), device="cuda", dtype=torch.bfloat16)
     kda_recurrent_decode(projected.cuda(), case.kw, case.slots, case.conv_pool, case.rec_pool, out,
-                         torch.cuda.current_stream(), check_slots=check_slots)
+                         torch.cuda.current_stream(), check_slots=check_slots, warps=warps)
     torch.cuda.synchronize()
     return out
 
@@ -161,21 +164,23 @@ def assert_step_matches(case: Case, out, ref_o, ref_conv, ref_rec, rows=None):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("warps", WARP_FORMS)
 @pytest.mark.parametrize("m", BATCHES)
 @pytest.mark.parametrize("tp", [8, 16])
-def test_kda_recurrent_matches_reference(tp, m, seed):
+def test_kda_recurrent_matches_reference(tp, m, warps, seed):
     gen = torch.Generator().manual_seed(seed)
     case = make_case(tp, m, gen)
     projected = inputs(case, m, gen)
     ref = reference_step(projected, case.w, case.conv_pool, case.rec_pool, case.slots, case.d)
-    out = run_kernel(case, projected)
+    out = run_kernel(case, projected, warps=warps)
     assert_step_matches(case, out, *ref)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("warps", WARP_FORMS)
 @pytest.mark.parametrize("m", [1, 7])
 @pytest.mark.parametrize("tp", [8, 16])
-def test_sixteen_steps_carried_through_the_state_do_not_drift(tp, m, seed):
+def test_sixteen_steps_carried_through_the_state_do_not_drift(tp, m, warps, seed):
     """The kernel's pools carried through 16 steps, the oracle's through its own 16: every step within the same
     tolerance (the delta rule with |k| = 1, beta < 1 and decay < 1 does not amplify an error; a drift would show)."""
     gen = torch.Generator().manual_seed(seed)
@@ -184,7 +189,7 @@ def test_sixteen_steps_carried_through_the_state_do_not_drift(tp, m, seed):
     for step in range(STEPS):
         projected = inputs(case, m, gen)
         ref_o, ref_conv, ref_rec = reference_step(projected, case.w, ref_conv, ref_rec, case.slots, case.d)
-        out = run_kernel(case, projected)
+        out = run_kernel(case, projected, warps=warps)
         try:
             assert_step_matches(case, out, ref_o, ref_conv, ref_rec)
         except AssertionError as e:
@@ -192,8 +197,9 @@ def test_sixteen_steps_carried_through_the_state_do_not_drift(tp, m, seed):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("warps", WARP_FORMS)
 @pytest.mark.parametrize("tp", [8, 16])
-def test_nan_and_inf_stay_in_their_sequence(tp, seed):
+def test_nan_and_inf_stay_in_their_sequence(tp, warps, seed):
     """A NaN in one sequence's k channel (head 0) and an Inf in another's v channel (head 1) reach those
     sequences' states and outputs and nothing of any other sequence (or of the pool's other slots)."""
     m, nan_seq, inf_seq = 7, 2, 5
@@ -204,7 +210,7 @@ def test_nan_and_inf_stay_in_their_sequence(tp, seed):
     projected[nan_seq, d.proj + 3] = float("nan")  # k, head 0
     projected[inf_seq, 2 * d.proj + d.head_dim + 5] = float("inf")  # v, head 1
     ref = reference_step(projected, case.w, case.conv_pool, case.rec_pool, case.slots, case.d)
-    out = run_kernel(case, projected)
+    out = run_kernel(case, projected, warps=warps)
     clean = [t for t in range(m) if t not in (nan_seq, inf_seq)]
     assert_step_matches(case, out, *ref, rows=clean)
     rec = case.rec_pool.cpu()

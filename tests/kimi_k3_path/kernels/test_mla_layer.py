@@ -44,28 +44,38 @@ def slots_of(cache: PagedLatentCache) -> torch.Tensor:
 
 
 def standin_attention(calls):
-    """mla_split_kv, its partials stood in for by the oracle's latent from the pages as they are when it is called,
-    and mla_output on that latent in torch (the kernels: test_mla_attention_gpu.py, test_mla_output_gpu.py)."""
+    """The one-token tail: mla_split_kv, its partials stood in for by the oracle's latent from the pages as they are
+    when it is called, and mla_output on that latent in torch; the many-token tail's mla_attention_decode writes that
+    latent in bf16 (the kernels: test_mla_attention_gpu.py, test_mla_output_gpu.py)."""
 
-    def split(q, pages, block_table, seq_lens, stream, scale, workspace=None, check_inputs=True, max_seq_len=None):
+    def attend(q, pages, block_table, seq_lens, scale, workspace, check_inputs, tail):
         calls.append({"q": q.clone(), "pages": pages.clone(), "workspace": workspace, "check_inputs": check_inputs,
-                      "scale": scale})
+                      "scale": scale, "tail": tail})
         assert q.dtype == torch.bfloat16 and q.shape == (seq_lens.shape[0], DIMS.heads, DIMS.cache_row)
         cache = PagedLatentCache(pages.float(), block_table, seq_lens)
-        return SimpleNamespace(latent=mla_attend(q.float(), cache, DIMS.kv_lora, scale))
+        return mla_attend(q.float(), cache, DIMS.kv_lora, scale)
+
+    def split(q, pages, block_table, seq_lens, stream, scale, workspace=None, check_inputs=True, max_seq_len=None):
+        return SimpleNamespace(latent=attend(q, pages, block_table, seq_lens, scale, workspace, check_inputs,
+                                             "mla_output"))
+
+    def whole(q, pages, block_table, seq_lens, out, stream, scale, workspace=None, check_inputs=True,
+              max_seq_len=None):
+        out.copy_(attend(q, pages, block_table, seq_lens, scale, workspace, check_inputs, "combine + torch"))
 
     def output(partials, w_uv, projected, gate_start, out, stream):
         calls[-1]["gate_start"] = gate_start
         v = torch.einsum("mhd,hdv->mhv", partials.latent, w_uv.float()).reshape(out.shape)
         out.copy_(torch.sigmoid(projected[:, gate_start:gate_start + out.shape[1]].float()) * v)
 
-    return split, output
+    return split, output, whole
 
 
 def stand_in(monkeypatch, calls):
-    split, output = standin_attention(calls)
+    split, output, whole = standin_attention(calls)
     monkeypatch.setattr(mla, "mla_split_kv", split)
     monkeypatch.setattr(mla, "mla_output", output)
+    monkeypatch.setattr(mla, "mla_attention_decode", whole)
 
 
 def standin_norms(calls):
@@ -113,7 +123,10 @@ def test_the_layer_composes_the_attention_and_writes_only_the_new_rows(monkeypat
     (call,) = calls
     assert norms == ["norms"]
     assert call["workspace"] is workspace and call["check_inputs"] and call["scale"] == DIMS.scale
-    assert call["gate_start"] == DIMS.q_lora + DIMS.kv_lora + DIMS.qk_rope  # the gate: qkv_a's last heads*v
+    # One token: the fused tail (mla_output.py); from two the combine launch and torch (dispatch.attention_forms).
+    assert call["tail"] == ("mla_output" if len(lens) == 1 else "combine + torch")
+    if len(lens) == 1:
+        assert call["gate_start"] == DIMS.q_lora + DIMS.kv_lora + DIMS.qk_rope  # the gate: qkv_a's last heads*v
     ref_out, ref_cache = mla_decode(x.float(), w, cache, DIMS)
     assert rel_err(out, ref_out) < 2e-2  # bf16 GEMM and norm outputs against fp32
     # The new rows were in the pages before the attention read them, and no other row moved.
@@ -163,6 +176,7 @@ def test_bad_inputs_are_refused_before_anything_is_written(monkeypatch):
     kw = mla.prepare_mla_weights(w, DIMS, "cpu")
     monkeypatch.setattr(mla, "mla_split_kv", lambda *a, **k: pytest.fail("launched"))
     monkeypatch.setattr(mla, "mla_output", lambda *a, **k: pytest.fail("launched"))
+    monkeypatch.setattr(mla, "mla_attention_decode", lambda *a, **k: pytest.fail("launched"))
     monkeypatch.setattr(mla, "mla_norms_insert", lambda *a, **k: pytest.fail("launched"))
     pages = cache.pages.bfloat16()
     before = pages.clone()
