@@ -24,8 +24,8 @@
 # The run writes $OUT/ab-<variant>-<round>.json (PerfEvidence, commit 0000000: probes, never evidence of record),
 # $OUT/ab.log (every bench's output) and $OUT/ab-summary.txt (tools/gpu_ab_summary.py: per row and variant the
 # median over rounds, its range, x floor, x base). At most 8 files come back from the device: keep
-# variants x ROUNDS <= 6 (<= 5 with BREAKDOWN). A 2-round run of 2 variants, 2 layers x 2 TPs at one batch took ~400 s on an H100; the
-# MoE block at 3 batches ~70 s per variant and round.
+# variants x ROUNDS <= 6 (<= 5 with BREAKDOWN). A 2-round run of 2 variants, 2 layers x 2 TPs at one batch took
+# ~400 s on an H100; the MoE block at 3 batches ~70 s per variant and round.
 set -uo pipefail
 NAME_RE='^[a-z0-9_]+$'
 prepared() { (cd .ab 2>/dev/null && ls -d */REV 2>/dev/null | sed 's|/REV||' | tr '\n' ' '); }  # the variants in .ab/
