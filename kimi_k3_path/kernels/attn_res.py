@@ -56,9 +56,11 @@ from .common import (
     lane_group_sum,
     lane_reduce_scatter,
     ld_act_v4,
+    ld_cluster_f32,
     ld_fresh_v4,
     select_f32,
     st_global_v4_b32,
+    st_shared_f32,
 )
 from .dispatch import attention_forms
 from .router import MAX_TOKENS
@@ -268,19 +270,6 @@ class AttnResMix:
         for r in cutlass.range_constexpr(self.cluster):
             total = total + ld_cluster_f32(address, Int32(r))
         return total
-
-
-def st_shared_f32(addr: Int32, value: Float32) -> None:
-    cute.arch.inline_ptx("st.shared.f32 [{$r0}], {$r1};", read_only_args=[addr, value])
-
-
-def ld_cluster_f32(addr: Int32, rank: Int32) -> Float32:
-    """The fp32 at shared address `addr` of the cluster's CTA `rank` (mapa, then ld.shared::cluster)."""
-    return cute.arch.inline_ptx(
-        "{ .reg .b32 remote; mapa.shared::cluster.u32 remote, {$r0}, {$r1}; ld.shared::cluster.f32 {$w0}, [remote]; }",
-        write_only_types=[Float32],
-        read_only_args=[addr, rank],
-    )
 
 
 def fake_args(hidden: int, max_blocks: int, m=None) -> tuple:

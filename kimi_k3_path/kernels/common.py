@@ -122,6 +122,19 @@ def st_shared_v4(addr: Int32, words) -> None:
     cute.arch.inline_ptx("st.shared.v4.b32 [{$r0}], {{$r1}, {$r2}, {$r3}, {$r4}};", read_only_args=[addr, *words])
 
 
+def st_shared_f32(addr: Int32, value: Float32) -> None:
+    cute.arch.inline_ptx("st.shared.f32 [{$r0}], {$r1};", read_only_args=[addr, value])
+
+
+def ld_cluster_f32(addr: Int32, rank: Int32) -> Float32:
+    """The fp32 at shared address `addr` of the thread block cluster's CTA `rank` (mapa, then ld.shared::cluster)."""
+    return cute.arch.inline_ptx(
+        "{ .reg .b32 remote; mapa.shared::cluster.u32 remote, {$r0}, {$r1}; ld.shared::cluster.f32 {$w0}, [remote]; }",
+        write_only_types=[Float32],
+        read_only_args=[addr, rank],
+    )
+
+
 def ld_shared_u8(addr: Int32) -> Int32:
     return cute.arch.inline_ptx("ld.shared.u8 {$w0}, [{$r0}];", write_only_types=[Int32], read_only_args=[addr])
 

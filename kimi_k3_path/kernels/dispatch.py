@@ -1,6 +1,7 @@
-"""Which form of each launch a decode batch runs: for the latent-MoE block one table keyed by (TP, M), the only place
-the block's variants are chosen (moe.decode_steps reads it); for the attention halves, `attention_forms(M)`. Every form in it was measured faster than the alternatives for its
-rows on the H200 (docs/design/kimi_k3_kernels.md); the alternatives are gone from the product code (git keeps them).
+"""Which form of each launch a decode batch runs, the only place the variants are chosen: for the latent-MoE block one
+table keyed by (TP, M) (moe.decode_steps reads it), every form in it measured faster than the alternatives for its
+rows on the H200; for the attention halves `attention_forms(M)`, its crossovers measured on an H100
+(docs/design/kimi_k3_kernels.md). The MoE block's alternatives are gone from the product code (git keeps them).
 
 Pure: no torch, no CuTe DSL, so the CPU tests check the table against the support matrix.
 """

@@ -1,7 +1,6 @@
 """The KDA decode step's per-head middle for one TP rank, in one launch (checked on the GPU by
 tests/kimi_k3_path/kernels/test_kda_recurrent_gpu.py; timed in the layer: docs/design/kimi_k3_kernels.md section 10).
-Per (sequence, head), as
-kimi_k3_path.reference.kda.kda_recurrent_step computes it:
+Per (sequence, head), as kimi_k3_path.reference.kda.kda_recurrent_step computes it:
 
   1 conv    the width-4 causal depthwise conv of this head's q, k and v channels over the bf16 conv state
             [slot, 3*proj, 3] (oldest first) and the new input (in_proj's q|k|v), then SiLU; the shifted window

@@ -44,9 +44,10 @@ of the tensor cores' rate.
 Mapping (4 warps; rows of a page as the MMA's m, heads as its n: 12 heads are two n8 tiles, 6 heads one, so TP16
 wastes 2 of 8 columns instead of 10 of 16):
 - Pages arrive by bulk copies (the TMA engine, no registers in flight) into 2 stages of shared memory, one page per
-  stage, row by row (16 rows per warp: a warp issues its lanes' copies one by one) at a stride of 1168 bytes (1152 + 16: the 8 row addresses of an ldmatrix fall on distinct banks);
-  the rows past seq_len in a sequence's last page are not copied but zeroed (0 * NaN would otherwise reach the
-  latent through P @ V even with P = 0). Two pages (147 KB) in flight per SM; ~35 KB cover DRAM's latency.
+  stage, row by row (16 rows per warp: a warp issues its lanes' copies one by one) at a stride of 1168 bytes
+  (1152 + 16: the 8 row addresses of an ldmatrix fall on distinct banks); the rows past seq_len in a sequence's
+  last page are not copied but zeroed (0 * NaN would otherwise reach the latent through P @ V even with P = 0). Two
+  pages (147 KB) in flight per SM; ~35 KB cover DRAM's latency.
 - Score: warp w takes rows 16w..16w+15 of the page and all heads over the 576 dims (36 k16 steps, two accumulator
   chains): A = the rows (ldmatrix), B = q staged once in shared memory (ldmatrix). Each lane's C fragment holds
   heads 2q, 2q+1 (+8) of rows g, g+8 (lane = 4g + q); the PV accumulators hold the same heads, so a lane's running
@@ -488,21 +489,26 @@ def mla_attention_decode(q, pages, block_table, seq_lens, out, stream, scale: fl
     from .runtime import cu_stream, to_cute
 
     workspace, fn = _prepared(q, pages, block_table, seq_lens, scale, workspace, check_inputs, max_seq_len, out)
-    fn(to_cute(q, True), to_cute(pages, True), to_cute(block_table.view(-1), True), to_cute(seq_lens, True),
-       to_cute(workspace.part_o.view(-1), True), to_cute(workspace.part_ml.view(-1), True), to_cute(out, True),
-       cu_stream(stream))
+    fn(*_split_args(q, pages, block_table, seq_lens, workspace), to_cute(out, True), cu_stream(stream))
 
 
 def mla_split_kv(q, pages, block_table, seq_lens, stream, scale: float, workspace: MlaWorkspace | None = None,
                  check_inputs: bool = True, max_seq_len: int | None = None) -> MlaWorkspace:
     """The split launch alone, as mla_attention_decode takes its arguments: the partials go into the returned
     workspace (`workspace` when given) for a launch of the caller's to combine (mla_output.mla_output)."""
-    from .runtime import cu_stream, to_cute
+    from .runtime import cu_stream
 
     workspace, fn = _prepared(q, pages, block_table, seq_lens, scale, workspace, check_inputs, max_seq_len, None)
-    fn(to_cute(q, True), to_cute(pages, True), to_cute(block_table.view(-1), True), to_cute(seq_lens, True),
-       to_cute(workspace.part_o.view(-1), True), to_cute(workspace.part_ml.view(-1), True), cu_stream(stream))
+    fn(*_split_args(q, pages, block_table, seq_lens, workspace), cu_stream(stream))
     return workspace
+
+
+def _split_args(q, pages, block_table, seq_lens, workspace: MlaWorkspace) -> tuple:
+    """The split launch's arguments as both entry points pass them (the table and the partials flattened)."""
+    from .runtime import to_cute
+
+    return (to_cute(q, True), to_cute(pages, True), to_cute(block_table.view(-1), True), to_cute(seq_lens, True),
+            to_cute(workspace.part_o.view(-1), True), to_cute(workspace.part_ml.view(-1), True))
 
 
 def _prepared(q, pages, block_table, seq_lens, scale: float, workspace: MlaWorkspace | None, check_inputs: bool,
