@@ -23,13 +23,15 @@ token on an H100 (bench.py --breakdown, eager), for 129 KB: one SM's worth of lo
 
 Clusters (CLUSTER CTAs per token; measured in docs/design/kimi_k3_kernels.md section 12): CTA r of a token's thread
 block cluster owns the r-th share of the columns (7168 / 4: 224 threads), so the token's loads come from 4 SMs; the
-two row-wide sums (the scores' 2(n + 1), then the output's sum of squares) go through distributed shared memory: each
-CTA writes its sums to its shared memory, the cluster meets at a barrier, every thread reads the sums of every CTA
-(mapa + ld.shared::cluster). A third cluster barrier keeps every CTA resident until the others have read its shared
-memory; the global stores (prefix, block, output) come after that barrier's arrive, whose release (MEMBAR.ALL.GPU)
-would otherwise wait for them. Predicted: 6.5 us -> 3-4 at one token (a quarter of the loads per SM, cluster barriers
-~0.5 us each); the step gained ~1-2.5 us per site (H100, TP8, one token), 1.5-2 us up to 16 tokens, and lost 2.5-3 us
-per site at 64: dispatch.attention_forms clusters up to 16 tokens, one CTA per token above.
+two row-wide sums (the scores' 2(n + 1), then the output's sum of squares) go through distributed shared memory:
+each CTA pushes its sums into every CTA's inbox by st.async, counted on that CTA's mbarrier (one per round), and
+waits on its own (cluster_sum). The cluster meets once, to know every mbarrier initialized: arrive at the start,
+wait once the stream's loads are issued. Before, each sum was a cluster barrier (arrive + wait) with a third before
+exit: each arrive's release fence (MEMBAR.ALL.GPU) and each wait's L1 invalidation were on the chain, and the stream
+stores had to wait behind the last arrive. Measured (H100, a chain of 16 launches in one CUDA graph, L2-hot,
+n = 8): one token 3.84 -> 2.41 us a launch (one CTA of 896 threads: 5.7), 16 tokens 4.61 -> 3.01; and since then the
+cluster beats one CTA per token at every batch (32 tokens 4.30 against 5.82, 64: 4.97 against 6.04), where the
+barrier form lost 2.5-3 us per site at 64 in the step: clusters at every batch.
 
 Bytes (`attn_res_bytes`) per token: the n + 1 bf16 sources, the input, the prefix and block writes, the output; the
 three weight vectors once. 129 KB at n = 8 (layer 90): a floor of 0.03 us per token, so at any M <= 64 the launch is
@@ -51,18 +53,20 @@ from .common import (
     WARP,
     after_all_loads,
     bf16_words_to_f32,
+    bits_to_f32,
     f32_to_bf16_words,
     lane_butterfly,
     lane_group_sum,
     lane_reduce_scatter,
     ld_act_v4,
-    ld_cluster_f32,
     ld_fresh_v4,
+    ld_shared_b32,
+    mbarrier_try_wait,
     select_f32,
+    st_async_cluster_f32,
     st_global_v4_b32,
-    st_shared_f32,
+    tree_sum,
 )
-from .dispatch import attention_forms
 from .router import MAX_TOKENS
 
 BF16_PER_VEC = VEC_BYTES // 2
@@ -125,8 +129,8 @@ class AttnResMix:
         self.threads = self.warps * WARP
 
     def smem_bytes(self) -> int:
-        """The warps' reduce-scatter results and squares, then the CTA's sums that the cluster reads."""
-        return (self.warps * 2 * MAX_SOURCES + self.warps + 2 * MAX_SOURCES + 1) * 4 + 64
+        """The warps' reduce-scatter results and squares, the cluster's inbox, its two mbarriers."""
+        return (self.warps * 2 * MAX_SOURCES + self.warps + self.cluster * (2 * MAX_SOURCES + 1)) * 4 + 2 * 8 + 64
 
     @cute.jit
     def __call__(self, prefix, delta, blocks, res_norm, res_proj, out_norm, out, stream: cuda.CUstream):
@@ -146,7 +150,20 @@ class AttnResMix:
         smem = cutlass.memory.SmemAllocator()
         partial = smem.allocate_tensor(Float32, cute.make_layout(self.warps * 2 * MAX_SOURCES), byte_alignment=16)
         squares = smem.allocate_tensor(Float32, cute.make_layout(self.warps), byte_alignment=16)
-        cta_sums = smem.allocate_tensor(Float32, cute.make_layout(2 * MAX_SOURCES + 1), byte_alignment=16)
+        # The cluster's exchange: rank r's 2 * MAX_SOURCES score sums, then its output sum of squares, each round
+        # completing an mbarrier of its own (cluster_sum).
+        inbox = smem.allocate_tensor(Float32, cute.make_layout(self.cluster * (2 * MAX_SOURCES + 1)), byte_alignment=16)
+        arrived = smem.allocate_tensor(Int64, cute.make_layout(2), byte_alignment=8)
+        if cutlass.const_expr(self.cluster > 1):
+            if tidx == 0:
+                for r in cutlass.range_constexpr(2):
+                    cute.arch.mbarrier_init(arrived.iterator + r, 1)
+                cute.arch.mbarrier_init_fence()
+                cute.arch.mbarrier_arrive_and_expect_tx(arrived.iterator, self.cluster * 2 * MAX_SOURCES * 4)
+                cute.arch.mbarrier_arrive_and_expect_tx(arrived.iterator + 1, self.cluster * 4)
+            # Peers may send once every CTA's mbarriers are initialized: the matching wait comes once the stream's
+            # loads are issued, so this barrier's latency hides behind theirs.
+            cute.arch.cluster_arrive_relaxed()
         # Thread t owns vectors first + t, first + t + threads, ... of the CTA's share; past its end (hidden not a
         # multiple of the shares) it rereads the row's last vector and counts nothing.
         first = rank * self.cta_vecs
@@ -175,26 +192,28 @@ class AttnResMix:
 
         token = Int64(m) * row_bytes
         block_base = blocks.iterator.toint() + Int64(m) * (blocks.shape[1] * row_bytes)
-        # The prefix (and block) writes: at once in one CTA per token; in a cluster after its last barrier, whose
-        # arrive waits for this thread's outstanding global stores (MEMBAR.ALL.GPU in its SASS).
-        stream_writes = []
+        stream_writes = []  # the prefix (and block) writes
         sources = [load(block_base + b * row_bytes) for b in range(self.blocks)]
+        if cutlass.const_expr(self.prefix is not Prefix.REPLACE):
+            stored = load(prefix.iterator.toint() + token)
+        if cutlass.const_expr(self.prefix is not Prefix.KEEP):
+            given_words = load(delta.iterator.toint() + token)
+        if cutlass.const_expr(self.cluster > 1):
+            cute.arch.cluster_wait()  # while the loads are in flight: every peer's mbarriers are initialized
         if cutlass.const_expr(self.prefix is Prefix.KEEP):
-            sources.append(load(prefix.iterator.toint() + token))
+            sources.append(stored)
         else:
-            given = bf16_words_to_f32(load(delta.iterator.toint() + token))
+            given = bf16_words_to_f32(given_words)
             if cutlass.const_expr(self.prefix is Prefix.ADD):
-                old = bf16_words_to_f32(load(prefix.iterator.toint() + token))
-                given = [a + b for a, b in zip(old, given)]
+                given = [a + b for a, b in zip(bf16_words_to_f32(stored), given)]
             # The stream is bf16: score and mix the prefix as it is stored.
             words = f32_to_bf16_words(given)
             sources.append(words)
             stream_writes.append((prefix.iterator.toint() + token, words))
             if cutlass.const_expr(self.write_block >= 0):
                 stream_writes.append((block_base + self.write_block * row_bytes, words))
-        if cutlass.const_expr(self.cluster == 1):
-            for address, words in stream_writes:
-                store(address, words)
+        for address, words in stream_writes:
+            store(address, words)
         count = len(sources)
 
         # Lane s of the reduce-scatter gets source s's sum of squares, lane MAX_SOURCES + s its dot with the query.
@@ -214,11 +233,10 @@ class AttnResMix:
         slot = after_all_loads(lane, gamma_words, m >> 7)
         partial[warp * 2 * MAX_SOURCES + slot] = lane_reduce_scatter(sums, lane)
         cute.arch.sync_threads()
-        total = Float32(0.0)
-        for w in cutlass.range_constexpr(self.warps):
-            total = total + partial[w * 2 * MAX_SOURCES + lane]
+        total = tree_sum([partial[w * 2 * MAX_SOURCES + lane] for w in range(self.warps)])
         if cutlass.const_expr(self.cluster > 1):
-            total = self.cluster_sum((cta_sums.iterator + lane).toint(), total, warp == 0)
+            total = self.cluster_sum(inbox.iterator.toint(), arrived.iterator.toint(), rank, 2 * MAX_SOURCES, lane,
+                                     total, warp == 0)
         dot = cute.arch.shuffle_sync_down(total, MAX_SOURCES)
         logit = dot * cute.math.rsqrt(total * Float32(1.0 / self.hidden) + Float32(self.eps))
         in_use = (lane - count) >> 31
@@ -246,30 +264,28 @@ class AttnResMix:
             warp_sq = squares[lane]
         row_sq = lane_group_sum(warp_sq, WARP)
         if cutlass.const_expr(self.cluster > 1):
-            row_sq = self.cluster_sum((cta_sums.iterator + 2 * MAX_SOURCES).toint(), row_sq, tidx == 0)
+            row_sq = self.cluster_sum((inbox.iterator + self.cluster * 2 * MAX_SOURCES).toint(),
+                                      (arrived.iterator + 1).toint(), rank, 1, Int32(0), row_sq, tidx == 0)
         rstd = cute.math.rsqrt(row_sq * Float32(1.0 / self.hidden) + Float32(self.out_eps))
-        if cutlass.const_expr(self.cluster > 1):
-            cute.arch.cluster_arrive()  # our shared memory was read for the last time: the cluster may exit
-            for address, words in stream_writes:
-                store(address, words)
         store(out.iterator.toint() + token,
               f32_to_bf16_words([v * rstd * g for v, g in zip(mixed, bf16_words_to_f32(gamma_words))]))
-        if cutlass.const_expr(self.cluster > 1):
-            cute.arch.cluster_wait()  # no CTA leaves while another may still read its shared memory
 
     @cute.jit
-    def cluster_sum(self, address: Int32, value: Float32, writer) -> Float32:
-        """The sum over the token's cluster of `value` (this CTA's; the writers hold it): a writer stores it at shared
-        `address`, the cluster meets at a barrier (release / acquire: the stores are visible after it), and each
-        thread reads that address in every CTA of the cluster (ld.shared::cluster). Every thread calls it."""
+    def cluster_sum(self, inbox: Int32, arrived: Int32, rank: Int32, slots: cutlass.Constexpr, slot: Int32,
+                    value: Float32, writer) -> Float32:
+        """The sum over the token's cluster of `value` at `slot` (< slots) of this round: each writer pushes its
+        CTA's value into slot rank * slots + slot of every CTA's `inbox` (shared addresses) by st.async, counted on
+        that CTA's mbarrier `arrived`, and every thread waits for its own CTA's mbarrier, then adds what came in.
+        No cluster barrier on the chain (their release fence, MEMBAR.ALL.GPU, and the acquire's L1 invalidation were
+        in each of the three the cluster met at before), and no CTA may leave early: each one exits only after
+        everything sent to it arrived. Every thread calls it, after the cluster_wait that follows the kernel's setup."""
         if writer:
-            st_shared_f32(address, value)
-        cute.arch.cluster_arrive()
-        cute.arch.cluster_wait()
-        total = Float32(0.0)
-        for r in cutlass.range_constexpr(self.cluster):
-            total = total + ld_cluster_f32(address, Int32(r))
-        return total
+            for r in cutlass.range_constexpr(self.cluster):
+                st_async_cluster_f32(inbox + (rank * slots + slot) * 4, value, arrived, Int32(r))
+        done = mbarrier_try_wait(arrived, Int32(0))
+        while done == 0:
+            done = mbarrier_try_wait(arrived, Int32(0))
+        return tree_sum([bits_to_f32(ld_shared_b32(inbox + (r * slots + slot) * 4)) for r in range(self.cluster)])
 
 
 def fake_args(hidden: int, max_blocks: int, m=None) -> tuple:
@@ -291,8 +307,7 @@ def attn_res_decode(prefix, delta, blocks, num_blocks: int, write_block: int, re
     write_block >= 0), mixing blocks[:, :num_blocks] and the prefix with res_norm, res_proj, out_norm [H] bf16 into
     out [M, H] bf16. replace_prefix: the prefix becomes delta instead of prefix + delta. The arguments of
     benchmarks/kimi_k3/stock.attn_res, which this replaces, plus out, stream and replace_prefix. cluster: CTAs per
-    token (default: CLUSTER where dispatch.attention_forms clusters the batch, else 1; at most one per 16-byte vector
-    of a row)."""
+    token (default CLUSTER; at most one per 16-byte vector of a row; 1: one CTA per token, no cluster)."""
     from .runtime import compile_cached, cu_stream, expect_all, to_cute
 
     if prefix.dim() != 2 or blocks.dim() != 3:
@@ -309,7 +324,7 @@ def attn_res_decode(prefix, delta, blocks, num_blocks: int, write_block: int, re
         raise ValueError("attn_res_decode: replace_prefix needs delta (the new block's first output)")
     mode = Prefix.KEEP if delta is None else (Prefix.REPLACE if replace_prefix else Prefix.ADD)
     if cluster is None:
-        cluster = min(CLUSTER, hidden // BF16_PER_VEC) if attention_forms(m).attn_res_clustered else 1
+        cluster = min(CLUSTER, hidden // BF16_PER_VEC)
     op = AttnResMix(hidden, num_blocks, mode, write_block, eps, out_eps, cluster)  # validates the rest
     given = prefix if delta is None else delta
     expect_all([

@@ -135,6 +135,29 @@ def ld_cluster_f32(addr: Int32, rank: Int32) -> Float32:
     )
 
 
+def st_async_cluster_f32(addr: Int32, value: Float32, barrier: Int32, rank: Int32) -> None:
+    """Store `value` at shared address `addr` of the cluster's CTA `rank` (st.async: no fence, nothing to wait for
+    here), counting its 4 bytes towards the transaction bytes of that CTA's mbarrier at shared address `barrier`."""
+    cute.arch.inline_ptx(
+        "{ .reg .b32 to, bar; mapa.shared::cluster.u32 to, {$r0}, {$r3}; mapa.shared::cluster.u32 bar, {$r2}, {$r3}; "
+        "st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [to], {$r1}, [bar]; }",
+        read_only_args=[addr, value, barrier, rank],
+    )
+
+
+def mbarrier_try_wait(barrier: Int32, parity: Int32) -> Int32:
+    """1 once the mbarrier at shared address `barrier` has completed the phase of `parity`, else 0 (after the
+    hardware's own time-limited wait). What peers' st.async wrote into this CTA's shared memory and counted on it is
+    visible after it, as CUTLASS's cluster barriers wait (the default acquire at CTA scope: no L1 invalidation, which
+    the cluster-scope acquire adds, CCTL.IVALL, for global data this wait does not guard)."""
+    return cute.arch.inline_ptx(
+        "{ .reg .pred done; mbarrier.try_wait.parity.shared::cta.b64 done, [{$r0}], {$r1}; "
+        "selp.b32 {$w0}, 1, 0, done; }",
+        write_only_types=[Int32],
+        read_only_args=[barrier, parity],
+    )
+
+
 def ld_shared_u8(addr: Int32) -> Int32:
     return cute.arch.inline_ptx("ld.shared.u8 {$w0}, [{$r0}];", write_only_types=[Int32], read_only_args=[addr])
 
@@ -426,6 +449,13 @@ def lane_group_sum(value: Float32, lanes: int) -> Float32:
         value = value + cute.arch.shuffle_sync_bfly(value, offset)
         offset //= 2
     return value
+
+
+def tree_sum(values: list):
+    """The sum of `values` in a tree: log2(n) dependent adds on a latency chain where a running sum has n - 1."""
+    while len(values) > 1:
+        values = [a + b for a, b in zip(values[::2], values[1::2])] + values[len(values) - len(values) % 2 :]
+    return values[0]
 
 
 def lane_butterfly(value: Float32, offsets, combine) -> Float32:

@@ -87,11 +87,9 @@ class AttentionForms:
     """The batch-dependent forms of the attention halves' launches for one decode batch size. Each one-token form
     runs up to the last batch where it measured faster in the layer's CUDA graph (H100, TP8, `bench.py --breakdown
     graph`, the launch's share of the step against the other form's launches; docs/design/kimi_k3_kernels.md
-    section 9.3)."""
+    section 9.3). AttnRes has one form since its cluster exchange went to st.async (attn_res.py): clusters won at
+    every batch, 1 to 64 tokens."""
 
-    # AttnRes: a token's mix in a thread block cluster of attn_res.CLUSTER CTAs rather than one CTA: 1.5-2 us less per
-    # site from 1 to 16 tokens, level at 32, 2.5-3 us more at 64 (256 CTAs of 224 threads against 64 of 896).
-    attn_res_clustered: bool
     # The KDA middle's warps per CTA (kda_recurrent.WARP_FORMS): 16 halve each warp's chain, which is the launch's
     # time at a few sequences (one token: 9.5 -> 7.3 us of share at TP8, 8.3 -> 6.5 at TP16; 8 tokens: 8.9 -> 8.6,
     # 6.8 -> 6.4); 8 keep two CTAs per SM where there are many (64 tokens; 9-63 unmeasured).
@@ -103,7 +101,6 @@ class AttentionForms:
 
 
 # The largest batch each one-token form runs at.
-ATTN_RES_CLUSTER_MAX_M = 16
 KDA_16_WARPS_MAX_M = 8
 MLA_FUSED_TAIL_MAX_M = 1
 
@@ -112,6 +109,5 @@ def attention_forms(m: int) -> AttentionForms:
     """The attention forms for a decode batch of m tokens; ValueError outside 1..MAX_BATCH."""
     if not 1 <= m <= MAX_BATCH:
         raise ValueError(f"attention kernels: no form for M={m} (they serve M 1..{MAX_BATCH})")
-    return AttentionForms(attn_res_clustered=m <= ATTN_RES_CLUSTER_MAX_M,
-                          kda_warps=16 if m <= KDA_16_WARPS_MAX_M else 8,
+    return AttentionForms(kda_warps=16 if m <= KDA_16_WARPS_MAX_M else 8,
                           mla_fused_tail=m <= MLA_FUSED_TAIL_MAX_M)

@@ -76,6 +76,7 @@ from .common import (
     select_f32,
     sigmoid,
     st_global_v4_f32,
+    tree_sum,
 )
 from .dispatch import attention_forms
 from .router import MAX_TOKENS
@@ -223,6 +224,10 @@ class KdaRecurrent:
         g_raw = lane_group_sum(g_raw, self.per_channel)  # a channel's threads are adjacent lanes
         return cute.math.exp(Float32(self.lb) * sigmoid(cute.math.exp(a_log) * (g_raw + bias)))
 
+    def beta_and_gate(self, projected, m: Int32, head: Int32, row: Int32) -> tuple:
+        """in_proj's raw beta of the head and output gate of state row `row` (bf16; used after the barrier)."""
+        return projected[m, 4 * self.proj + self.d + head], projected[m, 3 * self.proj + head * self.d + row]
+
     def update_rows(self, rows: list, vecs, state, slot: Int32, head: Int32, warp: Int32, lane: Int32,
                     beta: Float32) -> Float32:
         """The delta rule on the warp's `self.rows` rows (in registers), each stored back once. Returns o of row
@@ -282,33 +287,37 @@ class KdaRecurrent:
             # and history, f_b's rows, the gate's and the norm's vectors.
             rows = self.load_rows(state, slot, head, warp, lane)
             norm_weight = o_norm[row]
+            # in_proj's beta and output gate for this thread, loaded by every branch as soon as its wait is over:
+            # loaded after the branches (the gate after the last barrier) they were L2 round trips on the chain.
+            beta_raw, gate_raw = BFloat16(0.0), BFloat16(0.0)
             if warp < DECAY:
                 taps, history = self.load_conv(conv_taps, conv_state, slot, head, warp, lane)
                 cute.arch.griddepcontrol_wait()  # in_proj's output is written from here on
+                beta_raw, gate_raw = self.beta_and_gate(projected, m, head, row)
                 self.conv_channels(projected, conv_state, vecs, m, slot, head, warp, lane, taps, history)
             elif warp >= self.gate_warp:
                 self.copy_gate_row(f_b, row_smem, head, channel, half)
                 bias, log_a = dt_bias[head * self.d + channel], a_log[head]
                 cute.arch.griddepcontrol_wait()
+                beta_raw, gate_raw = self.beta_and_gate(projected, m, head, row)
                 decay = self.decay_channel(projected, row_smem, bias, log_a, m, channel, half)
                 if half == 0:
                     vecs[DECAY * self.d + channel] = decay
             else:
                 cute.arch.griddepcontrol_wait()
-            beta = sigmoid(projected[m, 4 * self.proj + self.d + head].to(Float32))
+                beta_raw, gate_raw = self.beta_and_gate(projected, m, head, row)
+            beta = sigmoid(beta_raw.to(Float32))
             cute.arch.sync_threads()
             o = self.update_rows(rows, vecs, state, slot, head, warp, lane, beta)
             squares = lane_group_sum(o * o, self.rows)  # the other lane groups repeat lanes 0..rows-1's rows
             if lane == 0:
                 partial[warp] = squares
+            gated = o * norm_weight * sigmoid(gate_raw.to(Float32))  # before the barrier: only rstd comes after it
             cute.arch.sync_threads()
-            total = Float32(0.0)
-            for w in cutlass.range_constexpr(self.warps):
-                total = total + partial[w]
+            total = tree_sum([partial[w] for w in range(self.warps)])
             rstd = cute.math.rsqrt(total / Float32(self.d) + Float32(self.eps))
             if lane < self.rows:
-                gate = sigmoid(projected[m, 3 * self.proj + head * self.d + row].to(Float32))
-                out[m, head * self.d + row] = (o * rstd * norm_weight * gate).to(BFloat16)
+                out[m, head * self.d + row] = (gated * rstd).to(BFloat16)
         else:
             cute.arch.griddepcontrol_wait()  # a predecessor may still read `out`
             if tidx < self.d:

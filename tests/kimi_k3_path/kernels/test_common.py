@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from kimi_k3_path.kernels.common import _FP4X8_TO_F16X2_PTX, kernel_fp4_bytes
+from kimi_k3_path.kernels.common import _FP4X8_TO_F16X2_PTX, kernel_fp4_bytes, tree_sum
 from kimi_k3_path.reference import e2m1_table
 
 MASK32 = 0xFFFFFFFF
@@ -77,3 +77,19 @@ def test_decode_ptx_gives_every_e2m1_pair_times_2_to_the_minus_6(position, seed)
         pairs = run_decode_ptx(word)
         assert pairs == [(elements[0], elements[2]), (elements[4], elements[6]), (elements[1], elements[3]),
                          (elements[5], elements[7])], f"reference bytes {reference}"
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 16, 28])
+def test_tree_sum_adds_every_value_once_in_log2_levels(n):
+    """Symbolic values: each appears exactly once in the sum, nested at most ceil(log2 n) deep (the chain's length)."""
+
+    class Term:
+        def __init__(self, names, depth=0):
+            self.names, self.depth = names, depth
+
+        def __add__(self, other):
+            return Term(self.names + other.names, max(self.depth, other.depth) + 1)
+
+    total = tree_sum([Term([i]) for i in range(n)])
+    assert sorted(total.names) == list(range(n))
+    assert total.depth == (n - 1).bit_length()

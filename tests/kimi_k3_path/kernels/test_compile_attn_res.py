@@ -75,11 +75,12 @@ def test_compiles_in_clusters_for_every_prefix_mode(cluster):
     assert callable(cute.compile(AttnResMix(200, 1, Prefix.ADD, -1, 1e-6, 1e-6, 3), *fake_args(200, 3)))
 
 
-def test_a_cluster_meets_three_times_and_writes_the_stream_after_its_last_arrive(tmp_path):
-    """CLUSTER CTAs per token, 224 threads each at 7168 columns: every stream load before the first CTA barrier (as
-    in one CTA), the two row sums through distributed shared memory (a cluster barrier each: barrier.cluster
-    arrive + wait), a third barrier before exit, and the global stores (prefix and output) after the last arrive,
-    whose release (MEMBAR.ALL.GPU) would otherwise wait for them."""
+def test_a_cluster_meets_once_off_the_chain_and_exchanges_its_sums_by_st_async(tmp_path):
+    """CLUSTER CTAs per token, 224 threads each at 7168 columns: every stream load before the first CTA barrier (as in
+    one CTA); one cluster barrier, its arrive before griddepcontrol.wait (ACQBULK) and its wait after the stream's
+    loads are issued; the two row sums pushed to every CTA of the cluster by st.async (STAS, one per CTA a round),
+    each round's mbarrier waited on (SYNCS...TRYWAIT) after its stores; no release fence (MEMBAR) anywhere, so the
+    prefix is stored before the exchange starts."""
     from kimi_k3_path.kernels.attn_res import CLUSTER
 
     op = AttnResMix(HIDDEN, 8, Prefix.ADD, -1, 1e-5, 1e-5, CLUSTER)
@@ -87,13 +88,19 @@ def test_a_cluster_meets_three_times_and_writes_the_stream_after_its_last_arrive
     usage = _cubin_dump(op, fake_args(HIDDEN, MAX_BLOCKS), tmp_path / "res", "-res-usage")
     assert "LOCAL:0" in usage and "STACK:0" in usage, usage
     sass = _cubin_dump(op, fake_args(HIDDEN, MAX_BLOCKS), tmp_path / "sass", "-sass").splitlines()
-    loads = [n for n, line in enumerate(sass) if re.search(r"LDG\.E(\.CONSTANT)?\.128", line)]
-    barriers = [n for n, line in enumerate(sass) if "BAR.SYNC" in line]
-    arrives = [n for n, line in enumerate(sass) if "UCGABAR_ARV" in line]
-    waits = [n for n, line in enumerate(sass) if "UCGABAR_WAIT" in line]
-    stores = [n for n, line in enumerate(sass) if "STG.E.128" in line]
+
+    def at(pattern: str) -> list[int]:
+        return [n for n, line in enumerate(sass) if re.search(pattern, line)]
+
+    loads, barriers, stores = at(r"LDG\.E(\.CONSTANT)?\.128"), at("BAR.SYNC"), at(r"STG\.E\.128")
+    (arrive,), (wait,), (acquire,) = at("UCGABAR_ARV"), at("UCGABAR_WAIT"), at("ACQBULK")
+    pushes, polls = at("STAS"), at(r"SYNCS\.PHASECHK")
     assert len(loads) == 13 and max(loads) < barriers[0]
-    assert len(arrives) == len(waits) == 3 and len(stores) == 2 and min(stores) > arrives[-1]
+    assert arrive < acquire and max(loads) < wait < min(pushes)
+    assert not at("MEMBAR") and len(stores) == 2 and stores[0] < min(pushes)
+    assert len(pushes) == 2 * CLUSTER
+    first, second = pushes[:CLUSTER], pushes[CLUSTER:]
+    assert any(max(first) < p < min(second) for p in polls) and any(p > max(second) for p in polls)
 
 
 def test_rejects_what_it_does_not_support():

@@ -70,8 +70,8 @@ def test_state_stays_in_registers_and_streams_once(tp, warps, tmp_path):
     """What the design assumes: the rows x 16 bytes a thread holds (16 at 8 warps, 8 at 16) never spill (no local
     memory) and leave 2 CTAs of 8 warps or 1 of 16 per SM (<= 128 registers); the state loads and the
     conv taps (weak, L1::no_allocate: LDG.E.NA.128) and the gate warps' cp.async copies of their f_b rows (LDGSTS:
-    16 vectors per channel) are all issued before griddepcontrol.wait (ACQBULK) and the CTA barrier, and each row is
-    stored once."""
+    16 vectors per channel) are all issued before griddepcontrol.wait (ACQBULK) and the CTA barrier, each row is
+    stored once, and no global load comes after the last barrier."""
     d = kda_dims(tp)
     op = op_for(d, warps)
     usage = _cubin_dump(op, fake_args(d.heads), tmp_path / "res", "-res-usage")
@@ -92,6 +92,10 @@ def test_state_stays_in_registers_and_streams_once(tp, warps, tmp_path):
     copies = [n for n, line in enumerate(sass) if "LDGSTS" in line]
     assert len(copies) == op.gate_vecs and issued_before_a_wait(copies)  # the thread's share of its channel's row
     assert sum("STG.E.128" in line for line in sass) == op.rows
+    # in_proj's output gate and beta are loaded before the barriers: after the last one a load would be one more L2
+    # round trip before the output store
+    last_barrier = max(n for n, line in enumerate(sass) if "BAR.SYNC" in line)
+    assert not [line for line in sass[last_barrier:] if "LDG" in line]
 
 
 def test_bytes_and_floors_per_row():

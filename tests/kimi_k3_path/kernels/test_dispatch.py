@@ -8,7 +8,6 @@ import pytest
 
 from kimi_k3_path.config import named_config, shard_shapes
 from kimi_k3_path.kernels.dispatch import (
-    ATTN_RES_CLUSTER_MAX_M,
     KDA_16_WARPS_MAX_M,
     MAX_BATCH,
     MLA_FUSED_TAIL_MAX_M,
@@ -75,7 +74,6 @@ def test_the_shared_gate_up_goes_first_exactly_where_gemm1_fits_in_one_wave():
 def test_the_attention_forms_by_batch_size():
     """The one-token forms of the attention halves up to their measured crossovers, the many-token forms after."""
     forms = [attention_forms(m) for m in range(1, MAX_BATCH + 1)]
-    assert [m for m, f in enumerate(forms, 1) if f.attn_res_clustered] == list(range(1, ATTN_RES_CLUSTER_MAX_M + 1))
     assert [m for m, f in enumerate(forms, 1) if f.kda_warps == 16] == list(range(1, KDA_16_WARPS_MAX_M + 1))
     assert {f.kda_warps for f in forms} == {8, 16}
     assert [m for m, f in enumerate(forms, 1) if f.mla_fused_tail] == list(range(1, MLA_FUSED_TAIL_MAX_M + 1))
