@@ -18,7 +18,8 @@
 #   $OUT/kernels/*.json                         with KERNEL_BENCH=1: the MoE block and each kernel alone at M=1
 #                                               (KERNEL_BATCHES=1,2,8,64: at those batches);
 #                                               with MLA_BENCH=1: the MLA split-KV attention alone (bench_mla);
-#                                               with DENSE_BENCH=1: the attentions' GEMVs alone vs cuBLAS (bench_dense)
+#                                               with DENSE_BENCH=1: the attentions' GEMVs alone vs cuBLAS (bench_dense);
+#                                               with ATTN_RES_BENCH=1: an AttnRes site alone (bench_attn_res)
 #   $OUT/tests.log, $OUT/bench.log              everything printed, bench.log ending with a `gpu state:` line
 #                                               (clocks, temperature, power, clock-event reasons). At most 8
 #                                               files come back from a run: these are 8 with KERNEL_BENCH=1;
@@ -85,6 +86,9 @@ fi
 # DENSE_BENCH=1: the KDA and MLA attentions' GEMVs alone, dense.py against cuBLAS and a pure read (issue 35's 1.15x).
 [ "${DENSE_BENCH:-0}" = 1 ] && python3 -m benchmarks.kimi_k3.bench_dense --tp 8,16 --batch 1,2,8,64 --replays 50 \
   --commit "$SHA" --out "$OUT/kernels/dense.json" 2>&1 | tee -a "$OUT/bench.log"
+# ATTN_RES_BENCH=1: one AttnRes site alone, its cluster form against one CTA per token (bench_attn_res).
+[ "${ATTN_RES_BENCH:-0}" = 1 ] && python3 -m benchmarks.kimi_k3.bench_attn_res --batch 1,2,8,16,32,64 --replays 50 \
+  --commit "$SHA" --out "$OUT/kernels/attn_res.json" 2>&1 | tee -a "$OUT/bench.log"
 kill "$state_pid" 2>/dev/null
 python3 tools/gpu_state_summary.py "$state" | tee -a "$OUT/bench.log"
 rm -f "$state"
