@@ -104,20 +104,9 @@ def compare(out, want, prefix, want_prefix, where: str) -> float:
     prefix that is not want_prefix bit for bit."""
     import torch
 
-    from kimi_k3_path.reference import rel_err
-
     if not torch.equal(prefix, want_prefix):
         raise BenchError(f"{where}: the prefix is not prefix + input rounded to bf16")
-    worst = 0.0
-    for t in range(out.shape[0]):
-        got = out[t].float()
-        if not torch.isfinite(got).all():
-            raise BenchError(f"{where}: token {t} holds NaN or Inf (the output was poisoned with NaN)")
-        err = rel_err(got, want[t])
-        if err > TOLERANCE:
-            raise BenchError(f"{where}: token {t}: rel err {err:.2e} > {TOLERANCE:g} against the fp32 reference")
-        worst = max(worst, err)
-    return worst
+    return kernel_bench.max_token_error(out, want, where, TOLERANCE, "the fp32 reference")
 
 
 def measure_batch(m: int, blocks: int, replays: int, gen) -> dict:

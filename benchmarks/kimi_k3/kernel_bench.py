@@ -16,6 +16,26 @@ class BenchError(RuntimeError):
     """A run that cannot give trustworthy numbers (a failed correctness check)."""
 
 
+def max_token_error(got, want, where: str, tolerance: float, reference: str) -> float:
+    """The largest rel err over the token rows of got (a poisoned-then-written output) against want; BenchError at
+    the first row that holds a NaN or Inf (not written) or lies further than tolerance from `reference`."""
+    import torch
+
+    from kimi_k3_path.reference import rel_err
+
+    worst = 0.0
+    for t in range(got.shape[0]):
+        row = got[t].double()
+        if not torch.isfinite(row).all():
+            raise BenchError(f"{where}: token {t} holds NaN or Inf (the output was poisoned with NaN: a row was not "
+                             "written)")
+        err = rel_err(row, want[t].double())
+        if err > tolerance:
+            raise BenchError(f"{where}: token {t}: rel err {err:.2e} > {tolerance:g} against {reference}")
+        worst = max(worst, err)
+    return worst
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """--tp, --batch, --replays, --out, --commit, --seed."""
     from benchmarks.kimi_k3.bench import _int_list
