@@ -7,8 +7,8 @@
 #                                                                       # (git archive); .ab/ is git-ignored
 #                              tools/gpu-ab.sh clear                    # forget every prepared variant
 #   on the device, carry [".cute", ".whl", ".ab"]:
-#     [BENCH=layer|moe|mla] [LAYERS=kda_moe,mla_moe] [TPS=8,16] [BATCH=1] [CONTEXT=4096] [ROUNDS=2] [REPLAYS=200]
-#     [BREAKDOWN=graph|eager]
+#     [BENCH=layer|moe|mla|attn_res] [LAYERS=kda_moe,mla_moe] [TPS=8,16] [BATCH=1] [CONTEXT=4096] [ROUNDS=2]
+#     [REPLAYS=200] [BREAKDOWN=graph|eager]
 #     bash tools/gpu-ab.sh run
 # Several variants at once: prepare each commit under a name of its own (one of them `base`, the reference of the
 # ratios); the run takes the working tree (`tree`) and every prepared variant in turn, each round.
@@ -18,6 +18,8 @@
 # removed once summarized, to keep within the 8 files that come back).
 # BENCH=mla: benchmarks/kimi_k3/bench_mla.py, the MLA split-KV attention alone at CONTEXT (a comma list here too;
 # LAYERS unused), against a pure read of the cache in the same process.
+# BENCH=attn_res: benchmarks/kimi_k3/bench_attn_res.py, one AttnRes site alone at BATCH (cluster form against one CTA
+# per token; TPS, LAYERS and CONTEXT unused); each variant runs its own copy of the bench, so from d210070 on.
 # BREAKDOWN (BENCH=layer only): bench.py --breakdown, each candidate step's launches with their share of it (graph:
 # one profiled replay of the step's CUDA graph, launches overlapping as when timed), gathered per variant and round
 # into $OUT/ab-breakdown.txt: which launch a change moved, where the step's time alone cannot say.
@@ -71,7 +73,10 @@ case "${1:-}" in
         if [ "$variant" = tree ]; then dir=$root path=$tree_path
         else dir=$root/.ab/$variant path="$root/.ab/$variant:${PYTHONPATH#"$root":}"; fi
         out="$OUT/ab-$variant-$round.json"
-        if [ "${BENCH:-layer}" = mla ]; then
+        if [ "${BENCH:-layer}" = attn_res ]; then
+          cmd=(python3 -m benchmarks.kimi_k3.bench_attn_res --batch "${BATCH:-1}" --replays "${REPLAYS:-50}"
+               --commit 0000000 --out "$out")
+        elif [ "${BENCH:-layer}" = mla ]; then
           cmd=(python3 -m benchmarks.kimi_k3.bench_mla --tp "${TPS:-8,16}" --batch "${BATCH:-1}"
                --context "${CONTEXT:-4096}" --replays "${REPLAYS:-100}" --commit 0000000 --out "$out")
         elif [ "${BENCH:-layer}" = moe ]; then
