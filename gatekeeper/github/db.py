@@ -18,6 +18,7 @@ import functools
 import re
 import sqlite3
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -244,6 +245,9 @@ class Database(ABC):
         return missing
 
 
+_BUSY_TIMEOUT_S = 30.0  # how long a connection waits for another's write lock
+
+
 class SQLiteDatabase(Database):
     dialect = "sqlite"
     Error = sqlite3.Error
@@ -260,13 +264,13 @@ class SQLiteDatabase(Database):
             raise InputError(str(self.path), f"cannot open the SQLite database: {exc}") from None
 
     def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=True)
+        db = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=True)
         db.row_factory = sqlite3.Row
-        db.execute("PRAGMA journal_mode=WAL")
+        _enter_wal_mode(db, deadline=time.monotonic() + _BUSY_TIMEOUT_S)
         # NORMAL (in WAL mode): a committed delivery survives the process being killed, which is what the
         # crash test checks; FULL also survives power loss, at an fsync per acknowledged webhook.
         db.execute(f"PRAGMA synchronous={self._synchronous}")
-        db.execute("PRAGMA busy_timeout=30000")
+        db.execute(f"PRAGMA busy_timeout={int(_BUSY_TIMEOUT_S * 1000)}")
         return db
 
     def _broken(self, db: sqlite3.Connection) -> bool:
@@ -289,6 +293,23 @@ class SQLiteDatabase(Database):
 
     def _columns(self, db: sqlite3.Connection, table: str) -> set[str]:
         return {row["name"] for row in db.execute(f"PRAGMA table_info({table})")}
+
+
+def _enter_wal_mode(db: sqlite3.Connection, deadline: float) -> None:
+    """Switch the file to WAL (persistent: done once per file). The switch needs the file to itself and,
+    unlike every other statement, does not wait for the busy timeout: servers opening a new database at
+    once get "database is locked" at once. So it is retried here until the deadline."""
+    while True:
+        try:
+            mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+            continue
+        if mode.lower() != "wal":  # e.g. an in-memory database, or a file system without shared memory
+            raise sqlite3.OperationalError(f"cannot switch to WAL journaling (the journal mode stays {mode!r})")
+        return
 
 
 class PostgresDatabase(Database):

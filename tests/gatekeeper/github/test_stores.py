@@ -86,6 +86,30 @@ def test_a_decision_and_its_audit_row_commit_together_or_not_at_all(store, monke
     assert records.first_seen("o/r", "a" * 40, now=1800000000.0) == 1700000000.25
 
 
+def test_new_sqlite_files_opened_by_several_servers_at_once_all_open(tmp_path):
+    """The switch to WAL does not wait for SQLite's busy timeout: without the retry around it, about one new
+    file in thirty refused one of six servers opening it together ("database is locked"; CI saw it). A
+    hundred and fifty files make a regression show here nearly every run."""
+    errors: list[str] = []
+    for round_ in range(150):
+        path, start = tmp_path / f"new-{round_}.sqlite3", threading.Barrier(6)
+
+        def open_it(path=path, start=start) -> None:
+            start.wait()
+            try:
+                SQLiteDatabase(path).close()
+            except Exception as exc:  # noqa: BLE001 - reported below
+                errors.append(repr(exc))
+
+        threads = [threading.Thread(target=open_it) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    assert errors == []
+    assert SQLiteDatabase(path).connection().execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
 def test_gatekeeper_db_takes_a_postgres_url_and_refuses_other_schemes(tmp_path):
     base = {"GATEKEEPER_APP_ID": "1", "GATEKEEPER_PRIVATE_KEY_PATH": "/k.pem", "GATEKEEPER_WEBHOOK_SECRET": "s"}
     url = "postgresql://gk:hunter2@db.internal:5432/gatekeeper"
