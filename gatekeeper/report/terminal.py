@@ -6,12 +6,12 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from rich.console import Console, Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from gatekeeper.report.tables import details_table
+from gatekeeper.report.tables import DetailsTable, details_rows
 from gatekeeper.report.text import BLAST_CHANGE_TEXT, md_trusted, one_line
 from gatekeeper.verdict import CheckResult, Status, Verdict
 
@@ -123,16 +123,24 @@ def _details(check: CheckResult) -> RenderableType | None:
     renderer = DETAILS_RENDERERS.get(check.id)
     if renderer is not None:
         return renderer(check.details)
-    table = details_table(check)
-    return _table_details(table) if table is not None else _generic_details(check.details)
+    table = details_rows(check)
+    return _FittedTable(table) if table is not None else _generic_details(check.details)
 
 
-def _table_details(table: str) -> RenderableType:
-    # The check's table (gatekeeper.report.tables), in Markdown; rich draws Markdown tables in the terminal.
-    # Imported here: rich.markdown pulls in markdown-it, a tenth of a second, for reports that rarely need it.
-    from rich.markdown import Markdown
+class _FittedTable:
+    """The check's table (gatekeeper.report.tables) drawn as a table where it fits the width it is given, and as
+    a list of its rows where it does not: squeezed, rich cuts every cell to a few characters and an ellipsis, and
+    the numbers are lost."""
 
-    return Markdown(md_trusted(table))
+    def __init__(self, table: DetailsTable):
+        self.table = table
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        # Imported here: rich.markdown pulls in markdown-it, a tenth of a second, for reports that rarely need it.
+        from rich.markdown import Markdown
+
+        fits = self.table.width() <= options.max_width
+        yield Markdown(md_trusted(self.table.markdown() if fits else self.table.markdown_list()))
 
 
 def _generic_details(details: dict[str, Any]) -> RenderableType:

@@ -8,8 +8,8 @@ from gatekeeper.report import render_terminal
 from gatekeeper.verdict import CheckResult, Finding, Severity, Status
 
 
-def _text(verdict) -> str:
-    console = Console(record=True, width=120, force_terminal=False)
+def _text(verdict, width: int = 120) -> str:
+    console = Console(record=True, width=width, force_terminal=False)
     render_terminal(verdict, console)
     return console.export_text()
 
@@ -48,3 +48,23 @@ def test_a_checks_table_is_drawn(verdict):
     check = CheckResult(id="startup_guard", status=Status.passed, summary="ok", details={"probes": [probe]})
     text = _text(verdict.model_copy(update={"checks": (check,)}))
     assert re.search(r"tp4 +│ +reject +│ +rejected", text) or re.search(r"tp4 +reject +rejected", text)
+
+
+def _perf_check(rows: int) -> CheckResult:
+    row = {"axes": {"tp": 8, "batch": 1, "context": 32768, "layer": "mla_moe"}, "unit": "us", "baseline": 440.7,
+           "candidate": 139.9, "speedup": 3.15, "floor": 71.28, "runs": 20, "spread_pct": 0.3, "problems": []}
+    details = {"axes": {"tp": [8], "batch": [1], "context": [32768]}, "rows": [row] * rows}
+    return CheckResult(id="perf_matrix", status=Status.passed, summary="ok", details=details)
+
+
+def test_a_table_wider_than_the_terminal_lists_its_rows_whole(verdict):
+    """A CI log is 80 columns: the perf matrix's 11 columns squeezed into it were cut to 'sm_…', '39…'."""
+    check = _perf_check(rows=2)
+    narrow = _text(verdict.model_copy(update={"checks": (check,)}), width=80)
+    assert "…" not in narrow
+    flowed = " ".join(narrow.replace("│", " ").split())  # the list's lines wrap inside the panel
+    row = ("✅ tp 8 · batch 1 · context 32768 · layer mla_moe · baseline 440.7 us · candidate 139.9 us · "
+           "speedup 3.15× · floor 71.28 us · runs 20 · spread 0.3%")
+    assert flowed.count(row) == 2
+    wide = _text(verdict.model_copy(update={"checks": (check,)}), width=200)
+    assert re.search(r"8 +1 +32768 +mla_moe +440.7 us +139.9 us +3.15× +71.28 us +20 +0.3% +✅", wide)
