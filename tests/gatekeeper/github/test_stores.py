@@ -86,28 +86,32 @@ def test_a_decision_and_its_audit_row_commit_together_or_not_at_all(store, monke
     assert records.first_seen("o/r", "a" * 40, now=1800000000.0) == 1700000000.25
 
 
+def _open_at_once(where, servers: int = 6) -> list[str]:
+    """`servers` threads opening the database at `where` at the same moment: what each raised."""
+    start, errors = threading.Barrier(servers), []
+
+    def open_it() -> None:
+        start.wait()
+        try:
+            open_database(where).close()
+        except Exception as exc:  # noqa: BLE001 - returned
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=open_it) for _ in range(servers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return errors
+
+
 def test_new_sqlite_files_opened_by_several_servers_at_once_all_open(tmp_path):
     """The switch to WAL does not wait for SQLite's busy timeout: without the retry around it, about one new
     file in thirty refused one of six servers opening it together ("database is locked"; CI saw it). A
     hundred and fifty files make a regression show here nearly every run."""
-    errors: list[str] = []
-    for round_ in range(150):
-        path, start = tmp_path / f"new-{round_}.sqlite3", threading.Barrier(6)
-
-        def open_it(path=path, start=start) -> None:
-            start.wait()
-            try:
-                SQLiteDatabase(path).close()
-            except Exception as exc:  # noqa: BLE001 - reported below
-                errors.append(repr(exc))
-
-        threads = [threading.Thread(target=open_it) for _ in range(6)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(60)
-    assert errors == []
-    assert SQLiteDatabase(path).connection().execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    paths = [tmp_path / f"new-{n}.sqlite3" for n in range(150)]
+    assert [error for path in paths for error in _open_at_once(path)] == []
+    assert SQLiteDatabase(paths[-1]).connection().execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
 def test_gatekeeper_db_takes_a_postgres_url_and_refuses_other_schemes(tmp_path):
@@ -218,19 +222,5 @@ def test_the_database_failing_mid_evaluation_is_retried_not_reported_as_the_prs_
 def test_servers_starting_at_once_on_an_empty_database_all_open_it(store):
     """Each server creates the tables it finds missing; several starting together must not trip over each
     other's CREATE TABLE (in PostgreSQL, IF NOT EXISTS is no guard against a concurrent one)."""
-    start, errors = threading.Barrier(6), []
-
-    def open_it() -> None:
-        start.wait()
-        try:
-            open_database(store).close()
-        except Exception as exc:  # noqa: BLE001 - reported below
-            errors.append(repr(exc))
-
-    threads = [threading.Thread(target=open_it) for _ in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert errors == []
+    assert _open_at_once(store) == []
     assert DeliveryQueue(open_database(store)).enqueue("d1", "pull_request", "opened", b"{}")
