@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -20,7 +21,7 @@ from app_harness import HEAD, OPENED, REPO, both_stores, make_config, setup_pull
 from gatekeeper.cli import main
 from gatekeeper.errors import InputError
 from gatekeeper.github.config import load_config
-from gatekeeper.github.db import PostgresDatabase, SQLiteDatabase, open_database, redact
+from gatekeeper.github.db import PostgresDatabase, SQLiteDatabase, _enter_wal_mode, open_database, redact
 from gatekeeper.github import records as records_module
 from gatekeeper.github.queue import DeliveryQueue
 from gatekeeper.github.records import EvaluationKey, Records
@@ -112,6 +113,39 @@ def test_new_sqlite_files_opened_by_several_servers_at_once_all_open(tmp_path):
     paths = [tmp_path / f"new-{n}.sqlite3" for n in range(150)]
     assert [error for path in paths for error in _open_at_once(path)] == []
     assert SQLiteDatabase(paths[-1]).connection().execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+class _Journal:
+    """A connection whose `PRAGMA journal_mode=WAL` answers from a script, the last answer repeated: an exception
+    to raise, or the journal mode to report."""
+
+    def __init__(self, *answers):
+        self.answers, self.asked, self.mode = list(answers), 0, None
+
+    def execute(self, sql: str):
+        assert sql == "PRAGMA journal_mode=WAL"
+        self.asked += 1
+        answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        if isinstance(answer, Exception):
+            raise answer
+        self.mode = answer
+        return self
+
+    def fetchone(self):
+        return (self.mode,)
+
+
+def test_the_switch_to_wal_is_retried_while_locked_and_refused_where_it_cannot_happen():
+    locked = sqlite3.OperationalError("database is locked")
+    waited = _Journal(locked, locked, "wal")
+    _enter_wal_mode(waited, deadline=time.monotonic() + 5)
+    assert waited.asked == 3
+    with pytest.raises(sqlite3.OperationalError, match="locked"):  # past the deadline: the lock's own error
+        _enter_wal_mode(_Journal(locked), deadline=time.monotonic() + 0.05)
+    with pytest.raises(sqlite3.OperationalError, match="disk I/O error"):  # not a lock: at once
+        _enter_wal_mode(_Journal(sqlite3.OperationalError("disk I/O error"), "wal"), deadline=time.monotonic() + 5)
+    with pytest.raises(sqlite3.OperationalError, match="cannot switch to WAL journaling .*'delete'"):
+        _enter_wal_mode(_Journal("delete"), deadline=time.monotonic() + 5)
 
 
 def test_gatekeeper_db_takes_a_postgres_url_and_refuses_other_schemes(tmp_path):
