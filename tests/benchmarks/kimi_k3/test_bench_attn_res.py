@@ -30,20 +30,12 @@ def test_arguments_parse_into_lists_and_a_fresh_seed():
 @pytest.mark.parametrize("argv, message", [
     (["--blocks", "9"], "0..8 completed blocks"),
     (["--blocks", "-1"], "0..8 completed blocks"),
-    (["--tp", "4"], "the support matrix admits 8, 16"),
-    (["--batch", "65"], "1..64 sequences"),
 ])
 def test_bad_arguments_are_argparse_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
         bench_attn_res.parse_args([*argv, "--out", "x.json"])
     assert exit_.value.code == 2
     assert message in capsys.readouterr().err
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer on a machine without a GPU")
-def test_without_a_gpu_the_bench_says_so_and_exits_2(capsys, tmp_path):
-    assert bench_attn_res.main(["--out", str(tmp_path / "x.json")]) == 2
-    assert "no CUDA GPU here" in capsys.readouterr().err
 
 
 def cpu_site(m: int = 3, blocks: int = 2) -> bench_attn_res.Site:
